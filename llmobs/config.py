@@ -1,0 +1,276 @@
+"""Configuration of the sidecar: one frozen ``Settings``, read once at start-up.
+
+Every option exists as a CLI flag and as an ``LLMOBS_*`` environment variable (twelve-factor),
+declared once in ``OPTIONS`` so that ``--help``, the README table and the parser cannot drift
+apart. Precedence: flag > environment > default. A bad value fails at start-up and names the
+flag or variable it came from. This is the only module that reads the environment, and it
+reads an injected mapping, never ``os.environ`` directly.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import urlsplit
+
+
+class ConfigError(ValueError):
+    """A configuration value is invalid; the message names its source."""
+
+
+def _parse_bool(text: str) -> bool:
+    lowered = text.strip().lower()
+    if lowered in ("1", "true", "yes", "on"):
+        return True
+    if lowered in ("0", "false", "no", "off"):
+        return False
+    raise ValueError(f"expected true/false, got {text!r}")
+
+
+def _parse_size(text: str) -> int:
+    """Parse a byte size: plain bytes or with a KiB/MiB/GiB (or k/m/g) suffix."""
+    units = {"k": 1024, "m": 1024**2, "g": 1024**3}
+    cleaned = text.strip().lower().removesuffix("ib").removesuffix("b")
+    if cleaned and cleaned[-1] in units:
+        return int(float(cleaned[:-1]) * units[cleaned[-1]])
+    return int(cleaned)
+
+
+@dataclass(frozen=True)
+class Option:
+    """One setting: field, flag, environment variable, parser, help (defaults: on Settings)."""
+
+    field: str
+    flag: str
+    env: str
+    parse: Callable[[str], Any]
+    help: str
+    metavar: str = ""
+
+
+OPTIONS: tuple[Option, ...] = (
+    Option(
+        "upstream",
+        "--upstream",
+        "LLMOBS_UPSTREAM",
+        str,
+        "base URL of the inference server every request is forwarded to",
+        "URL",
+    ),
+    Option("host", "--host", "LLMOBS_HOST", str, "address the proxy listens on", "ADDR"),
+    Option(
+        "port",
+        "--port",
+        "LLMOBS_PORT",
+        int,
+        "port the proxy listens on (clients talk to it as to the engine)",
+        "PORT",
+    ),
+    Option(
+        "metrics_host",
+        "--metrics-host",
+        "LLMOBS_METRICS_HOST",
+        str,
+        "address of the metrics/health server",
+        "ADDR",
+    ),
+    Option(
+        "metrics_port",
+        "--metrics-port",
+        "LLMOBS_METRICS_PORT",
+        int,
+        "port serving /metrics, /healthz and /readyz",
+        "PORT",
+    ),
+    Option(
+        "connect_timeout",
+        "--connect-timeout",
+        "LLMOBS_CONNECT_TIMEOUT",
+        float,
+        "seconds to wait for a connection to the upstream (then 502)",
+        "SECONDS",
+    ),
+    Option(
+        "read_timeout",
+        "--read-timeout",
+        "LLMOBS_READ_TIMEOUT",
+        float,
+        "seconds the upstream may stay silent, before headers or between chunks (then 504)",
+        "SECONDS",
+    ),
+    Option(
+        "max_body_bytes",
+        "--max-body-bytes",
+        "LLMOBS_MAX_BODY_BYTES",
+        _parse_size,
+        "largest request body accepted (then 413); accepts KiB/MiB suffixes",
+        "BYTES",
+    ),
+    Option(
+        "max_models",
+        "--max-models",
+        "LLMOBS_MAX_MODELS",
+        int,
+        "distinct model label values before new ones are reported as 'other'",
+        "N",
+    ),
+    Option(
+        "stall_factor",
+        "--stall-factor",
+        "LLMOBS_STALL_FACTOR",
+        float,
+        "a gap between chunks is a stall when it exceeds this multiple of the request's "
+        "median gap ...",
+        "X",
+    ),
+    Option(
+        "stall_min_gap",
+        "--stall-min-gap",
+        "LLMOBS_STALL_MIN_GAP",
+        float,
+        "... and is at least this many seconds",
+        "SECONDS",
+    ),
+    Option(
+        "max_line_bytes",
+        "--max-line-bytes",
+        "LLMOBS_MAX_LINE_BYTES",
+        _parse_size,
+        "longest SSE line parsed; longer ones are relayed but not parsed",
+        "BYTES",
+    ),
+    Option(
+        "instrument",
+        "--instrument",
+        "LLMOBS_INSTRUMENT",
+        _parse_bool,
+        "observe streams (false: a bare relay, to measure instrumentation cost)",
+        "BOOL",
+    ),
+    Option(
+        "log_level",
+        "--log-level",
+        "LLMOBS_LOG_LEVEL",
+        str,
+        "log level: debug, info, warning, error",
+        "LEVEL",
+    ),
+)
+
+_LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
+
+
+@dataclass(frozen=True)
+class Settings:
+    """The sidecar's whole configuration. Build with ``from_sources``; never mutate."""
+
+    upstream: str = "http://127.0.0.1:8000"
+    host: str = "0.0.0.0"
+    port: int = 8080
+    metrics_host: str = "0.0.0.0"
+    metrics_port: int = 9464
+    connect_timeout: float = 10.0
+    read_timeout: float = 300.0
+    max_body_bytes: int = 16 * 1024**2
+    max_models: int = 32
+    stall_factor: float = 3.0
+    stall_min_gap: float = 0.05
+    max_line_bytes: int = 1024**2
+    instrument: bool = True
+    log_level: str = "info"
+
+    def __post_init__(self) -> None:
+        _validate(self)
+
+    @classmethod
+    def from_sources(
+        cls, environ: Mapping[str, str], flags: Mapping[str, Any] | None = None
+    ) -> Settings:
+        """Merge CLI flags (values that are not None) over environment over defaults."""
+        return cls(**merge_sources(OPTIONS, environ, flags))
+
+    @property
+    def upstream_base(self) -> str:
+        """The upstream URL without a trailing slash, ready to prefix request paths."""
+        return self.upstream.rstrip("/")
+
+
+def merge_sources(
+    options: tuple[Option, ...], environ: Mapping[str, str], flags: Mapping[str, Any] | None
+) -> dict[str, Any]:
+    """Values given by flag (not None) or environment, converted; defaults are the caller's."""
+    flags = flags or {}
+    values: dict[str, Any] = {}
+    for opt in options:
+        given = flags.get(opt.field)
+        if given is not None:
+            values[opt.field] = _convert(opt, given, opt.flag)
+        elif opt.env in environ:
+            values[opt.field] = _convert(opt, environ[opt.env], opt.env)
+    return values
+
+
+def _convert(opt: Option, raw: Any, source: str) -> Any:
+    if not isinstance(raw, str):
+        return raw
+    try:
+        return opt.parse(raw)
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(f"{source}: invalid value {raw!r}: {exc}") from exc
+
+
+def _source(field: str) -> str:
+    for opt in OPTIONS:
+        if opt.field == field:
+            return f"{opt.flag} / {opt.env}"
+    return field  # pragma: no cover
+
+
+def _validate(s: Settings) -> None:
+    parts = urlsplit(s.upstream)
+    if parts.scheme not in ("http", "https") or not parts.netloc:
+        raise ConfigError(f"{_source('upstream')}: expected an http(s) URL, got {s.upstream!r}")
+    for name in ("port", "metrics_port"):
+        value = getattr(s, name)
+        if not 0 <= value <= 65535:
+            raise ConfigError(f"{_source(name)}: port out of range: {value}")
+    for name in ("connect_timeout", "read_timeout", "stall_factor"):
+        if getattr(s, name) <= 0:
+            raise ConfigError(f"{_source(name)}: must be > 0, got {getattr(s, name)}")
+    if s.stall_min_gap < 0:
+        raise ConfigError(f"{_source('stall_min_gap')}: must be >= 0")
+    for name in ("max_body_bytes", "max_models", "max_line_bytes"):
+        if getattr(s, name) < 1:
+            raise ConfigError(f"{_source(name)}: must be >= 1, got {getattr(s, name)}")
+    if s.log_level.lower() not in _LOG_LEVELS:
+        raise ConfigError(f"{_source('log_level')}: expected one of {', '.join(_LOG_LEVELS)}")
+
+
+def add_arguments(
+    parser: argparse.ArgumentParser,
+    options: tuple[Option, ...] = OPTIONS,
+    defaults_from: type[Any] = Settings,
+) -> None:
+    """Add one flag per option; defaults stay None so the environment can fill them."""
+    defaults = {f.name: f.default for f in dataclasses.fields(defaults_from)}
+    for opt in options:
+        parser.add_argument(
+            opt.flag,
+            dest=opt.field,
+            default=None,
+            metavar=opt.metavar or None,
+            help=f"{opt.help} [env {opt.env}; default {defaults[opt.field]}]",
+        )
+
+
+def flags_of(args: argparse.Namespace, options: tuple[Option, ...] = OPTIONS) -> dict[str, Any]:
+    """The values of ``options`` found on parsed arguments."""
+    return {o.field: getattr(args, o.field, None) for o in options}
+
+
+def settings_from_args(args: argparse.Namespace, environ: Mapping[str, str]) -> Settings:
+    """Build Settings from parsed CLI arguments and the environment."""
+    return Settings.from_sources(environ, flags_of(args))
