@@ -1,0 +1,172 @@
+"""Assembly: the proxy application, the admin (metrics/health) application, and serving them.
+
+Dependencies go in through the builders (settings, telemetry); state lives under ``web.AppKey``
+and lifecycles in ``cleanup_ctx``, so tests build as many independent sidecars as they like.
+
+The sidecar's own metrics are on the admin port only; the proxy port forwards every path,
+``/metrics`` included, to the engine. Rendering /metrics runs in a worker thread so that a
+scrape (tens of ms for a large exposition) does not hold up the relay's event loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator, Callable
+
+import aiohttp
+from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from llmobs.config import Settings
+from llmobs.metrics import MetricsSink
+from llmobs.observer import ObserveConfig, Observer
+from llmobs.proxy import ObserverFactory, Relay
+from llmobs.telemetry import Telemetry
+
+log = logging.getLogger("llmobs")
+
+SETTINGS = web.AppKey("settings", Settings)
+TELEMETRY = web.AppKey("telemetry", Telemetry)
+SINK = web.AppKey("sink", MetricsSink)
+SESSION = web.AppKey("session", aiohttp.ClientSession)
+RELAY = web.AppKey("relay", Relay)
+
+READY_TIMEOUT = 2.0
+
+
+def _client_session(settings: Settings, limit: int = 0) -> aiohttp.ClientSession:
+    """A pooled session that never rewrites bodies (no decompression, no cookies)."""
+    connector = aiohttp.TCPConnector(limit=limit, enable_cleanup_closed=False)
+    return aiohttp.ClientSession(
+        connector=connector,
+        auto_decompress=False,
+        cookie_jar=aiohttp.DummyCookieJar(),
+        skip_auto_headers=("User-Agent",),
+    )
+
+
+def observer_factory(settings: Settings, sink: MetricsSink) -> ObserverFactory:
+    """New ``Observer`` per request, sharing the sink and the settings' knobs."""
+    config = ObserveConfig(
+        stall_factor=settings.stall_factor,
+        stall_min_gap=settings.stall_min_gap,
+        max_line_bytes=settings.max_line_bytes,
+    )
+
+    def new(operation: str, start_ns: int) -> Observer:
+        return Observer(sink, config, operation, start_ns)
+
+    return new
+
+
+def build_app(settings: Settings, telemetry: Telemetry) -> web.Application:
+    """The proxy application: one catch-all route relaying to ``settings.upstream``."""
+    app = web.Application(client_max_size=settings.max_body_bytes)
+    sink = MetricsSink(telemetry.meter, settings.max_models)
+    telemetry.registry.register(sink.tokens)
+    app[SETTINGS] = settings
+    app[TELEMETRY] = telemetry
+    app[SINK] = sink
+
+    async def session_ctx(app: web.Application) -> AsyncIterator[None]:
+        async with _client_session(settings) as session:
+            app[SESSION] = session
+            factory = observer_factory(settings, sink) if settings.instrument else None
+            app[RELAY] = Relay(settings, session, factory)
+            yield
+
+    async def relay(request: web.Request) -> web.StreamResponse:
+        return await request.app[RELAY](request)
+
+    app.cleanup_ctx.append(session_ctx)
+    app.router.add_route("*", "/{path:.*}", relay)
+    return app
+
+
+def build_admin_app(settings: Settings, telemetry: Telemetry) -> web.Application:
+    """/metrics (Prometheus text), /healthz (the sidecar), /readyz (the upstream answers)."""
+    app = web.Application()
+    registry = telemetry.registry
+
+    async def metrics(request: web.Request) -> web.Response:
+        body = await asyncio.get_running_loop().run_in_executor(None, generate_latest, registry)
+        resp = web.Response(body=body)
+        resp.headers["Content-Type"] = CONTENT_TYPE_LATEST
+        return resp
+
+    async def healthz(request: web.Request) -> web.Response:
+        return web.json_response({"status": "ok"})
+
+    async def readyz(request: web.Request) -> web.Response:
+        session = request.app[SESSION]
+        url = settings.upstream_base + "/health"
+        try:
+            async with session.get(url, timeout=aiohttp.ClientTimeout(total=READY_TIMEOUT)) as r:
+                ready = r.status < 500
+                detail = f"upstream answered {r.status}"
+        except (aiohttp.ClientError, OSError, TimeoutError) as exc:
+            ready, detail = False, f"upstream unreachable: {type(exc).__name__}"
+        return web.json_response(
+            {"status": "ready" if ready else "unready", "detail": detail},
+            status=200 if ready else 503,
+        )
+
+    async def session_ctx(app: web.Application) -> AsyncIterator[None]:
+        async with _client_session(settings, limit=4) as session:
+            app[SESSION] = session
+            yield
+
+    app.cleanup_ctx.append(session_ctx)
+    app.router.add_get("/metrics", metrics)
+    app.router.add_get("/healthz", healthz)
+    app.router.add_get("/readyz", readyz)
+    return app
+
+
+class Sidecar:
+    """Both applications running on their sockets; ``await start()``, ``await stop()``."""
+
+    def __init__(self, settings: Settings, telemetry: Telemetry) -> None:
+        self.settings = settings
+        self.telemetry = telemetry
+        self.app = build_app(settings, telemetry)
+        self.admin = build_admin_app(settings, telemetry)
+        self._runners: list[web.AppRunner] = []
+        self.port = 0
+        self.metrics_port = 0
+
+    async def start(self) -> None:
+        s = self.settings
+        self.port = await self._serve(self.app, s.host, s.port)
+        self.metrics_port = await self._serve(self.admin, s.metrics_host, s.metrics_port)
+
+    async def _serve(self, app: web.Application, host: str, port: int) -> int:
+        runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
+        await runner.setup()
+        self._runners.append(runner)
+        before = len(runner.addresses)
+        await web.TCPSite(runner, host, port, reuse_address=True).start()
+        bound = runner.addresses[before:]
+        return int(bound[0][1]) if bound else port
+
+    async def stop(self) -> None:
+        for runner in reversed(self._runners):
+            await runner.cleanup()
+        self._runners.clear()
+        self.telemetry.shutdown()
+
+
+async def run_until(
+    settings: Settings, telemetry: Telemetry, stop: asyncio.Event,
+    announce: Callable[[Sidecar], None] | None = None,
+) -> None:  # fmt: skip
+    """Serve until ``stop`` is set."""
+    sidecar = Sidecar(settings, telemetry)
+    await sidecar.start()
+    if announce is not None:
+        announce(sidecar)
+    try:
+        await stop.wait()
+    finally:
+        await sidecar.stop()

@@ -1,0 +1,143 @@
+"""Framing: bytes -> Server-Sent Events, incrementally and without I/O.
+
+A sans-I/O decoder in the manner of httpx's LineDecoder and httpx-sse's SSEDecoder: the proxy
+feeds it whatever chunks the network produced and gets back the events those bytes complete.
+Any split of a stream into chunks yields the same events (a property test holds it to that).
+
+It follows the WHATWG event-stream rules: ``\\n``, ``\\r\\n`` and ``\\r`` all end a line (even
+when a ``\\r\\n`` pair is split across chunks), a leading BOM is dropped, ``:`` lines are
+comments (keep-alive pings), ``data:`` lines accumulate and a blank line dispatches. Two
+deliberate departures, both for measuring rather than rendering: a stream that ends without the
+final blank line still dispatches its last event on ``flush()``, and a line longer than
+``max_line`` is not buffered (memory stays bounded) but discarded, with the event it belonged
+to, and counted in ``malformed``. The bytes themselves are relayed by the proxy regardless.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+_BOM = b"\xef\xbb\xbf"
+
+
+@dataclass(frozen=True, slots=True)
+class SseEvent:
+    """One dispatched event. ``event`` is "" for the default ``message`` type."""
+
+    data: bytes
+    event: str = ""
+    id: str | None = None
+
+
+class SseDecoder:
+    """Incremental SSE parser: ``feed(bytes) -> [SseEvent]``, then ``flush()`` at the end."""
+
+    __slots__ = (
+        "_broken",
+        "_data",
+        "_discarding",
+        "_event",
+        "_last_id",
+        "_max_line",
+        "_skip_lf",
+        "_started",
+        "_tail",
+        "_tail_len",
+        "comments",
+        "malformed",
+    )
+
+    def __init__(self, max_line: int = 1 << 20) -> None:
+        self._max_line = max_line
+        self._tail: list[bytes] = []  # pieces of the unfinished last line
+        self._tail_len = 0
+        self._skip_lf = False  # the previous chunk ended in "\r": a leading "\n" is its pair
+        self._discarding = False  # inside an over-long line: drop bytes until its end
+        self._started = False
+        self._data: list[bytes] = []
+        self._event = ""
+        self._last_id: str | None = None
+        self._broken = False  # the pending event lost a line: do not dispatch it
+        self.malformed = 0
+        self.comments = 0
+
+    def feed(self, chunk: bytes) -> list[SseEvent]:
+        """Consume ``chunk`` and return the events it completes, in order."""
+        events: list[SseEvent] = []
+        if not chunk:
+            return events
+        if not self._started:
+            self._started = True
+            if chunk.startswith(_BOM):
+                chunk = chunk[3:]
+        if self._skip_lf:
+            self._skip_lf = False
+            if chunk[:1] == b"\n":
+                chunk = chunk[1:]
+        if b"\r" in chunk:
+            self._skip_lf = chunk.endswith(b"\r")
+            chunk = chunk.replace(b"\r\n", b"\n").replace(b"\r", b"\n")
+        if self._discarding:
+            end = chunk.find(b"\n")
+            if end < 0:
+                return events
+            self._discarding = False
+            chunk = chunk[end + 1 :]
+        lines = chunk.split(b"\n")
+        last = lines.pop()
+        if self._tail and lines:
+            lines[0] = b"".join(self._tail) + lines[0]
+            self._tail.clear()
+            self._tail_len = 0
+        for line in lines:
+            self._line(line, events)
+        if last:
+            self._tail.append(last)
+            self._tail_len += len(last)
+            if self._tail_len > self._max_line:
+                self._tail.clear()
+                self._tail_len = 0
+                self._discarding = True
+                self._broken = True
+                self.malformed += 1
+        return events
+
+    def flush(self) -> list[SseEvent]:
+        """End of stream: finish the last line and dispatch a pending event, if any."""
+        events: list[SseEvent] = []
+        if self._tail:
+            self._line(b"".join(self._tail), events)
+            self._tail.clear()
+            self._tail_len = 0
+        self._discarding = False
+        self._line(b"", events)
+        return events
+
+    def _line(self, line: bytes, events: list[SseEvent]) -> None:
+        if not line:
+            if self._data and not self._broken:
+                events.append(SseEvent(b"\n".join(self._data), self._event, self._last_id))
+            elif self._broken:
+                self._broken = False
+            self._data = []
+            self._event = ""
+            return
+        if line.startswith(b"data:"):
+            value = line[5:]
+            self._data.append(value[1:] if value[:1] == b" " else value)
+            return
+        if line[:1] == b":":
+            self.comments += 1
+            return
+        field, colon, value = line.partition(b":")
+        if colon and value[:1] == b" ":
+            value = value[1:]
+        if field == b"data":  # "data" with no colon: an empty data line
+            self._data.append(b"")
+        elif field == b"event":
+            self._event = value.decode("utf-8", "replace")
+        elif field == b"id":
+            if b"\0" not in value:
+                self._last_id = value.decode("utf-8", "replace")
+        elif field != b"retry":
+            self.malformed += 1  # not an SSE field: e.g. a raw JSON line

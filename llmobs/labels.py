@@ -1,0 +1,36 @@
+"""Bounded label values: a client must not be able to grow the number of metric series.
+
+Model names come from request bodies, i.e. from clients. The first ``limit`` distinct values
+are kept as they are (truncated to a sane length); every later one is reported as ``other``.
+A missing model is ``unknown``. Per-request detail belongs on spans, never on labels.
+"""
+
+from __future__ import annotations
+
+OTHER = "other"
+UNKNOWN = "unknown"
+MAX_LABEL_LENGTH = 128
+
+
+class BoundedLabel:
+    """Maps arbitrary strings onto at most ``limit`` values plus ``other`` and ``unknown``."""
+
+    __slots__ = ("_known", "limit")
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self._known: set[str] = set()
+
+    def get(self, value: str | None) -> str:
+        if not value:
+            return UNKNOWN
+        value = value[:MAX_LABEL_LENGTH]
+        if value in self._known:
+            return value
+        if len(self._known) < self.limit:
+            self._known.add(value)
+            return value
+        return OTHER
+
+    def __len__(self) -> int:
+        return len(self._known)

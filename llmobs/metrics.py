@@ -1,0 +1,305 @@
+"""The one catalogue of metrics: every name, unit, bucket set and label set is defined here.
+
+Dashboards, alert rules and docs/metrics.md are tested against ``CATALOGUE``. Names follow the
+OpenTelemetry GenAI semantic conventions where one exists (``gen_ai.server.*``,
+``gen_ai.client.token.usage`` with ``gen_ai.token.type``) and ``llmobs.*`` otherwise; the
+OpenTelemetry Prometheus exporter turns them into Prometheus names (dots to underscores, the
+unit as a suffix, ``_total`` on counters), which ``MetricDef.prometheus`` spells out.
+
+Buckets are chosen for LLM latencies, never the SDK defaults: ITL needs resolution from 1 ms
+(speculative decoding on an H100) to seconds (a stalled CPU engine); TTFT from 10 ms to minutes
+(a long queue).
+
+The per-token ITL histogram is the one instrument not recorded through the OpenTelemetry SDK:
+``Histogram.record`` costs ~9 us, once per token that would be most of the relay's budget.
+``TokenHistogram`` bins a whole window of ITLs with numpy in one call and is exposed from the
+same Prometheus registry, with the same naming, together with the sum of squares that makes
+ITL variance aggregable across pods.
+"""
+
+from __future__ import annotations
+
+import enum
+import threading
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+
+import numpy as np
+from opentelemetry.metrics import Histogram, Meter
+from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from llmobs.labels import BoundedLabel
+from llmobs.stats import TokenWindow
+from llmobs.timing import StreamStats
+
+
+class Kind(enum.StrEnum):
+    COUNTER = "counter"
+    UPDOWN = "updowncounter"  # exported to Prometheus as a gauge
+    HISTOGRAM = "histogram"
+    TOKEN_HISTOGRAM = "token_histogram"  # bulk-recorded histogram, see module docstring
+
+
+# Label (attribute) names. GenAI names where the conventions define one.
+OPERATION = "gen_ai.operation.name"
+MODEL = "gen_ai.request.model"
+TOKEN_TYPE = "gen_ai.token.type"
+OUTCOME = "outcome"
+STATUS_CLASS = "status_class"
+
+_OP_MODEL = (OPERATION, MODEL)
+
+_UNIT_SUFFIX = {"s": "_seconds", "By": "_bytes"}
+
+LATENCY_BUCKETS = (
+    0.001, 0.002, 0.003, 0.004, 0.005, 0.0075, 0.01, 0.0125, 0.015, 0.0175, 0.02, 0.025,
+    0.03, 0.035, 0.04, 0.05, 0.06, 0.075, 0.1, 0.125, 0.15, 0.2, 0.25, 0.3, 0.4, 0.5,
+    0.75, 1.0, 2.5, 5.0,
+)  # fmt: skip
+TTFT_BUCKETS = (
+    0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 4.0,
+    5.0, 7.5, 10.0, 15.0, 20.0, 30.0, 60.0, 120.0,
+)  # fmt: skip
+DURATION_BUCKETS = (
+    0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 3.0, 5.0, 7.5, 10.0, 15.0, 20.0, 30.0, 45.0, 60.0, 90.0,
+    120.0, 180.0, 300.0, 600.0,
+)  # fmt: skip
+SMOOTHNESS_BUCKETS = (
+    0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.85, 0.9, 0.95, 0.98, 0.99, 0.999, 1.0,
+)  # fmt: skip
+TOKEN_BUCKETS = (1.0, 4.0, 16.0, 64.0, 256.0, 1024.0, 4096.0, 16384.0, 65536.0, 262144.0)
+
+
+@dataclass(frozen=True)
+class MetricDef:
+    """One metric: OpenTelemetry instrument name, kind, UCUM unit, labels, buckets."""
+
+    name: str
+    kind: Kind
+    unit: str
+    description: str
+    labels: tuple[str, ...] = ()
+    buckets: tuple[float, ...] = ()
+
+    @property
+    def prometheus(self) -> str:
+        """The Prometheus family name as exposed on /metrics (without _bucket/_sum/...)."""
+        base = self.name.replace(".", "_") + _UNIT_SUFFIX.get(self.unit, "")
+        if self.unit == "s2":
+            base = self.name.replace(".", "_") + "_seconds_squared"
+        return base + "_total" if self.kind is Kind.COUNTER else base
+
+    @property
+    def prometheus_labels(self) -> tuple[str, ...]:
+        return tuple(label.replace(".", "_") for label in self.labels)
+
+
+TTFT = MetricDef(
+    "gen_ai.server.time_to_first_token", Kind.HISTOGRAM, "s",
+    "Time from the request reaching the sidecar to the first output token relayed.",
+    _OP_MODEL, TTFT_BUCKETS,
+)  # fmt: skip
+TPOT = MetricDef(
+    "gen_ai.server.time_per_output_token", Kind.HISTOGRAM, "s",
+    "Per request: (last token time - first token time) / (output tokens - 1).",
+    _OP_MODEL, LATENCY_BUCKETS,
+)  # fmt: skip
+DURATION = MetricDef(
+    "gen_ai.server.request.duration", Kind.HISTOGRAM, "s",
+    "Time from the request reaching the sidecar to the end of its response.",
+    _OP_MODEL, DURATION_BUCKETS,
+)  # fmt: skip
+TOKEN_USAGE = MetricDef(
+    "gen_ai.client.token.usage", Kind.HISTOGRAM, "{token}",
+    "Input and output tokens per request (engine usage when reported, else counted chunks).",
+    (*_OP_MODEL, TOKEN_TYPE), TOKEN_BUCKETS,
+)  # fmt: skip
+ITL = MetricDef(
+    "llmobs.inter_token_latency", Kind.TOKEN_HISTOGRAM, "s",
+    "Gap between output chunks divided among the chunk's tokens, observed once per token.",
+    _OP_MODEL, LATENCY_BUCKETS,
+)  # fmt: skip
+ITL_SQUARES = MetricDef(
+    "llmobs.inter_token_latency", Kind.COUNTER, "s2",
+    "Sum of squared per-token ITLs: with the ITL histogram's _sum and _count, variance.",
+    _OP_MODEL,
+)  # fmt: skip
+STALLS = MetricDef(
+    "llmobs.stalls", Kind.COUNTER, "{stall}",
+    "Gaps between output chunks >= stall factor x the request's median gap and >= min gap.",
+    _OP_MODEL,
+)  # fmt: skip
+SMOOTHNESS = MetricDef(
+    "llmobs.smoothness", Kind.HISTOGRAM, "1",
+    "Per request 1/(1+CV^2) of per-token ITLs: 1 = perfectly steady, lower = stutter.",
+    _OP_MODEL, SMOOTHNESS_BUCKETS,
+)  # fmt: skip
+REQUESTS = MetricDef(
+    "llmobs.requests", Kind.COUNTER, "{request}",
+    "Proxied requests by outcome and HTTP status class of the response the client got.",
+    (*_OP_MODEL, OUTCOME, STATUS_CLASS),
+)  # fmt: skip
+ACTIVE = MetricDef(
+    "llmobs.requests.active", Kind.UPDOWN, "{request}",
+    "Requests in flight through the sidecar (streaming or not).",
+)  # fmt: skip
+QUEUE_DEPTH = MetricDef(
+    "llmobs.prefill.queue_depth", Kind.UPDOWN, "{request}",
+    "Requests forwarded upstream that have not produced their first token yet.",
+)  # fmt: skip
+MALFORMED = MetricDef(
+    "llmobs.stream.malformed_events", Kind.COUNTER, "{event}",
+    "Stream events that could not be parsed (relayed unchanged, not timed).",
+)  # fmt: skip
+OBSERVER_ERRORS = MetricDef(
+    "llmobs.observer.errors", Kind.COUNTER, "{error}",
+    "Internal errors while observing a request; the relay carried on.",
+)  # fmt: skip
+
+CATALOGUE: tuple[MetricDef, ...] = (
+    TTFT, TPOT, DURATION, TOKEN_USAGE, ITL, ITL_SQUARES, STALLS, SMOOTHNESS, REQUESTS,
+    ACTIVE, QUEUE_DEPTH, MALFORMED, OBSERVER_ERRORS,
+)  # fmt: skip
+
+
+def status_class(status: int) -> str:
+    """'2xx' ... '5xx' for a status code; '0xx' when no response was produced."""
+    return f"{status // 100}xx" if 100 <= status <= 599 else "0xx"
+
+
+class TokenHistogram(Collector):
+    """Per-token ITL histogram recorded a window at a time; a prometheus_client collector."""
+
+    def __init__(self, metric: MetricDef, squares: MetricDef) -> None:
+        self._metric = metric
+        self._squares = squares
+        self._bounds = np.asarray(metric.buckets, dtype=np.float64)
+        self._series: dict[tuple[str, ...], tuple[np.ndarray, list[float]]] = {}
+        self._lock = threading.Lock()  # recording on the loop, scraping in a thread
+
+    def record(self, labels: tuple[str, ...], window: TokenWindow) -> None:
+        """Add every ITL of ``window``, each ``weights[i]`` times."""
+        if window.itl.size == 0:
+            return
+        index = np.searchsorted(self._bounds, window.itl, side="left")
+        counts = np.bincount(index, weights=window.weights, minlength=self._bounds.size + 1)
+        total, sumsq = window.itl_sum, window.itl_sumsq
+        with self._lock:
+            series = self._series.get(labels)
+            if series is None:
+                series = self._series[labels] = (np.zeros(self._bounds.size + 1), [0.0, 0.0])
+            series[0][:] += counts
+            series[1][0] += total
+            series[1][1] += sumsq
+
+    def collect(self) -> Iterator[Metric]:
+        names = list(self._metric.prometheus_labels)
+        with self._lock:
+            snapshot = [(k, v[0].copy(), list(v[1])) for k, v in self._series.items()]
+        hist = HistogramMetricFamily(
+            self._metric.prometheus, self._metric.description, labels=names, unit=""
+        )
+        squares = CounterMetricFamily(
+            self._squares.prometheus.removesuffix("_total"),
+            self._squares.description,
+            labels=names,
+        )
+        edges = [repr(float(b)) for b in self._bounds] + ["+Inf"]
+        for labels, counts, (total, sumsq) in snapshot:
+            cumulative = np.cumsum(counts)
+            buckets = [(edge, float(c)) for edge, c in zip(edges, cumulative, strict=True)]
+            hist.add_metric(list(labels), buckets, total)
+            squares.add_metric(list(labels), sumsq)
+        yield hist
+        yield squares
+
+    def describe(self) -> Iterable[Metric]:
+        return ()
+
+
+class MetricsSink:
+    """Records finished requests and token windows into the catalogue's instruments.
+
+    Request-level numbers go through OpenTelemetry instruments (a handful of ``record`` calls
+    per request); per-token ITLs go through ``TokenHistogram``. Labels come from bounded sets:
+    the model passes through ``BoundedLabel`` so a client cannot explode the series count.
+    """
+
+    def __init__(self, meter: Meter, max_models: int) -> None:
+        self.models = BoundedLabel(max_models)
+        self.tokens = TokenHistogram(ITL, ITL_SQUARES)
+
+        def hist(m: MetricDef) -> Histogram:
+            return meter.create_histogram(
+                m.name, unit=m.unit, description=m.description,
+                explicit_bucket_boundaries_advisory=list(m.buckets),
+            )  # fmt: skip
+
+        self._ttft = hist(TTFT)
+        self._tpot = hist(TPOT)
+        self._duration = hist(DURATION)
+        self._usage = hist(TOKEN_USAGE)
+        self._smooth = hist(SMOOTHNESS)
+        self._stalls = meter.create_counter(STALLS.name, STALLS.unit, STALLS.description)
+        self._requests = meter.create_counter(REQUESTS.name, REQUESTS.unit, REQUESTS.description)
+        self._malformed = meter.create_counter(
+            MALFORMED.name, MALFORMED.unit, MALFORMED.description
+        )
+        self._errors = meter.create_counter(
+            OBSERVER_ERRORS.name, OBSERVER_ERRORS.unit, OBSERVER_ERRORS.description
+        )
+        self._active = meter.create_up_down_counter(ACTIVE.name, ACTIVE.unit, ACTIVE.description)
+        self._queue = meter.create_up_down_counter(
+            QUEUE_DEPTH.name, QUEUE_DEPTH.unit, QUEUE_DEPTH.description
+        )
+        # Zero-valued series up front, so dashboards and alerts see 0 rather than no data.
+        self._active.add(0)
+        self._queue.add(0)
+        self._errors.add(0)
+        self._malformed.add(0)
+
+    def labels(self, operation: str, model: str | None) -> tuple[str, str]:
+        return operation, self.models.get(model)
+
+    def request_started(self) -> None:
+        self._active.add(1)
+
+    def request_ended(self) -> None:
+        self._active.add(-1)
+
+    def queue_enter(self) -> None:
+        self._queue.add(1)
+
+    def queue_leave(self) -> None:
+        self._queue.add(-1)
+
+    def observer_error(self) -> None:
+        self._errors.add(1)
+
+    def malformed(self, count: int) -> None:
+        if count:
+            self._malformed.add(count)
+
+    def record_tokens(self, operation: str, model: str | None, window: TokenWindow) -> None:
+        self.tokens.record(self.labels(operation, model), window)
+
+    def record_request(self, s: StreamStats) -> None:
+        op, model = self.labels(s.operation, s.model)
+        attrs = {OPERATION: op, MODEL: model}
+        self._requests.add(
+            1, {**attrs, OUTCOME: s.outcome.value, STATUS_CLASS: status_class(s.status)}
+        )
+        self._duration.record(s.duration_s, attrs)
+        if s.ttft_s is not None:
+            self._ttft.record(s.ttft_s, attrs)
+        if s.tpot_s is not None:
+            self._tpot.record(s.tpot_s, attrs)
+        if s.smoothness is not None:
+            self._smooth.record(s.smoothness, attrs)
+        if s.stalls:
+            self._stalls.add(s.stalls, attrs)
+        if s.input_tokens is not None:
+            self._usage.record(s.input_tokens, {**attrs, TOKEN_TYPE: "input"})
+        if s.output_tokens or s.ttft_s is not None:
+            self._usage.record(s.output_tokens, {**attrs, TOKEN_TYPE: "output"})

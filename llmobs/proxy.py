@@ -1,0 +1,280 @@
+"""The relay: forward any request upstream and stream the response back, byte for byte.
+
+The only place (with the collectors) that does I/O, and the only place that reads the clock on
+the data path: once per chunk, when the chunk arrives. Each chunk is written to the client
+first and observed second, so telemetry can neither delay nor alter what the client receives.
+
+Semantics, as a user of a reverse proxy expects them:
+- every method and path is forwarded, the body streamed as it arrives, headers passed except
+  hop-by-hop ones; ``X-Forwarded-For`` / ``-Proto`` added; no header the client did not send
+  (the HTTP client's automatic ``Accept-Encoding`` etc. are suppressed) and no decompression,
+  so the engine and the client see what they would see without the sidecar;
+- the client going away cancels the handler (the server runs with ``handler_cancellation``),
+  which closes the upstream connection at once, so the engine stops generating for nobody;
+- an unreachable upstream gives a JSON error (502, or 504 on timeout) in the OpenAI error
+  shape; upstream HTTP errors pass through unchanged; a failure after the response has started
+  closes the client connection without a clean end, as the engine itself would have.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from collections.abc import AsyncIterator
+from typing import Protocol
+
+import aiohttp
+from aiohttp import web
+from multidict import CIMultiDict, CIMultiDictProxy
+from yarl import URL
+
+from llmobs.config import Settings
+from llmobs.formats import operation_for_path
+from llmobs.timing import Outcome
+
+log = logging.getLogger("llmobs.proxy")
+
+HOP_BY_HOP = frozenset(
+    {
+        "connection",
+        "keep-alive",
+        "proxy-authenticate",
+        "proxy-authorization",
+        "proxy-connection",
+        "te",
+        "trailer",
+        "trailers",
+        "transfer-encoding",
+        "upgrade",
+    }
+)
+_NO_AUTO_HEADERS = frozenset({"User-Agent", "Accept", "Accept-Encoding"})
+
+
+class RequestObserver(Protocol):
+    """What the relay tells observation; implemented by ``observer.Observer``."""
+
+    def request_body(self, body: bytes) -> None: ...
+    def forwarded(self) -> None: ...
+    def response(self, status: int, content_type: str) -> None: ...
+    def chunk(self, t_ns: int, data: bytes) -> None: ...
+    def finish(self, t_ns: int, outcome: Outcome) -> object: ...
+
+
+class ObserverFactory(Protocol):
+    def __call__(self, operation: str, start_ns: int) -> RequestObserver: ...
+
+
+class NullObserver:
+    """Observation switched off (``--instrument false``): a bare relay, for comparison."""
+
+    __slots__ = ()
+
+    def request_body(self, body: bytes) -> None:
+        pass
+
+    def forwarded(self) -> None:
+        pass
+
+    def response(self, status: int, content_type: str) -> None:
+        pass
+
+    def chunk(self, t_ns: int, data: bytes) -> None:
+        pass
+
+    def finish(self, t_ns: int, outcome: Outcome) -> object:
+        return None
+
+
+NULL_OBSERVER = NullObserver()
+
+
+class BodyTooLarge(Exception):
+    """The request body exceeded the configured maximum while it was being forwarded."""
+
+
+def filter_headers(headers: CIMultiDictProxy[str]) -> CIMultiDict[str]:
+    """Copy ``headers`` minus hop-by-hop ones, including those named in ``Connection``."""
+    named = {
+        token.strip().lower()
+        for value in headers.getall("Connection", ())
+        for token in value.split(",")
+    }
+    out: CIMultiDict[str] = CIMultiDict()
+    for key, value in headers.items():
+        lower = key.lower()
+        if lower not in HOP_BY_HOP and lower not in named:
+            out.add(key, value)
+    return out
+
+
+def upstream_headers(request: web.Request) -> CIMultiDict[str]:
+    """Headers to send upstream: the client's, minus hop-by-hop and Host, plus X-Forwarded-*."""
+    headers = filter_headers(request.headers)
+    headers.popall("Host", None)
+    peer = request.remote or ""
+    prior = request.headers.get("X-Forwarded-For")
+    headers["X-Forwarded-For"] = f"{prior}, {peer}" if prior else peer
+    if "X-Forwarded-Proto" not in headers:
+        headers["X-Forwarded-Proto"] = request.scheme
+    return headers
+
+
+def json_error(status: int, message: str, kind: str) -> web.Response:
+    """An error the sidecar itself produced, in the OpenAI error shape."""
+    body = {"error": {"message": message, "type": kind, "code": status}}
+    return web.Response(status=status, text=json.dumps(body), content_type="application/json")
+
+
+def _is_json(content_type: str) -> bool:
+    media = content_type.split(";", 1)[0].strip().lower()
+    return media == "application/json" or media.endswith("+json")
+
+
+class RequestBody:
+    """Streams the request body upstream, enforcing the size limit; keeps JSON for observation.
+
+    The HTTP client wraps exceptions raised inside a body iterator, so exceeding the limit is
+    also recorded in ``too_large`` for the handler to recognise.
+    """
+
+    __slots__ = ("_limit", "_obs", "_request", "too_large")
+
+    def __init__(self, request: web.Request, obs: RequestObserver, limit: int) -> None:
+        self._request = request
+        self._obs = obs
+        self._limit = limit
+        self.too_large = False
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        request = self._request
+        keep: list[bytes] | None = [] if _is_json(request.content_type) else None
+        size = 0
+        async for chunk in request.content.iter_any():
+            size += len(chunk)
+            if size > self._limit:
+                self.too_large = True
+                raise BodyTooLarge
+            if keep is not None:
+                keep.append(chunk)
+            yield chunk
+        if keep is not None:
+            self._obs.request_body(b"".join(keep))
+        self._obs.forwarded()
+
+
+class Relay:
+    """The catch-all request handler, bound to a session, settings and an observer factory."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        session: aiohttp.ClientSession,
+        new_observer: ObserverFactory | None,
+    ) -> None:
+        self._settings = settings
+        self._session = session
+        self._new_observer = new_observer
+        self._base = settings.upstream_base
+        self._timeout = aiohttp.ClientTimeout(
+            total=None, sock_connect=settings.connect_timeout, sock_read=settings.read_timeout
+        )
+
+    async def __call__(self, request: web.Request) -> web.StreamResponse:
+        clock = time.perf_counter_ns
+        start = clock()
+        factory = self._new_observer
+        obs: RequestObserver = (
+            factory(operation_for_path(request.path), start) if factory else NULL_OBSERVER
+        )
+        limit = self._settings.max_body_bytes
+        if request.content_length is not None and request.content_length > limit:
+            resp = self._local(obs, 413, f"request body larger than {limit} bytes")
+            obs.finish(clock(), Outcome.REJECTED)
+            return resp
+        body = RequestBody(request, obs, limit) if request.body_exists else None
+        if body is None:
+            obs.forwarded()
+        outcome = Outcome.OK
+        resp: web.StreamResponse | None = None
+        try:
+            async with self._session.request(
+                request.method,
+                URL(self._base + request.raw_path, encoded=True),
+                headers=upstream_headers(request),
+                data=body.__aiter__() if body is not None else None,
+                allow_redirects=False,
+                skip_auto_headers=_NO_AUTO_HEADERS,
+                timeout=self._timeout,
+            ) as upstream:
+                obs.response(upstream.status, upstream.headers.get("Content-Type", ""))
+                resp = web.StreamResponse(
+                    status=upstream.status,
+                    reason=upstream.reason,
+                    headers=filter_headers(upstream.headers),
+                )
+                await resp.prepare(request)
+                async for chunk in upstream.content.iter_any():
+                    now = clock()
+                    try:
+                        await resp.write(chunk)
+                    except ConnectionError:
+                        outcome = Outcome.CLIENT_DISCONNECT
+                        upstream.close()
+                        break
+                    obs.chunk(now, chunk)
+                else:
+                    await resp.write_eof()
+            return resp
+        except asyncio.CancelledError:
+            outcome = Outcome.CLIENT_DISCONNECT
+            raise
+        except BodyTooLarge:
+            outcome = Outcome.REJECTED
+            return self._local(obs, 413, f"request body larger than {limit} bytes")
+        except TimeoutError:
+            outcome = Outcome.UPSTREAM_TIMEOUT
+            return self._upstream_failed(request, obs, resp, 504, "upstream timed out", outcome)
+        except (aiohttp.ClientError, OSError) as exc:
+            if body is not None and body.too_large:
+                outcome = Outcome.REJECTED
+                return self._local(obs, 413, f"request body larger than {limit} bytes")
+            if isinstance(exc, ConnectionError) and resp is not None and _client_gone(request):
+                outcome = Outcome.CLIENT_DISCONNECT
+                return resp
+            outcome = Outcome.UPSTREAM_ERROR
+            message = f"upstream unavailable: {type(exc).__name__}"
+            return self._upstream_failed(request, obs, resp, 502, message, outcome)
+        finally:
+            obs.finish(clock(), outcome)
+
+    @staticmethod
+    def _local(obs: RequestObserver, status: int, message: str) -> web.Response:
+        """A response the sidecar produces itself (the observer records its status)."""
+        obs.response(status, "")
+        kinds = {413: "request_too_large", 502: "upstream_error", 504: "upstream_timeout"}
+        return json_error(status, message, kinds[status])
+
+    def _upstream_failed(
+        self,
+        request: web.Request,
+        obs: RequestObserver,
+        resp: web.StreamResponse | None,
+        status: int,
+        message: str,
+        outcome: Outcome,
+    ) -> web.StreamResponse:
+        log.warning("%s %s: %s (%s)", request.method, request.path, message, outcome.value)
+        if resp is None or not resp.prepared:
+            return self._local(obs, status, f"llmobs: {message}")
+        # The response has started: end it the way a broken engine would, without a clean end.
+        if request.transport is not None:
+            request.transport.close()
+        return resp
+
+
+def _client_gone(request: web.Request) -> bool:
+    transport = request.transport
+    return transport is None or transport.is_closing()

@@ -1,0 +1,206 @@
+"""Timing: output-chunk timestamps of one request -> windows of ITLs and a final StreamStats.
+
+Time is an argument: the proxy reads the clock once per chunk (``time.perf_counter_ns``) and
+passes it in; nothing here reads a clock, so tests drive it with literal timestamps.
+
+Per chunk the timer only appends two numbers to compact arrays. Statistics run per window of
+``window`` chunks (and at the end) in ``stats``, so a very long stream keeps bounded memory:
+when a window fills, the caller takes it (``take_window``) and hands it to the sinks.
+"""
+
+from __future__ import annotations
+
+import enum
+from array import array
+from dataclasses import dataclass
+
+import numpy as np
+
+from llmobs import stats
+from llmobs.stats import TokenWindow
+
+
+class Outcome(enum.StrEnum):
+    """How a request ended; exactly one per request."""
+
+    OK = "ok"
+    CLIENT_DISCONNECT = "client_disconnect"
+    UPSTREAM_ERROR = "upstream_error"
+    UPSTREAM_TIMEOUT = "upstream_timeout"
+    REJECTED = "rejected"
+
+
+class TokenSource(enum.StrEnum):
+    """Where the output token count came from."""
+
+    USAGE = "usage"  # the engine's own usage numbers
+    COUNTED = "counted"  # one token per output chunk
+
+
+@dataclass(frozen=True, slots=True)
+class StreamStats:
+    """The finished record of one request, handed to every sink."""
+
+    operation: str
+    model: str | None
+    outcome: Outcome
+    status: int
+    stream: bool
+    duration_s: float
+    ttft_s: float | None
+    tpot_s: float | None
+    input_tokens: int | None
+    output_tokens: int
+    token_source: TokenSource
+    chunks: int
+    itl_count: float
+    itl_sum: float
+    itl_sumsq: float
+    itl_max: float
+    stalls: int
+    smoothness: float | None
+    response_model: str | None = None
+    response_id: str | None = None
+    finish_reasons: tuple[str, ...] = ()
+
+
+class StreamTimer:
+    """Collects output-chunk times of one request; windows of ITLs; the final stats."""
+
+    __slots__ = (
+        "_counts",
+        "_itl_count",
+        "_itl_max",
+        "_itl_sum",
+        "_itl_sumsq",
+        "_median",
+        "_stalls",
+        "_taken",
+        "_times",
+        "chunks",
+        "factor",
+        "first_ns",
+        "flushed_tokens",
+        "last_ns",
+        "min_gap",
+        "start_ns",
+        "tokens",
+        "window",
+    )
+
+    def __init__(
+        self, start_ns: int, *, factor: float = 3.0, min_gap: float = 0.05, window: int = 4096
+    ) -> None:
+        self.start_ns = start_ns
+        self.factor = factor
+        self.min_gap = min_gap
+        self.window = window
+        self.first_ns: int | None = None
+        self.last_ns: int | None = None
+        self.tokens = 0  # output tokens counted so far (chunk counts or per-chunk usage)
+        self.chunks = 0
+        self.flushed_tokens = 0  # tokens of chunks already taken in windows
+        self._times = array("q")  # anchor (previous window's last chunk) + this window's chunks
+        self._counts = array("q")
+        self._median: float | None = None
+        self._stalls = 0
+        self._taken = False  # a window was taken: the first chunk is accounted
+        self._itl_count = 0.0
+        self._itl_sum = 0.0
+        self._itl_sumsq = 0.0
+        self._itl_max = 0.0
+
+    def output(self, t_ns: int, tokens: int) -> bool:
+        """Record a chunk of ``tokens`` output tokens at ``t_ns``; True if it is the first."""
+        self.tokens += tokens
+        self.chunks += 1
+        self.last_ns = t_ns
+        self._times.append(t_ns)
+        self._counts.append(tokens)
+        if self.first_ns is None:
+            self.first_ns = t_ns
+            return True
+        return False
+
+    @property
+    def window_full(self) -> bool:
+        return len(self._times) > self.window
+
+    def take_window(self, total_tokens: int | None = None) -> TokenWindow:
+        """ITLs of the chunks recorded since the last window; keeps the last as the anchor.
+
+        ``total_tokens`` (final call only): the engine's own output count when chunk counts
+        were only assumed (one per chunk); it is spread evenly over the chunks not yet taken.
+        """
+        times = self._times
+        if len(times) < 2:
+            return stats.EMPTY_WINDOW
+        counts = np.frombuffer(self._counts, dtype=np.int64).astype(np.float64)
+        first_window = not self._taken
+        self._taken = True
+        if total_tokens is None:
+            pending = counts[1:]
+        elif first_window:
+            pending = stats.spread_tokens(total_tokens, counts.size)[1:]
+        else:
+            pending = stats.spread_tokens(total_tokens - self.flushed_tokens, counts.size - 1)
+        window = stats.token_window(
+            np.frombuffer(times, dtype=np.int64),
+            pending,
+            factor=self.factor,
+            min_gap=self.min_gap,
+            baseline_median=self._median,
+        )
+        self._median = window.median_gap
+        self._stalls += window.stalls
+        self._itl_count += window.tokens
+        self._itl_sum += window.itl_sum
+        self._itl_sumsq += window.itl_sumsq
+        self._itl_max = max(self._itl_max, window.itl_max)
+        self.flushed_tokens += int(pending.sum()) + (int(counts[0]) if first_window else 0)
+        self._times = array("q", [times[-1]])
+        self._counts = array("q", [self._counts[-1]])
+        return window
+
+    def finish(
+        self,
+        end_ns: int,
+        *,
+        operation: str,
+        model: str | None,
+        outcome: Outcome,
+        status: int,
+        stream: bool,
+        input_tokens: int | None,
+        output_tokens: int | None,
+        response_model: str | None = None,
+        response_id: str | None = None,
+        finish_reasons: tuple[str, ...] = (),
+    ) -> StreamStats:
+        """The request's record. Call after the final ``take_window``."""
+        source = TokenSource.USAGE if output_tokens is not None else TokenSource.COUNTED
+        out = output_tokens if output_tokens is not None else self.tokens
+        ttft = None if self.first_ns is None else (self.first_ns - self.start_ns) / 1e9
+        return StreamStats(
+            operation=operation,
+            model=model,
+            outcome=outcome,
+            status=status,
+            stream=stream,
+            duration_s=(end_ns - self.start_ns) / 1e9,
+            ttft_s=ttft,
+            tpot_s=stats.tpot(self.first_ns, self.last_ns, out),
+            input_tokens=input_tokens,
+            output_tokens=out,
+            token_source=source,
+            chunks=self.chunks,
+            itl_count=self._itl_count,
+            itl_sum=self._itl_sum,
+            itl_sumsq=self._itl_sumsq,
+            itl_max=self._itl_max,
+            stalls=self._stalls,
+            smoothness=stats.smoothness(self._itl_count, self._itl_sum, self._itl_sumsq),
+            response_model=response_model,
+            response_id=response_id,
+            finish_reasons=finish_reasons,
+        )

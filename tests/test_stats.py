@@ -1,0 +1,134 @@
+"""Pure statistics: ITL per token, stalls, smoothness, TPOT, on literal timestamps."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from llmobs import stats
+from llmobs.timing import Outcome, StreamStats, StreamTimer, TokenSource
+
+MS = 1_000_000  # ns
+
+
+def schedule(gaps_ms: list[float], start_ms: float = 100.0) -> list[int]:
+    """Chunk arrival times (ns) for a first chunk at ``start_ms`` followed by ``gaps_ms``."""
+    times = [start_ms]
+    for gap in gaps_ms:
+        times.append(times[-1] + gap)
+    return [round(t * MS) for t in times]
+
+
+def run(times: list[int], tokens: list[int] | None = None, total: int | None = None,
+        window: int = 4096) -> tuple[StreamTimer, list[stats.TokenWindow]]:  # fmt: skip
+    timer = StreamTimer(0, factor=3.0, min_gap=0.05, window=window)
+    windows = []
+    for i, t in enumerate(times):
+        timer.output(t, tokens[i] if tokens else 1)
+        if timer.window_full:
+            windows.append(timer.take_window())
+    windows.append(timer.take_window(total_tokens=total))
+    return timer, windows
+
+
+def finish(timer: StreamTimer, end_ns: int, output: int | None = None) -> StreamStats:
+    return timer.finish(
+        end_ns, operation="chat", model="m", outcome=Outcome.OK, status=200, stream=True,
+        input_tokens=10, output_tokens=output,
+    )  # fmt: skip
+
+
+def test_ttft_tpot_and_itl_on_a_steady_stream() -> None:
+    times = schedule([20.0] * 9)  # 10 chunks, 20 ms apart, first at 100 ms
+    timer, windows = run(times)
+    record = finish(timer, times[-1] + 5 * MS)
+    assert record.ttft_s == pytest.approx(0.100)
+    assert record.tpot_s == pytest.approx(0.020)
+    assert record.output_tokens == 10
+    assert record.token_source is TokenSource.COUNTED
+    assert record.itl_count == 9
+    assert record.itl_sum == pytest.approx(0.180)
+    assert record.smoothness == pytest.approx(1.0)
+    assert record.stalls == 0
+    assert np.allclose(windows[-1].itl, 0.020)
+
+
+def test_multi_token_chunks_divide_the_gap_per_token() -> None:
+    times = schedule([60.0, 60.0])  # chunks of 3 tokens every 60 ms
+    timer, windows = run(times, tokens=[3, 3, 3])
+    record = finish(timer, times[-1])
+    assert np.allclose(windows[-1].itl, [0.020, 0.020])
+    assert list(windows[-1].weights) == [3.0, 3.0]
+    assert record.itl_count == 6
+    assert record.output_tokens == 9
+    assert record.tpot_s == pytest.approx(0.120 / 8)
+
+
+def test_final_usage_is_spread_over_chunks() -> None:
+    times = schedule([40.0] * 4)  # 5 chunks, engine says 10 tokens: 2 per chunk
+    timer, windows = run(times, total=10)
+    record = finish(timer, times[-1], output=10)
+    assert record.token_source is TokenSource.USAGE
+    assert list(windows[-1].weights) == [2.0] * 4
+    assert np.allclose(windows[-1].itl, 0.020)
+
+
+def test_periodic_pause_is_a_stall_and_jitter_is_not() -> None:
+    rng = np.random.default_rng(1)
+    jitter = list(20.0 * (1 + rng.uniform(-0.2, 0.2, 199)))
+    paused = [120.0 if (i + 1) % 50 == 0 else 20.0 for i in range(199)]
+    t_j, _ = run(schedule(jitter))
+    t_p, _ = run(schedule(paused))
+    jittered, stuttering = finish(t_j, 10**10), finish(t_p, 10**10)
+    assert jittered.stalls == 0
+    assert stuttering.stalls == 3
+    assert stuttering.smoothness is not None and jittered.smoothness is not None
+    assert stuttering.smoothness < 0.8
+    assert jittered.smoothness > 0.95
+
+
+def test_pause_every_50_tokens_scores_well_below_ten_percent_jitter() -> None:
+    rng = np.random.default_rng(3)
+    jitter = list(20.0 * (1 + rng.uniform(-0.1, 0.1, 499)))
+    paused = [120.0 if (i + 1) % 50 == 0 else 20.0 for i in range(499)]
+    steady = finish(run(schedule(jitter))[0], 10**10).smoothness
+    stutter = finish(run(schedule(paused))[0], 10**10).smoothness
+    assert steady is not None and stutter is not None
+    assert steady > 0.99
+    assert stutter == pytest.approx(0.71, abs=0.03)
+
+
+def test_smoothness_is_independent_of_speed() -> None:
+    rng = np.random.default_rng(2)
+    shape = 1 + rng.uniform(-0.1, 0.1, 100)
+    fast, _ = run(schedule(list(10.0 * shape)))
+    slow, _ = run(schedule(list(100.0 * shape)))
+    assert finish(fast, 10**10).smoothness == pytest.approx(finish(slow, 10**10).smoothness)
+
+
+def test_windows_keep_memory_bounded_and_totals_exact() -> None:
+    gaps = [20.0] * 999
+    timer, windows = run(schedule(gaps), window=100)
+    record = finish(timer, 10**11)
+    assert len(windows) >= 10
+    assert sum(w.tokens for w in windows) == 999
+    assert record.itl_sum == pytest.approx(0.020 * 999)
+    assert len(timer._times) <= 101
+
+
+def test_short_requests_have_no_rhythm_to_break() -> None:
+    timer, _ = run(schedule([500.0]))  # one long gap, two chunks
+    assert finish(timer, 10**10).stalls == 0
+
+
+def test_smoothness_formula_matches_cv() -> None:
+    x = np.array([0.02, 0.02, 0.12, 0.02])
+    expected = 1 / (1 + (x.std() / x.mean()) ** 2)
+    assert stats.smoothness(x.size, x.sum(), (x * x).sum()) == pytest.approx(expected)
+    assert stats.smoothness(1, 0.02, 0.0004) is None
+
+
+def test_no_output_means_no_ttft() -> None:
+    record = finish(StreamTimer(0), 5 * MS)
+    assert record.ttft_s is None and record.tpot_s is None and record.output_tokens == 0
+    assert record.duration_s == pytest.approx(0.005)
