@@ -191,9 +191,9 @@ class Relay:
         )
         limit = self._settings.max_body_bytes
         if request.content_length is not None and request.content_length > limit:
-            resp = self._local(obs, 413, f"request body larger than {limit} bytes")
+            rejected = self._local(obs, 413, f"request body larger than {limit} bytes")
             obs.finish(clock(), Outcome.REJECTED)
-            return resp
+            return rejected
         body = RequestBody(request, obs, limit) if request.body_exists else None
         if body is None:
             obs.forwarded()

@@ -1,0 +1,119 @@
+"""Command line: ``llmobs serve | sim | demo`` (also ``python -m llmobs ...``). Thin on purpose."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import logging
+import os
+import signal
+import sys
+from collections.abc import Mapping, Sequence
+
+from llmobs import __version__
+from llmobs.app import Sidecar, run_until
+from llmobs.config import ConfigError, add_arguments, settings_from_args
+from llmobs.demo import add_demo_arguments, run_demo
+from llmobs.sim import add_sim_arguments, run_sim, sim_settings_from_args
+from llmobs.telemetry import build_telemetry
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="llmobs",
+        description="OpenTelemetry observability sidecar for LLM inference servers.",
+    )
+    parser.add_argument("--version", action="version", version=f"llmobs {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    serve = sub.add_parser(
+        "serve",
+        help="run the sidecar in front of an inference server",
+        description="Relay every request to --upstream unchanged while timing every token; "
+        "Prometheus metrics on --metrics-port. Every flag also reads an LLMOBS_* variable.",
+    )
+    add_arguments(serve)
+
+    sim = sub.add_parser(
+        "sim",
+        help="run the simulated OpenAI-compatible inference engine",
+        description="A simulated engine with a realistic timing model: prefill proportional "
+        "to prompt tokens, decode slowing with the batch, a waiting queue, optional stalls.",
+    )
+    add_sim_arguments(sim)
+
+    demo = sub.add_parser(
+        "demo",
+        help="simulated engine + sidecar + mixed load, then a latency summary",
+        description="Start the simulated engine and the sidecar, drive a realistic mixed load "
+        "through it and print TTFT, ITL, smoothness, stalls and queue depth.",
+    )
+    add_demo_arguments(demo)
+    return parser
+
+
+def _configure_logging(level: str) -> None:
+    logging.basicConfig(
+        level=level.upper(),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+
+
+async def _until_signalled(main: asyncio.Event) -> None:
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        with contextlib.suppress(NotImplementedError):
+            loop.add_signal_handler(sig, main.set)
+
+
+async def _serve(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
+    settings = settings_from_args(args, environ)
+    _configure_logging(settings.log_level)
+    stop = asyncio.Event()
+    await _until_signalled(stop)
+
+    def announce(sidecar: Sidecar) -> None:
+        logging.getLogger("llmobs").info(
+            "llmobs %s: proxy on %s:%d -> %s; metrics on http://%s:%d/metrics",
+            __version__, settings.host, sidecar.port, settings.upstream,
+            settings.metrics_host, sidecar.metrics_port,
+        )  # fmt: skip
+
+    await run_until(settings, build_telemetry(), stop, announce)
+    return 0
+
+
+async def _sim(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
+    settings = sim_settings_from_args(args, environ)
+    _configure_logging("info")
+    task = asyncio.ensure_future(run_sim(settings))
+    stop = asyncio.Event()
+    await _until_signalled(stop)
+    await asyncio.wait([task, asyncio.ensure_future(stop.wait())], return_when="FIRST_COMPLETED")
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await task
+    return 0
+
+
+def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = None) -> int:
+    """Entry point of the ``llmobs`` command."""
+    args = _parser().parse_args(argv)
+    env = os.environ if environ is None else environ
+    try:
+        if args.command == "serve":
+            return asyncio.run(_serve(args, env))
+        if args.command == "sim":
+            return asyncio.run(_sim(args, env))
+        return asyncio.run(run_demo(args, env))
+    except ConfigError as exc:
+        print(f"llmobs: configuration error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())
