@@ -4,11 +4,10 @@ from __future__ import annotations
 
 import asyncio
 import io
-import re
 import os
+import re
 import signal
 import socket
-import subprocess
 import sys
 import time
 from argparse import Namespace
@@ -61,14 +60,17 @@ def test_bad_configuration_exits_2(capsys: pytest.CaptureFixture[str]) -> None:
     assert "LLMOBS_METRICS_PORT" in capsys.readouterr().err
 
 
-def _wait_port(port: int, proc: subprocess.Popen[bytes], timeout: float = 15.0) -> None:
-    deadline = time.monotonic() + timeout
+async def _wait_port(port: int, proc: asyncio.subprocess.Process) -> None:
+    deadline = time.monotonic() + 15.0
     while time.monotonic() < deadline:
-        assert proc.poll() is None, "process exited early"
-        with socket.socket() as s:
-            if s.connect_ex(("127.0.0.1", port)) == 0:
-                return
-        time.sleep(0.05)
+        assert proc.returncode is None, "process exited early"
+        try:
+            _, writer = await asyncio.open_connection("127.0.0.1", port)
+        except OSError:
+            await asyncio.sleep(0.05)
+            continue
+        writer.close()
+        return
     raise AssertionError(f"port {port} never opened")
 
 
@@ -81,15 +83,17 @@ async def test_serve_and_sim_processes_relay_and_stop_on_sigterm() -> None:
         "LLMOBS_METRICS_HOST": "127.0.0.1",
         "LLMOBS_METRICS_PORT": str(metrics_port),
     }
-    sim = subprocess.Popen(
-        [sys.executable, "-m", "llmobs", "sim", "--port", str(sim_port), "--decode-base", "0.001"],
+    sim = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "llmobs", "sim", "--port", str(sim_port), "--decode-base", "0.001",
         env=env,
+    )  # fmt: skip
+    side = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "llmobs", "serve", "--port", str(port), env=env
     )
-    side = subprocess.Popen([sys.executable, "-m", "llmobs", "serve", "--port", str(port)], env=env)
     try:
-        _wait_port(sim_port, sim)
-        _wait_port(port, side)
-        _wait_port(metrics_port, side)
+        await _wait_port(sim_port, sim)
+        await _wait_port(port, side)
+        await _wait_port(metrics_port, side)
         body = {"model": "m", "prompt": "hi", "max_tokens": 5, "stream": True}
         async with aiohttp.ClientSession() as s:
             async with s.post(f"http://127.0.0.1:{port}/v1/completions", json=body) as r:
@@ -103,7 +107,7 @@ async def test_serve_and_sim_processes_relay_and_stop_on_sigterm() -> None:
     finally:
         for proc in (side, sim):
             proc.send_signal(signal.SIGTERM)
-        codes = [await asyncio.to_thread(proc.wait, 10) for proc in (side, sim)]
+        codes = [await asyncio.wait_for(proc.wait(), 10) for proc in (side, sim)]
     assert codes == [0, 0]
 
 
