@@ -1,0 +1,20 @@
+"""The simulated inference engine: an OpenAI-compatible server with a known timing model.
+
+It is the default upstream of the demo, the tests and the benchmarks: continuous batching with
+prefill and decode steps whose durations come from ``SimSettings``, optional stalls and
+injected errors, all deterministic from a seed. See ``engine`` for the timing model.
+"""
+
+from llmobs.sim.config import SimSettings, add_sim_arguments, sim_settings_from_args
+from llmobs.sim.engine import SimEngine
+from llmobs.sim.server import ENGINE_KEY, build_sim_app, run_sim
+
+__all__ = [
+    "ENGINE_KEY",
+    "SimEngine",
+    "SimSettings",
+    "add_sim_arguments",
+    "build_sim_app",
+    "run_sim",
+    "sim_settings_from_args",
+]

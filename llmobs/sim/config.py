@@ -1,0 +1,193 @@
+"""Settings of the simulated engine: one frozen ``SimSettings``, flags and ``LLMOBS_SIM_*``.
+
+The sim is configured like the sidecar (``llmobs.config``: flag > environment > default, a bad
+value fails at start-up naming its flag and variable) but from its own option table, so that
+``llmobs sim --help`` lists exactly the knobs of the timing model and nothing of the proxy.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from llmobs.config import ConfigError, Option, add_arguments, flags_of, merge_sources
+
+SIM_OPTIONS: tuple[Option, ...] = (
+    Option("host", "--host", "LLMOBS_SIM_HOST", str, "address the sim listens on", "ADDR"),
+    Option("port", "--port", "LLMOBS_SIM_PORT", int, "port the sim listens on", "PORT"),
+    Option("model", "--model", "LLMOBS_SIM_MODEL", str, "model name served", "NAME"),
+    Option(
+        "seed",
+        "--seed",
+        "LLMOBS_SIM_SEED",
+        int,
+        "seed of output lengths, words and injected errors (per request sequence number)",
+        "N",
+    ),
+    Option(
+        "max_batch",
+        "--max-batch",
+        "LLMOBS_SIM_MAX_BATCH",
+        int,
+        "most requests decoding at once; the rest wait in a FIFO queue",
+        "N",
+    ),
+    Option(
+        "prefill_base",
+        "--prefill-base",
+        "LLMOBS_SIM_PREFILL_BASE",
+        float,
+        "seconds of prefill per admitted request ...",
+        "SECONDS",
+    ),
+    Option(
+        "prefill_per_token",
+        "--prefill-per-token",
+        "LLMOBS_SIM_PREFILL_PER_TOKEN",
+        float,
+        "... plus these seconds per prompt token",
+        "SECONDS",
+    ),
+    Option(
+        "decode_base",
+        "--decode-base",
+        "LLMOBS_SIM_DECODE_BASE",
+        float,
+        "seconds of one decode step (one token for every running request) ...",
+        "SECONDS",
+    ),
+    Option(
+        "decode_per_seq",
+        "--decode-per-seq",
+        "LLMOBS_SIM_DECODE_PER_SEQ",
+        float,
+        "... plus these seconds per running request",
+        "SECONDS",
+    ),
+    Option(
+        "output_tokens_min",
+        "--output-tokens-min",
+        "LLMOBS_SIM_OUTPUT_TOKENS_MIN",
+        int,
+        "shortest output, in tokens (lengths are uniform between min and max)",
+        "N",
+    ),
+    Option(
+        "output_tokens_max",
+        "--output-tokens-max",
+        "LLMOBS_SIM_OUTPUT_TOKENS_MAX",
+        int,
+        "longest output, in tokens (a request's max_tokens caps it further)",
+        "N",
+    ),
+    Option(
+        "stall_every",
+        "--stall-every",
+        "LLMOBS_SIM_STALL_EVERY",
+        int,
+        "every N-th decode step (counted over all requests) stalls; 0 turns stalls off",
+        "N",
+    ),
+    Option(
+        "stall_ms",
+        "--stall-ms",
+        "LLMOBS_SIM_STALL_MS",
+        float,
+        "milliseconds a stalled decode step takes in addition",
+        "MS",
+    ),
+    Option(
+        "error_rate",
+        "--error-rate",
+        "LLMOBS_SIM_ERROR_RATE",
+        float,
+        "fraction of requests answered with HTTP 500 (deterministic from the seed)",
+        "FRACTION",
+    ),
+    Option(
+        "tokens_per_chunk",
+        "--tokens-per-chunk",
+        "LLMOBS_SIM_TOKENS_PER_CHUNK",
+        int,
+        "tokens per SSE chunk after the first, like vLLM --stream-interval",
+        "N",
+    ),
+)
+
+
+@dataclass(frozen=True)
+class SimSettings:
+    """The whole timing and fault model of the sim. Defaults resemble an 8B model on one GPU."""
+
+    host: str = "127.0.0.1"
+    port: int = 8000
+    model: str = "sim-llama-3-8b"
+    seed: int = 0
+    max_batch: int = 16
+    prefill_base: float = 0.02
+    prefill_per_token: float = 0.0002
+    decode_base: float = 0.015
+    decode_per_seq: float = 0.0005
+    output_tokens_min: int = 32
+    output_tokens_max: int = 256
+    stall_every: int = 0
+    stall_ms: float = 100.0
+    error_rate: float = 0.0
+    tokens_per_chunk: int = 1
+
+    def __post_init__(self) -> None:
+        _validate(self)
+
+    @classmethod
+    def from_sources(
+        cls, environ: Mapping[str, str], flags: Mapping[str, Any] | None = None
+    ) -> SimSettings:
+        """Merge CLI flags (values that are not None) over environment over defaults."""
+        return cls(**merge_sources(SIM_OPTIONS, environ, flags))
+
+
+def _source(field: str) -> str:
+    for opt in SIM_OPTIONS:
+        if opt.field == field:
+            return f"{opt.flag} / {opt.env}"
+    return field  # pragma: no cover
+
+
+def _validate(s: SimSettings) -> None:
+    if not 0 <= s.port <= 65535:
+        raise ConfigError(f"{_source('port')}: port out of range: {s.port}")
+    if not s.model.strip():
+        raise ConfigError(f"{_source('model')}: must not be empty")
+    for name in ("max_batch", "output_tokens_min", "tokens_per_chunk"):
+        if getattr(s, name) < 1:
+            raise ConfigError(f"{_source(name)}: must be >= 1, got {getattr(s, name)}")
+    for name in (
+        "prefill_base",
+        "prefill_per_token",
+        "decode_base",
+        "decode_per_seq",
+        "stall_every",
+        "stall_ms",
+    ):
+        value = getattr(s, name)
+        if not value >= 0:  # also rejects NaN
+            raise ConfigError(f"{_source(name)}: must be >= 0, got {value}")
+    if s.output_tokens_max < s.output_tokens_min:
+        raise ConfigError(
+            f"{_source('output_tokens_max')}: must be >= output_tokens_min "
+            f"({s.output_tokens_min}), got {s.output_tokens_max}"
+        )
+    if not 0.0 <= s.error_rate <= 1.0:
+        raise ConfigError(f"{_source('error_rate')}: must be within [0, 1], got {s.error_rate}")
+
+
+def add_sim_arguments(parser: argparse.ArgumentParser) -> None:
+    """Add the sim's flags to ``parser`` (``llmobs sim`` and the demo use them)."""
+    add_arguments(parser, SIM_OPTIONS, SimSettings)
+
+
+def sim_settings_from_args(args: argparse.Namespace, environ: Mapping[str, str]) -> SimSettings:
+    """Build SimSettings from parsed CLI arguments and the environment."""
+    return SimSettings.from_sources(environ, flags_of(args, SIM_OPTIONS))

@@ -1,0 +1,264 @@
+"""The sim's scheduler: continuous batching with an exactly known timing model.
+
+One background task plays the GPU. Each iteration is one engine step, as in vLLM without
+chunked prefill:
+
+* if requests wait and the batch has room, they are admitted and a PREFILL step runs, taking
+  the sum over the admitted of ``prefill_base + prefill_per_token * prompt_tokens``; at its end
+  every admitted request emits its first token;
+* otherwise a DECODE step runs for the whole batch, taking ``decode_base + decode_per_seq *
+  len(running)`` (plus ``stall_ms`` on every ``stall_every``-th decode step, counted over all
+  requests); at its end every running request emits one token.
+
+Prefill blocks decode, so arrivals make running streams stutter: a realistic source of
+inter-token variance whose size the tests can predict. Steps are scheduled on absolute
+deadlines (``loop.time()``), so timer overshoot never accumulates into drift.
+
+What a request produces is decided up front from the seed, so the text, the length and the
+finish reason of a request are reproducible whatever the load; only the timing depends on it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import enum
+import random
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from llmobs.sim.config import SimSettings
+
+# A loop blocked for longer than this re-bases the schedule on "now" instead of emitting a
+# burst of overdue steps to catch up: a stalled host delays a GPU, it does not speed it up.
+_MAX_LAG = 0.05
+
+_LOREM = (
+    "lorem ipsum dolor sit amet consectetur adipiscing elit sed do eiusmod tempor incididunt ut "
+    "labore et dolore magna aliqua enim ad minim veniam quis nostrud exercitation ullamco "
+    "laboris nisi aliquip ex ea commodo consequat duis aute irure in reprehenderit voluptate "
+    "velit esse cillum fugiat nulla pariatur excepteur sint occaecat cupidatat non proident "
+    "sunt culpa qui officia deserunt mollit anim id est laborum"
+)
+_TOKENS = tuple(" " + word for word in _LOREM.split())
+
+
+class EngineStopped(Exception):
+    """The engine shut down before the request finished."""
+
+
+class _State(enum.Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    DONE = "done"
+    CANCELLED = "cancelled"
+
+
+@dataclass
+class SimStats:
+    """Counters of the engine, read by tests and by the /metrics collector."""
+
+    requests_received: int = 0
+    completed: int = 0
+    cancelled: int = 0
+    errors: int = 0
+    waiting: int = 0
+    running: int = 0
+    prompt_tokens: int = 0
+    generation_tokens: int = 0
+    prefill_steps: int = 0
+    decode_steps: int = 0
+    # Headers of the last completion request, keys lower-cased (trace-context tests read it).
+    last_headers: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass(eq=False)
+class SimRequest:
+    """One request inside the engine; the HTTP handler awaits its tokens."""
+
+    seq: int
+    prompt_tokens: int
+    tokens: tuple[str, ...]
+    finish_reason: str
+    generated: int = 0
+    state: _State = _State.WAITING
+    _queue: asyncio.Queue[str | None] = field(default_factory=asyncio.Queue)
+
+    @property
+    def completion_tokens(self) -> int:
+        """How many tokens the request will produce in all."""
+        return len(self.tokens)
+
+    async def next_token(self) -> str:
+        """The next token's text, as soon as the engine emits it."""
+        item = await self._queue.get()
+        if item is None:
+            raise EngineStopped
+        return item
+
+
+def plan_output(
+    settings: SimSettings,
+    seq: int,
+    max_tokens: int | None = None,
+    seed: int | None = None,
+    ignore_eos: bool = False,
+) -> tuple[tuple[str, ...], str]:
+    """The tokens and finish reason of a request: a pure function of seed and sequence number.
+
+    A request's own ``seed`` replaces (settings seed, sequence number), as with a real sampler.
+    ``ignore_eos`` (vLLM's benchmark switch) makes the output exactly ``max_tokens`` long.
+    """
+    rng = random.Random(f"request:{seed}" if seed is not None else f"{settings.seed}:{seq}")
+    length = rng.randint(settings.output_tokens_min, settings.output_tokens_max)
+    finish_reason = "stop"
+    if max_tokens is not None and (ignore_eos or max_tokens < length):
+        length, finish_reason = max_tokens, "length"
+    return tuple(rng.choices(_TOKENS, k=length)), finish_reason
+
+
+class SimEngine:
+    """Waiting FIFO + running batch, driven by one background task (``start``/``stop``)."""
+
+    def __init__(self, settings: SimSettings) -> None:
+        self.settings = settings
+        self.stats = SimStats()
+        self._waiting: collections.deque[SimRequest] = collections.deque()
+        self._running: dict[int, SimRequest] = {}
+        self._wake = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+        self._seq = 0
+
+    def receive(self, headers: Mapping[str, str]) -> int:
+        """Count an incoming completion request and give it its sequence number."""
+        self.stats.requests_received += 1
+        self.stats.last_headers = {k.lower(): v for k, v in headers.items()}
+        seq = self._seq
+        self._seq += 1
+        return seq
+
+    def injects_error(self, seq: int) -> bool:
+        """Whether request ``seq`` is answered with an injected 500 (deterministic)."""
+        rate = self.settings.error_rate
+        return rate > 0 and random.Random(f"{self.settings.seed}:error:{seq}").random() < rate
+
+    def record_error(self) -> None:
+        """Count a request answered with an error status."""
+        self.stats.errors += 1
+
+    def submit(
+        self,
+        seq: int,
+        prompt_tokens: int,
+        max_tokens: int | None = None,
+        seed: int | None = None,
+        ignore_eos: bool = False,
+    ) -> SimRequest:
+        """Queue a request for prefill; its tokens arrive through ``next_token``."""
+        tokens, finish_reason = plan_output(self.settings, seq, max_tokens, seed, ignore_eos)
+        request = SimRequest(seq, prompt_tokens, tokens, finish_reason)
+        self._waiting.append(request)
+        self.stats.prompt_tokens += prompt_tokens
+        self._sync_counts()
+        self._wake.set()
+        return request
+
+    def cancel(self, request: SimRequest) -> None:
+        """Drop an unfinished request at once (its client is gone); no-op once finished."""
+        if request.state is _State.WAITING:
+            self._waiting.remove(request)
+        elif request.state is _State.RUNNING:
+            del self._running[request.seq]
+        else:
+            return
+        request.state = _State.CANCELLED
+        self.stats.cancelled += 1
+        self._sync_counts()
+
+    def kv_cache_usage(self) -> float:
+        """Simulated KV-cache fill: tokens held by the batch over its nominal capacity."""
+        held = sum(r.prompt_tokens + r.generated for r in self._running.values())
+        capacity = self.settings.max_batch * self.settings.output_tokens_max
+        return min(1.0, held / capacity)
+
+    def start(self) -> None:
+        """Start the scheduling loop on the running event loop."""
+        if self._task is None:
+            self._task = asyncio.get_running_loop().create_task(self._run(), name="sim-engine")
+
+    async def stop(self) -> None:
+        """Stop the loop; unfinished requests fail with ``EngineStopped``."""
+        task, self._task = self._task, None
+        if task is not None:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+
+    async def _run(self) -> None:
+        loop = asyncio.get_running_loop()
+        clock = loop.time()  # when the previous step ended: the next one starts then
+        try:
+            while True:
+                if not self._waiting and not self._running:
+                    self._wake.clear()
+                    await self._wake.wait()
+                    clock = loop.time()
+                elif loop.time() - clock > _MAX_LAG:
+                    clock = loop.time()
+                if self._waiting and len(self._running) < self.settings.max_batch:
+                    clock = await self._prefill(loop, clock)
+                else:
+                    clock = await self._decode(loop, clock)
+        finally:
+            self._abort_all()
+
+    async def _prefill(self, loop: asyncio.AbstractEventLoop, clock: float) -> float:
+        s = self.settings
+        admitted: list[SimRequest] = []
+        while self._waiting and len(self._running) < s.max_batch:
+            request = self._waiting.popleft()
+            request.state = _State.RUNNING
+            self._running[request.seq] = request
+            admitted.append(request)
+        self._sync_counts()
+        self.stats.prefill_steps += 1
+        clock += sum(s.prefill_base + s.prefill_per_token * r.prompt_tokens for r in admitted)
+        await asyncio.sleep(max(0.0, clock - loop.time()))
+        for request in admitted:
+            if request.state is _State.RUNNING:  # not cancelled meanwhile
+                self._emit(request)
+        return clock
+
+    async def _decode(self, loop: asyncio.AbstractEventLoop, clock: float) -> float:
+        s = self.settings
+        self.stats.decode_steps += 1
+        clock += s.decode_base + s.decode_per_seq * len(self._running)
+        if s.stall_every > 0 and self.stats.decode_steps % s.stall_every == 0:
+            clock += s.stall_ms / 1000.0
+        await asyncio.sleep(max(0.0, clock - loop.time()))
+        # Only requests admitted before this step are in the batch: admission happens in this
+        # loop alone, and cancelled ones have already been removed.
+        for request in list(self._running.values()):
+            self._emit(request)
+        return clock
+
+    def _emit(self, request: SimRequest) -> None:
+        request._queue.put_nowait(request.tokens[request.generated])
+        request.generated += 1
+        self.stats.generation_tokens += 1
+        if request.generated == len(request.tokens):
+            request.state = _State.DONE
+            del self._running[request.seq]
+            self.stats.completed += 1
+            self._sync_counts()
+
+    def _abort_all(self) -> None:
+        for request in [*self._waiting, *self._running.values()]:
+            request.state = _State.CANCELLED
+            request._queue.put_nowait(None)
+        self._waiting.clear()
+        self._running.clear()
+        self._sync_counts()
+
+    def _sync_counts(self) -> None:
+        self.stats.waiting = len(self._waiting)
+        self.stats.running = len(self._running)
