@@ -114,6 +114,7 @@ def upstream_headers(request: web.Request) -> CIMultiDict[str]:
     """Headers to send upstream: the client's, minus hop-by-hop and Host, plus X-Forwarded-*."""
     headers = filter_headers(request.headers)
     headers.popall("Host", None)
+    headers.popall("Expect", None)  # the sidecar's server already answered 100-continue
     peer = request.remote or ""
     prior = request.headers.get("X-Forwarded-For")
     headers["X-Forwarded-For"] = f"{prior}, {peer}" if prior else peer

@@ -15,7 +15,20 @@ engine reports cumulative usage on every chunk (vLLM's ``continuous_usage_stats`
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from typing import Any
+
+
+def _json_parser() -> Callable[[bytes], Any]:
+    """orjson (the ``fast`` extra) parses a chunk several times faster than json."""
+    try:
+        import orjson  # noqa: PLC0415 - optional dependency
+    except ImportError:  # pragma: no cover - depends on the environment
+        return json.loads
+    return orjson.loads
+
+
+loads = _json_parser()
 
 DONE = b"[DONE]"
 
@@ -69,8 +82,8 @@ class OpenAIStream:
             self.done = True
             return 0
         try:
-            obj = json.loads(data)
-        except ValueError:
+            obj = loads(data)
+        except ValueError:  # orjson.JSONDecodeError and UnicodeDecodeError are ValueErrors
             self.malformed += 1
             return 0
         if not isinstance(obj, dict):

@@ -1,0 +1,203 @@
+"""Relay benchmark: what the sidecar costs per chunk and per request.
+
+Not a test: run it by hand (``python benchmarks/relay.py``) and record the figures in
+docs/benchmarks.md with the machine they came from.
+
+Two measurements:
+1. in-process micro-benchmark of the observation path alone: ``Observer.chunk`` per SSE event
+   (vLLM-shaped chunks) and ``Observer.finish`` per request (statistics + metric records);
+2. end to end over loopback, each party in its own process: a fast upstream that streams
+   vLLM-shaped chunks with no delay, then the same load direct, through ``llmobs serve`` with
+   instrumentation, and through it with ``--instrument false``. Reports relayed events/s and
+   the sidecar's CPU time per event (from /proc/<pid>/stat), i.e. the relay's own cost.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import socket
+import sys
+import time
+from pathlib import Path
+
+import aiohttp
+from aiohttp import web
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from llmobs.metrics import MetricsSink  # noqa: E402
+from llmobs.observer import ObserveConfig, Observer  # noqa: E402
+from llmobs.telemetry import build_telemetry  # noqa: E402
+from llmobs.timing import Outcome  # noqa: E402
+
+CHUNK = (
+    b'data: {"id":"chatcmpl-0123456789abcdef","object":"chat.completion.chunk",'
+    b'"created":1700000000,"model":"meta-llama/Llama-3.1-8B-Instruct","choices":[{"index":0,'
+    b'"delta":{"content":" token"},"logprobs":null,"finish_reason":null}]}\n\n'
+)
+USAGE = b'data: {"choices":[],"usage":{"prompt_tokens":100,"completion_tokens":%d}}\n\n'
+
+
+def micro(tokens: int, requests: int) -> dict[str, float]:
+    telemetry = build_telemetry()
+    sink = MetricsSink(telemetry.meter, 32)
+    telemetry.registry.register(sink.tokens)
+    config = ObserveConfig()
+    body = b'{"model":"m","stream":true,"messages":[]}'
+    chunk_ns = finish_ns = 0
+    for r in range(requests):
+        obs = Observer(sink, config, "chat", 0)
+        obs.request_body(body)
+        obs.forwarded()
+        obs.response(200, "text/event-stream")
+        t = 100_000_000
+        start = time.perf_counter_ns()
+        for _ in range(tokens):
+            t += 20_000_000
+            obs.chunk(t, CHUNK)
+        obs.chunk(t, USAGE % tokens + b"data: [DONE]\n\n")
+        mid = time.perf_counter_ns()
+        obs.finish(t + 1, Outcome.OK)
+        end = time.perf_counter_ns()
+        if r:  # the first request warms up
+            chunk_ns += mid - start
+            finish_ns += end - mid
+    n = requests - 1
+    return {"chunk_us": chunk_ns / n / tokens / 1000, "finish_us": finish_ns / n / 1000}
+
+
+def upstream_main(port: int, tokens: int) -> None:
+    """A fast upstream: every request streams ``tokens`` chunks as fast as it can."""
+
+    async def handle(request: web.Request) -> web.StreamResponse:
+        await request.read()
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await resp.prepare(request)
+        for _ in range(tokens):
+            await resp.write(CHUNK)
+        await resp.write(USAGE % tokens + b"data: [DONE]\n\n")
+        await resp.write_eof()
+        return resp
+
+    app = web.Application()
+    app.router.add_post("/v1/chat/completions", handle)
+    web.run_app(app, host="127.0.0.1", port=port, print=None, access_log=None)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+async def wait_port(port: int) -> None:
+    for _ in range(300):
+        try:
+            _, w = await asyncio.open_connection("127.0.0.1", port)
+            w.close()
+            return
+        except OSError:
+            await asyncio.sleep(0.05)
+    raise RuntimeError(f"port {port} did not open")
+
+
+async def drive(url: str, concurrency: int, requests: int) -> tuple[int, float]:
+    body = {"model": "m", "stream": True, "messages": [{"role": "user", "content": "hi"}]}
+    events = 0
+    per_client = requests // concurrency
+
+    async def client(session: aiohttp.ClientSession) -> None:
+        nonlocal events
+        for _ in range(per_client):
+            async with session.post(url + "/v1/chat/completions", json=body) as r:
+                data = await r.read()
+                events += data.count(b"data: ")
+
+    start = time.perf_counter()
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=concurrency)) as s:
+        await asyncio.gather(*(client(s) for _ in range(concurrency)))
+    return events, time.perf_counter() - start
+
+
+async def end_to_end(tokens: int, concurrency: int, requests: int, rounds: int) -> list[dict]:
+    up_port = free_port()
+    upstream = await asyncio.create_subprocess_exec(
+        sys.executable, __file__, "--upstream", str(up_port), "--tokens", str(tokens)
+    )
+    results = []
+    try:
+        await wait_port(up_port)
+        targets: list[tuple[str, list[str] | None]] = [
+            ("direct", None),
+            ("llmobs (instrumented)", ["--instrument", "true"]),
+            ("llmobs (--instrument false)", ["--instrument", "false"]),
+        ]
+        for rnd in range(rounds):
+            for name, flags in targets:
+                proc = None
+                url = f"http://127.0.0.1:{up_port}"
+                if flags is not None:
+                    port, mport = free_port(), free_port()
+                    proc = await asyncio.create_subprocess_exec(
+                        sys.executable, "-m", "llmobs", "serve", "--upstream", url,
+                        "--host", "127.0.0.1", "--port", str(port), "--metrics-host",
+                        "127.0.0.1", "--metrics-port", str(mport), "--log-level", "warning",
+                        *flags, cwd=ROOT,
+                    )  # fmt: skip
+                    await wait_port(port)
+                    url = f"http://127.0.0.1:{port}"
+                    await drive(url, concurrency, concurrency)  # warm up
+                cpu0 = cpu_seconds(proc.pid) if proc else 0.0
+                events, wall = await drive(url, concurrency, requests)
+                cpu = cpu_seconds(proc.pid) - cpu0 if proc else 0.0
+                if proc:
+                    proc.terminate()
+                    await proc.wait()
+                results.append({
+                    "round": rnd, "target": name, "events": events, "wall_s": wall,
+                    "events_per_s": events / wall,
+                    "sidecar_cpu_us_per_event": cpu / events * 1e6 if proc else None,
+                })  # fmt: skip
+    finally:
+        upstream.terminate()
+        await upstream.wait()
+    return results
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--upstream", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--tokens", type=int, default=256, help="chunks per response [256]")
+    parser.add_argument("--concurrency", type=int, default=16)
+    parser.add_argument("--requests", type=int, default=320)
+    parser.add_argument("--rounds", type=int, default=3)
+    args = parser.parse_args()
+    if args.upstream:
+        upstream_main(args.upstream, args.tokens)
+        return
+    print("micro-benchmark (observation only, in process; median of 7 runs):")
+    runs = [micro(args.tokens, 100) for _ in range(7)]
+    m = {k: sorted(r[k] for r in runs)[3] for k in runs[0]}
+    print(f"  Observer.chunk  {m['chunk_us']:.2f} us per SSE event")
+    print(f"  Observer.finish {m['finish_us']:.1f} us per request ({args.tokens} tokens)")
+    print(f"end to end: {args.concurrency} streams, {args.requests} requests x {args.tokens} "
+          f"chunks, {args.rounds} rounds")  # fmt: skip
+    rows = asyncio.run(end_to_end(args.tokens, args.concurrency, args.requests, args.rounds))
+    for row in rows:
+        cpu = row["sidecar_cpu_us_per_event"]
+        print(f"  round {row['round']} {row['target']:30s} {row['events_per_s']:9.0f} events/s"
+              + (f"  sidecar CPU {cpu:6.1f} us/event" if cpu is not None else ""))  # fmt: skip
+    print(json.dumps({"micro": m, "end_to_end": rows}))
+
+
+if __name__ == "__main__":
+    main()
