@@ -25,7 +25,8 @@ def _json_parser() -> Callable[[bytes], Any]:
         import orjson  # noqa: PLC0415 - optional dependency
     except ImportError:  # pragma: no cover - depends on the environment
         return json.loads
-    return orjson.loads
+    parse: Callable[[bytes], Any] = orjson.loads
+    return parse
 
 
 loads = _json_parser()
