@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import AsyncIterator, Callable
+from concurrent.futures import ThreadPoolExecutor
 
 import aiohttp
 from aiohttp import web
@@ -88,9 +89,12 @@ def build_admin_app(settings: Settings, telemetry: Telemetry) -> web.Application
     """/metrics (Prometheus text), /healthz (the sidecar), /readyz (the upstream answers)."""
     app = web.Application()
     registry = telemetry.registry
+    # One rendering thread: concurrent scrapes queue instead of collecting in parallel (the
+    # OpenTelemetry exporter's collector is not safe to run twice at once).
+    render = ThreadPoolExecutor(max_workers=1, thread_name_prefix="llmobs-metrics")
 
     async def metrics(request: web.Request) -> web.Response:
-        body = await asyncio.get_running_loop().run_in_executor(None, generate_latest, registry)
+        body = await asyncio.get_running_loop().run_in_executor(render, generate_latest, registry)
         resp = web.Response(body=body)
         resp.headers["Content-Type"] = CONTENT_TYPE_LATEST
         return resp
@@ -116,6 +120,7 @@ def build_admin_app(settings: Settings, telemetry: Telemetry) -> web.Application
         async with _client_session(settings, limit=4) as session:
             app[SESSION] = session
             yield
+        render.shutdown(wait=True)
 
     app.cleanup_ctx.append(session_ctx)
     app.router.add_get("/metrics", metrics)

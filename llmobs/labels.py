@@ -21,13 +21,18 @@ class BoundedLabel:
         self.limit = limit
         self._known: set[str] = set()
 
-    def get(self, value: str | None) -> str:
+    def get(self, value: str | None, admit: bool = True) -> str:
+        """The label for ``value``; a new value takes a free slot only when ``admit``.
+
+        Callers admit values only from successful requests, so a client naming models the
+        engine rejects (404s) cannot use up the slots of models deployed later.
+        """
         if not value:
             return UNKNOWN
         value = value[:MAX_LABEL_LENGTH]
         if value in self._known:
             return value
-        if len(self._known) < self.limit:
+        if admit and len(self._known) < self.limit:
             self._known.add(value)
             return value
         return OTHER

@@ -259,8 +259,8 @@ class MetricsSink:
         self._errors.add(0)
         self._malformed.add(0)
 
-    def labels(self, operation: str, model: str | None) -> tuple[str, str]:
-        return operation, self.models.get(model)
+    def labels(self, operation: str, model: str | None, admit: bool = True) -> tuple[str, str]:
+        return operation, self.models.get(model, admit)
 
     def request_started(self) -> None:
         self._active.add(1)
@@ -282,10 +282,12 @@ class MetricsSink:
             self._malformed.add(count)
 
     def record_tokens(self, operation: str, model: str | None, window: TokenWindow) -> None:
-        self.tokens.record(self.labels(operation, model), window)
+        """Add a window of ITLs. Labels admit no new model: ``record_request`` does that."""
+        if window.itl.size:
+            self.tokens.record(self.labels(operation, model, admit=False), window)
 
     def record_request(self, s: StreamStats) -> None:
-        op, model = self.labels(s.operation, s.model)
+        op, model = self.labels(s.operation, s.model, admit=200 <= s.status < 400)
         attrs = {OPERATION: op, MODEL: model}
         self._requests.add(
             1, {**attrs, OUTCOME: s.outcome.value, STATUS_CLASS: status_class(s.status)}

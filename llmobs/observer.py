@@ -10,15 +10,17 @@ the relay itself never sees it. ``finish()`` is idempotent, so whichever way a r
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
+import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from llmobs.formats import detect_stream
 from llmobs.formats.framing import SseDecoder
-from llmobs.formats.openai import OpenAIStream
+from llmobs.formats.openai import OpenAIStream, loads
 from llmobs.metrics import MetricsSink
+from llmobs.stats import EMPTY_WINDOW, TokenWindow
 from llmobs.timing import Outcome, StreamStats, StreamTimer
 
 log = logging.getLogger("llmobs.observer")
@@ -43,11 +45,27 @@ class RequestInfo:
     stream: bool = False
 
 
+_PARSE_LIMIT = 1 << 20
+_SCAN = 64 * 1024
+_MODEL_RE = re.compile(rb'"model"\s*:\s*"((?:[^"\\]|\\.){1,256})"')
+_STREAM_RE = re.compile(rb'"stream"\s*:\s*true\b')
+
+
 def parse_request(body: bytes) -> RequestInfo:
-    """Pick the model and stream flag out of a JSON request body; tolerate anything."""
+    """Pick the model and stream flag out of a JSON request body; tolerate anything.
+
+    Bodies up to 1 MiB are parsed (orjson when present: ~1 ms per MiB). Larger ones (long
+    prompts, images) are only scanned at both ends, where clients put these keys, so that a
+    16 MiB prompt does not hold up every other stream on the event loop.
+    """
+    if len(body) > _PARSE_LIMIT:
+        ends = body[:_SCAN] + b"\n" + body[-_SCAN:]
+        found = _MODEL_RE.search(ends)
+        model = found.group(1).decode("utf-8", "replace") if found else None
+        return RequestInfo(model, _STREAM_RE.search(ends) is not None)
     try:
-        obj: Any = json.loads(body)
-    except (ValueError, UnicodeDecodeError):
+        obj: Any = loads(body)
+    except ValueError:
         return RequestInfo()
     if not isinstance(obj, dict):
         return RequestInfo()
@@ -65,6 +83,7 @@ class Observer:
         "_dialect",
         "_failed",
         "_finished",
+        "_last_ns",
         "_max_line",
         "_queued",
         "_sink",
@@ -90,6 +109,7 @@ class Observer:
         self._body_size = 0
         self._queued = False
         self._finished = False
+        self._last_ns = start_ns  # arrival of the latest chunk
         self._failed = False
         self._max_line = config.max_line_bytes
         sink.request_started()
@@ -139,6 +159,7 @@ class Observer:
 
     def chunk(self, t_ns: int, data: bytes) -> None:
         """A chunk of the response body was relayed at ``t_ns``. The hot path."""
+        self._last_ns = t_ns
         decoder = self._decoder
         if decoder is None:
             body = self._body
@@ -164,42 +185,62 @@ class Observer:
             self._fail("chunk")
 
     def finish(self, t_ns: int, outcome: Outcome) -> StreamStats | None:
-        """Close the request with ``outcome``; only the first call has any effect."""
+        """Close the request with ``outcome``; only the first call has any effect.
+
+        Each sink call is guarded on its own, and the request record goes first: whatever
+        else fails, the request is counted once, with its outcome.
+        """
         if self._finished:
             return None
         self._finished = True
+        self._guard("finish", self._leave_queue)
+        sink = self._sink
         record: StreamStats | None = None
+        window = EMPTY_WINDOW
+        malformed = 0
         try:
-            self._leave_queue()
-            record = self._close(t_ns, outcome)
+            record, window, malformed = self._close(t_ns, outcome)
         except Exception:
             self._fail("finish")
-        try:
-            self._sink.request_ended()
-        except Exception:
-            self._fail("finish")
+        if record is None:  # observation broke: still count the request and its outcome
+            record = self._timer.finish(
+                t_ns, operation=self.operation, model=self.info.model, outcome=outcome,
+                status=self.status, stream=False, input_tokens=None, output_tokens=None,
+            )  # fmt: skip
+        self._guard("finish", sink.record_request, record)
+        self._guard("finish", sink.record_tokens, self.operation, self.info.model, window)
+        self._guard("finish", sink.malformed, malformed)
+        self._guard("finish", sink.request_ended)
         return record
 
-    def _close(self, t_ns: int, outcome: Outcome) -> StreamStats:
+    def _guard(self, where: str, fn: Callable[..., object], *args: object) -> None:
+        try:
+            fn(*args)
+        except Exception:
+            self._fail(where)
+
+    def _close(self, t_ns: int, outcome: Outcome) -> tuple[StreamStats, TokenWindow, int]:
+        """The final record, last window and malformed count; no sink is called here."""
         dialect = self._dialect
+        malformed = 0
         if self._decoder is not None:
-            tokens = sum(dialect.on_data(e.data) for e in self._decoder.flush())
-            if tokens:
-                self._timer.output(t_ns, tokens)
-            self._sink.malformed(self._decoder.malformed + dialect.malformed)
+            if outcome is Outcome.OK:  # a cut stream's partial last event is not evidence
+                tokens = sum(dialect.on_data(e.data) for e in self._decoder.flush())
+                if tokens:
+                    self._timer.output(self._last_ns, tokens)
+            malformed = self._decoder.malformed + dialect.malformed
         elif self._body:
             try:
-                obj = json.loads(b"".join(self._body))
+                obj = loads(b"".join(self._body))
                 if isinstance(obj, dict):
                     dialect.on_object(obj)
             except ValueError:
                 pass  # a non-JSON body labelled as JSON: relayed, just not read
-        if self.status >= 500 and outcome is Outcome.OK:
-            outcome = Outcome.UPSTREAM_ERROR
+        if outcome is Outcome.OK and (self.status >= 500 or (self.status < 400 and dialect.error)):
+            outcome = Outcome.UPSTREAM_ERROR  # an engine error: 5xx, or an error in a 2xx stream
         timer = self._timer
         total = None if dialect.per_chunk_usage else dialect.output_tokens
         window = timer.take_window(total_tokens=total)
-        self._sink.record_tokens(self.operation, self.info.model, window)
         record = timer.finish(
             t_ns,
             operation=self.operation,
@@ -213,5 +254,4 @@ class Observer:
             response_id=dialect.response_id,
             finish_reasons=tuple(dialect.finish_reasons),
         )
-        self._sink.record_request(record)
-        return record
+        return record, window, malformed

@@ -50,7 +50,7 @@ HOP_BY_HOP = frozenset(
         "upgrade",
     }
 )
-_NO_AUTO_HEADERS = frozenset({"User-Agent", "Accept", "Accept-Encoding"})
+_NO_AUTO_HEADERS = frozenset({"User-Agent", "Accept", "Accept-Encoding", "Content-Type"})
 
 
 class RequestObserver(Protocol):
@@ -115,9 +115,12 @@ def upstream_headers(request: web.Request) -> CIMultiDict[str]:
     headers = filter_headers(request.headers)
     headers.popall("Host", None)
     headers.popall("Expect", None)  # the sidecar's server already answered 100-continue
-    peer = request.remote or ""
-    prior = request.headers.get("X-Forwarded-For")
-    headers["X-Forwarded-For"] = f"{prior}, {peer}" if prior else peer
+    chain = [v for v in request.headers.getall("X-Forwarded-For", ()) if v.strip()]
+    if request.remote:
+        chain.append(request.remote)
+    headers.popall("X-Forwarded-For", None)
+    if chain:
+        headers["X-Forwarded-For"] = ", ".join(chain)
     if "X-Forwarded-Proto" not in headers:
         headers["X-Forwarded-Proto"] = request.scheme
     return headers
@@ -186,10 +189,7 @@ class Relay:
     async def __call__(self, request: web.Request) -> web.StreamResponse:
         clock = time.perf_counter_ns
         start = clock()
-        factory = self._new_observer
-        obs: RequestObserver = (
-            factory(operation_for_path(request.path), start) if factory else NULL_OBSERVER
-        )
+        obs = self._observer(request, start)
         limit = self._settings.max_body_bytes
         if request.content_length is not None and request.content_length > limit:
             rejected = self._local(obs, 413, f"request body larger than {limit} bytes")
@@ -250,6 +250,17 @@ class Relay:
             return self._upstream_failed(request, obs, resp, 502, message, outcome)
         finally:
             obs.finish(clock(), outcome)
+
+    def _observer(self, request: web.Request, start: int) -> RequestObserver:
+        """A new observer, or the null one if there is none or it cannot be made."""
+        factory = self._new_observer
+        if factory is None:
+            return NULL_OBSERVER
+        try:
+            return factory(operation_for_path(request.path), start)
+        except Exception:
+            log.exception("could not start observing a request; relaying it unobserved")
+            return NULL_OBSERVER
 
     @staticmethod
     def _local(obs: RequestObserver, status: int, message: str) -> web.Response:

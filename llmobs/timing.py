@@ -3,9 +3,11 @@
 Time is an argument: the proxy reads the clock once per chunk (``time.perf_counter_ns``) and
 passes it in; nothing here reads a clock, so tests drive it with literal timestamps.
 
-Per chunk the timer only appends two numbers to compact arrays. Statistics run per window of
-``window`` chunks (and at the end) in ``stats``, so a very long stream keeps bounded memory:
-when a window fills, the caller takes it (``take_window``) and hands it to the sinks.
+Per chunk the timer only appends two numbers to compact arrays (16 bytes). Statistics run once
+at the end of the request in ``stats``; only a stream longer than ``window`` chunks (65536 by
+default, 1 MiB of arrays) is cut into windows that the caller takes (``take_window``) and
+hands to the sinks as they fill, which keeps memory bounded. The window is large because the
+engine's final ``usage`` can only be spread over chunks not yet taken.
 """
 
 from __future__ import annotations
@@ -89,7 +91,7 @@ class StreamTimer:
     )
 
     def __init__(
-        self, start_ns: int, *, factor: float = 3.0, min_gap: float = 0.05, window: int = 4096
+        self, start_ns: int, *, factor: float = 3.0, min_gap: float = 0.05, window: int = 65536
     ) -> None:
         self.start_ns = start_ns
         self.factor = factor
@@ -140,8 +142,8 @@ class StreamTimer:
         self._taken = True
         if total_tokens is None:
             pending = counts[1:]
-        elif first_window:
-            pending = stats.spread_tokens(total_tokens, counts.size)[1:]
+        elif first_window:  # the first chunk keeps its count (engines send the first token alone)
+            pending = stats.spread_tokens(total_tokens - int(counts[0]), counts.size - 1)
         else:
             pending = stats.spread_tokens(total_tokens - self.flushed_tokens, counts.size - 1)
         window = stats.token_window(

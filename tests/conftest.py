@@ -6,6 +6,7 @@ own registry and meter provider.
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
@@ -131,3 +132,13 @@ async def start_sidecar() -> AsyncIterator[SidecarFactory]:
     yield start
     for sidecar in reversed(sidecars):
         await sidecar.stop()
+
+
+async def eventually(check: Callable[[], bool]) -> None:
+    """Wait (up to 2 s) until ``check()`` holds: the handler's bookkeeping may finish just
+    after the client has seen the end of its response."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + 2.0
+    while not check():
+        assert loop.time() < deadline, "condition never held"
+        await asyncio.sleep(0.01)

@@ -52,12 +52,12 @@ class ScriptedUpstream:
         script = self.scripts.get(request.headers.get("X-Script", "default"))
         if script is None:
             return web.json_response({"path": request.raw_path, "size": len(body)})
-        if script.header_delay:
-            await asyncio.sleep(script.header_delay)
         resp = web.StreamResponse(status=script.status, headers=dict(script.headers))
         if script.content_length:
             resp.content_length = len(script.body)
         try:
+            if script.header_delay:
+                await asyncio.sleep(script.header_delay)
             await resp.prepare(request)
             for delay, data in script.steps:
                 if delay:

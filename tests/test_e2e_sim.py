@@ -12,7 +12,7 @@ import aiohttp
 import pytest
 from openai import AsyncOpenAI
 
-from tests.conftest import SidecarFactory, SidecarHandle, SimFactory
+from tests.conftest import SidecarFactory, SidecarHandle, SimFactory, eventually
 
 CHAT = "/v1/chat/completions"
 # prefill 100 ms, then one token every 20 ms, 20 tokens, one request at a time
@@ -65,7 +65,8 @@ async def test_ttft_itl_tpot_match_the_engine_schedule(
     ("options", "itl_count"),
     [
         # chunks carry 1, 3, 3, 3, 3, 3, 3, 2 tokens (the first token alone, as vLLM does)
-        ({"include_usage": True}, 18),  # final usage: 21 spread as 3,3,3,3,3,2,2,2
+        # final usage: the first chunk keeps its 1, the other 20 spread as 3,3,3,3,3,3,2
+        ({"include_usage": True}, 20),
         ({"include_usage": True, "continuous_usage_stats": True}, 20),  # exact per chunk
         ({}, 7),  # no usage at all: one token per chunk
     ],
@@ -140,7 +141,7 @@ async def test_client_disconnect_reaches_the_engine(
         await asyncio.sleep(0.01)
     assert sim.engine.stats.cancelled == 1
     assert sim.engine.stats.running == 0
-    await asyncio.sleep(0.05)
+    await eventually(lambda: side.value("llmobs_requests_total") == 1)
     assert side.value("llmobs_requests_total", outcome="client_disconnect") == 1
     assert side.value("llmobs_requests_active") == 0
     assert side.value("llmobs_prefill_queue_depth") == 0
@@ -194,3 +195,19 @@ async def test_openai_client_streams_through_the_sidecar(
     assert side.value("llmobs_requests_total", gen_ai_operation_name="chat",
                       gen_ai_request_model="sim", outcome="ok") == 1  # fmt: skip
     assert side.value("llmobs_requests_total", gen_ai_operation_name="text_completion") == 1
+
+
+async def test_disconnect_during_prefill_reaches_the_engine_and_empties_the_queue(
+    start_sim: SimFactory, start_sidecar: SidecarFactory
+) -> None:
+    sim = await start_sim(**{**SCHEDULE, "prefill_base": 1.0})
+    side = await start_sidecar(sim.url)
+    async with aiohttp.ClientSession() as s:
+        response = await s.post(side.url + CHAT, json=chat())  # headers come back at once
+        await eventually(lambda: side.value("llmobs_prefill_queue_depth") == 1)
+        response.close()  # the client gives up while the engine is still in prefill
+    await eventually(lambda: sim.engine.stats.cancelled == 1)
+    await eventually(lambda: side.value("llmobs_requests_total") == 1)
+    assert side.value("llmobs_requests_total", outcome="client_disconnect") == 1
+    assert side.value("llmobs_prefill_queue_depth") == 0
+    assert side.value("gen_ai_server_time_to_first_token_seconds_count") == 0

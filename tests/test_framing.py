@@ -71,7 +71,13 @@ def test_any_chunking_gives_same_events(cuts: list[int]) -> None:
 
 
 @settings(max_examples=200, deadline=None)
-@given(st.binary(max_size=400), st.lists(st.integers(min_value=0, max_value=400), max_size=20))
+@given(
+    st.lists(
+        st.sampled_from([b"data: ", b"x" * 30, b"\n", b"\r", b":", b"event: e", b"y"]), max_size=40
+    ).map(b"".join)
+    | st.binary(max_size=400),
+    st.lists(st.integers(min_value=0, max_value=400), max_size=20),
+)
 def test_arbitrary_bytes_never_raise_and_chunking_is_irrelevant(
     data: bytes, cuts: list[int]
 ) -> None:
@@ -99,3 +105,11 @@ def test_buffer_stays_bounded_while_discarding() -> None:
         decoder.feed(b"y" * 1000)
     assert decoder._tail_len <= 1000
     assert decoder.feed(b"\n\ndata: ok\n\n") == [SseEvent(b"ok")]
+
+
+def test_overlong_line_in_one_chunk_is_treated_as_when_split() -> None:
+    data = b"data: a\n\ndata: " + b"z" * 100 + b"\n\ndata: b\n\n"
+    whole, d1 = decode([data], max_line=20)
+    split, d2 = decode([data[:30], data[30:]], max_line=20)
+    assert whole == split == [SseEvent(b"a"), SseEvent(b"b")]
+    assert d1.malformed == d2.malformed == 1

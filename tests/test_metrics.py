@@ -6,10 +6,11 @@ import os
 import re
 from pathlib import Path
 
+import pytest
 from prometheus_client import generate_latest
 
 from llmobs.metrics import CATALOGUE, Kind, MetricsSink, status_class
-from llmobs.observer import ObserveConfig, Observer
+from llmobs.observer import ObserveConfig, Observer, parse_request
 from llmobs.telemetry import Telemetry, build_telemetry
 from llmobs.timing import Outcome
 from tests.scripted import chat_chunk, sse
@@ -117,7 +118,85 @@ def test_an_observer_error_is_counted_and_never_raised() -> None:
         if s.name == "llmobs_observer_errors_total"
     ]
     assert errors == [1.0]
+    # the request is still counted, exactly once, with its outcome
+    assert sample(telemetry, "llmobs_requests_total", outcome="ok") == 1
 
 
 def test_status_class() -> None:
     assert [status_class(s) for s in (0, 200, 404, 502, 999)] == ["0xx", "2xx", "4xx", "5xx", "0xx"]
+
+
+def observe(chunks: list[bytes], gap_ms: float = 20.0, status: int = 200) -> Telemetry:
+    """Feed one chat stream, one chunk per ``gap_ms``; return its telemetry."""
+    sink, telemetry = sink_and_telemetry()
+    obs = Observer(sink, ObserveConfig(), "chat", 0)
+    obs.request_body(b'{"model": "m", "stream": true}')
+    obs.forwarded()
+    obs.response(status, "text/event-stream")
+    t = 100.0
+    for chunk in chunks:
+        obs.chunk(round(t * MS), chunk)
+        t += gap_ms
+    obs.finish(round(t * MS), Outcome.OK)
+    return telemetry
+
+
+def sample(telemetry: Telemetry, name: str, **labels: str) -> float:
+    return sum(
+        s.value
+        for fam in telemetry.registry.collect()
+        for s in fam.samples
+        if s.name == name and all(s.labels.get(k) == v for k, v in labels.items())
+    )
+
+
+def test_final_usage_on_the_last_chunk_with_choices_is_not_per_chunk_usage() -> None:
+    # llama.cpp / TGI style: the total rides on the last chunk, next to an empty delta
+    last = (
+        b'data: {"choices":[{"index":0,"delta":{},"finish_reason":"stop"}],'
+        b'"usage":{"prompt_tokens":3,"completion_tokens":20}}\n\n'
+    )
+    telemetry = observe([*sse(*[chat_chunk(" w")] * 20), last, b"data: [DONE]\n\n"])
+    assert sample(telemetry, "llmobs_inter_token_latency_seconds_count") == 19
+    assert sample(telemetry, "llmobs_smoothness_sum") == pytest.approx(1.0)
+    assert sample(telemetry, "gen_ai_server_time_per_output_token_seconds_sum") == (
+        pytest.approx(0.020)
+    )
+
+
+def test_continuous_usage_counts_tokens_per_chunk_exactly() -> None:
+    chunks = [
+        b'data: {"choices":[{"delta":{"role":"assistant","content":""}}],'
+        b'"usage":{"completion_tokens":0}}\n\n',
+        b'data: {"choices":[{"delta":{"content":" a"}}],"usage":{"completion_tokens":1}}\n\n',
+        b'data: {"choices":[{"delta":{"content":" b c d"}}],"usage":{"completion_tokens":4}}\n\n',
+        b'data: {"choices":[{"delta":{"content":" e f g"}}],"usage":{"completion_tokens":7}}\n\n',
+    ]
+    telemetry = observe(chunks)
+    assert sample(telemetry, "llmobs_inter_token_latency_seconds_count") == 6
+    assert sample(telemetry, "llmobs_inter_token_latency_seconds_sum") == pytest.approx(0.04)
+
+
+def test_an_error_inside_a_200_stream_is_an_upstream_error() -> None:
+    err = b'data: {"error":{"message":"engine died","type":"internal_error"}}\n\n'
+    telemetry = observe([*sse(chat_chunk(" a")), err])
+    assert sample(telemetry, "llmobs_requests_total", outcome="upstream_error") == 1
+
+
+def test_models_of_failed_requests_do_not_take_label_slots() -> None:
+    sink, telemetry = sink_and_telemetry(max_models=2)
+    for i in range(10):  # a client probing unknown models: the engine answers 404
+        obs = Observer(sink, ObserveConfig(), "chat", 0)
+        obs.request_body(b'{"model": "probe-%d"}' % i)
+        obs.response(404, "application/json")
+        obs.finish(MS, Outcome.OK)
+    replay(sink, "real", [20.0, 20.0])
+    assert sample(telemetry, "llmobs_requests_total", gen_ai_request_model="other") == 10
+    assert sample(telemetry, "llmobs_requests_total", gen_ai_request_model="real") == 1
+
+
+def test_large_request_bodies_are_scanned_not_parsed() -> None:
+    big = b'{"messages": [{"role": "user", "content": "%s"}], "model": "big-m", "stream": true}'
+    info = parse_request(big % (b"x" * (3 << 20)))
+    assert (info.model, info.stream) == ("big-m", True)
+    assert parse_request(b"not json") == parse_request(b"[1]")

@@ -12,7 +12,7 @@ import pytest
 from aiohttp import web
 from yarl import URL
 
-from tests.conftest import AppFactory, SidecarFactory
+from tests.conftest import AppFactory, SidecarFactory, eventually
 from tests.scripted import Script, ScriptedUpstream, chat_chunk, sse
 
 CHAT = "/v1/chat/completions"
@@ -68,6 +68,7 @@ async def test_streaming_body_and_headers_are_relayed_unchanged(
     assert proxied[2] == direct[2] == STREAM.body
     assert proxied[1]["Content-Type"] == "text/event-stream"
     assert proxied[1]["X-Engine"] == "scripted"
+    await eventually(lambda: side.value("llmobs_requests_total") == 1)
     assert side.value("llmobs_requests_total", outcome="ok", status_class="2xx") == 1
     assert side.value("gen_ai_client_token_usage_sum", gen_ai_token_type="output") == 2
 
@@ -105,7 +106,12 @@ async def test_request_is_forwarded_unchanged_with_forwarding_headers(
     status, _, _ = await fetch(
         side.url + "/v1/chat/completions?a=%2F&b=1",
         big,
-        headers={"Authorization": "Bearer k", "Connection": "keep-alive, X-Hop", "X-Hop": "1"},
+        headers={
+            "Authorization": "Bearer k",
+            "Connection": "keep-alive, X-Hop",
+            "X-Hop": "1",
+            "X-Forwarded-For": "203.0.113.7",
+        },
         skip_auto=("Accept-Encoding", "User-Agent", "Accept"),
     )
     assert status == 200
@@ -114,11 +120,19 @@ async def test_request_is_forwarded_unchanged_with_forwarding_headers(
     assert json.loads(got.body) == big
     assert got.headers["Authorization"] == "Bearer k"  # the engine's auth is the engine's
     assert "X-Hop" not in got.headers
-    assert got.headers["X-Forwarded-For"] == "127.0.0.1"
+    assert got.headers["X-Forwarded-For"] == "203.0.113.7, 127.0.0.1"
     assert got.headers["X-Forwarded-Proto"] == "http"
     assert got.headers["Content-Length"] == str(len(got.body))
     # nothing the client did not send: no Accept-Encoding, User-Agent or Accept of our own
     assert not {"Accept-Encoding", "User-Agent", "Accept"} & set(got.headers)
+    # and no Content-Type where the client sent none
+    async with (
+        aiohttp.ClientSession(skip_auto_headers=("Content-Type",)) as s,
+        s.put(side.url + "/raw", data=b"\x00\x01") as r,
+    ):
+        assert r.status == 200
+    assert up.received[-1].body == b"\x00\x01"
+    assert "Content-Type" not in up.received[-1].headers
 
 
 async def test_every_method_and_path_is_forwarded_including_metrics(
@@ -231,6 +245,7 @@ async def test_upstream_failure_mid_stream_truncates_the_client_stream(
             async for chunk in r.content.iter_any():
                 received += chunk
     assert received == script.body  # everything sent before the failure arrived
+    await eventually(lambda: side.value("llmobs_requests_total") == 1)
     assert side.value("llmobs_requests_total", outcome=outcome) == 1
     assert side.value("llmobs_requests_total") == 1
 
@@ -269,6 +284,21 @@ async def test_client_disconnect_closes_the_upstream_request(
             break
         await asyncio.sleep(0.02)
     assert up.disconnected == 1
-    await asyncio.sleep(0.05)
+    await eventually(lambda: side.value("llmobs_requests_total") == 1)
     assert side.value("llmobs_requests_total", outcome="client_disconnect") == 1
+    assert side.value("llmobs_requests_active") == 0
+
+
+async def test_client_leaving_before_response_headers_cancels_the_upstream_request(
+    start_app: AppFactory, start_sidecar: SidecarFactory
+) -> None:
+    up, url = await upstream_with(start_app, default=Script(STREAM.steps, header_delay=2.0))
+    side = await start_sidecar(url)
+    async with aiohttp.ClientSession() as s:
+        with pytest.raises(TimeoutError):
+            await asyncio.wait_for(s.post(side.url + CHAT, json={"stream": True}), 0.3)
+    await eventually(lambda: up.disconnected == 1)
+    await eventually(lambda: side.value("llmobs_requests_total") == 1)
+    assert side.value("llmobs_requests_total", outcome="client_disconnect") == 1
+    assert side.value("llmobs_prefill_queue_depth") == 0
     assert side.value("llmobs_requests_active") == 0

@@ -65,12 +65,13 @@ def test_multi_token_chunks_divide_the_gap_per_token() -> None:
 
 
 def test_final_usage_is_spread_over_chunks() -> None:
-    times = schedule([40.0] * 4)  # 5 chunks, engine says 10 tokens: 2 per chunk
-    timer, windows = run(times, total=10)
-    record = finish(timer, times[-1], output=10)
+    times = schedule([60.0] * 4)  # 5 chunks, engine says 13 tokens: 1 first, then 3 per chunk
+    timer, windows = run(times, total=13)
+    record = finish(timer, times[-1], output=13)
     assert record.token_source is TokenSource.USAGE
-    assert list(windows[-1].weights) == [2.0] * 4
+    assert list(windows[-1].weights) == [3.0] * 4
     assert np.allclose(windows[-1].itl, 0.020)
+    assert record.itl_count == 12
 
 
 def test_periodic_pause_is_a_stall_and_jitter_is_not() -> None:
@@ -132,3 +133,12 @@ def test_no_output_means_no_ttft() -> None:
     record = finish(StreamTimer(0), 5 * MS)
     assert record.ttft_s is None and record.tpot_s is None and record.output_tokens == 0
     assert record.duration_s == pytest.approx(0.005)
+
+
+def test_long_stream_with_only_final_usage_is_spread_evenly() -> None:
+    times = schedule([40.0] * 1999)  # 2000 chunks of 2 tokens, 20 ms per token
+    timer, windows = run(times, total=4000, window=65536)
+    record = finish(timer, times[-1], output=4000)
+    assert len(windows) == 1
+    assert record.itl_count == 3999
+    assert record.smoothness == pytest.approx(1.0, abs=1e-3)

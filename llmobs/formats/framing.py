@@ -89,7 +89,12 @@ class SseDecoder:
             lines[0] = b"".join(self._tail) + lines[0]
             self._tail.clear()
             self._tail_len = 0
+        limit = self._max_line
         for line in lines:
+            if len(line) > limit:  # dropped as if it had arrived in pieces: same events
+                self._broken = True
+                self.malformed += 1
+                continue
             self._line(line, events)
         if last:
             self._tail.append(last)

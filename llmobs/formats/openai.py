@@ -54,6 +54,7 @@ class OpenAIStream:
 
     __slots__ = (
         "_cumulative",
+        "_usage_chunks",
         "done",
         "error",
         "finish_reasons",
@@ -75,7 +76,8 @@ class OpenAIStream:
         self.response_model: str | None = None
         self.response_id: str | None = None
         self.finish_reasons: list[str] = []
-        self._cumulative = 0
+        self._cumulative = 0  # completion tokens already attributed to chunks
+        self._usage_chunks = 0  # chunks seen with both choices and usage
 
     def on_data(self, data: bytes) -> int:
         """Read one event's data; return the number of output tokens it carried."""
@@ -125,9 +127,26 @@ class OpenAIStream:
                 self.input_tokens = prompt
             if isinstance(completion, int):
                 self.output_tokens = completion
-                if choices:  # usage on a chunk that has choices: cumulative, per chunk
-                    self.per_chunk_usage = True
-                    tokens = completion - self._cumulative
-                    self._cumulative = completion
-                    return max(tokens, 0)
+                if choices:
+                    return self._chunk_usage(completion, output)
         return 1 if output else 0
+
+    def _chunk_usage(self, completion: int, output: bool) -> int:
+        """Tokens of a chunk that carries both choices and cumulative usage.
+
+        Usage on one such chunk proves nothing: llama.cpp and TGI put the final total on their
+        last chunk, next to an empty delta. Only from the second one on is the usage
+        continuous (vLLM's ``continuous_usage_stats``) and the per-chunk delta exact. Tokens
+        of a chunk without text (an EOS, a role chunk) are carried to the next text chunk.
+        """
+        self._usage_chunks += 1
+        if self._usage_chunks == 1:
+            if output:
+                self._cumulative = completion
+            return 1 if output else 0
+        self.per_chunk_usage = True
+        if not output:
+            return 0
+        tokens = completion - self._cumulative
+        self._cumulative = completion
+        return max(tokens, 1)
