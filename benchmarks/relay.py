@@ -21,10 +21,12 @@ import os
 import socket
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import aiohttp
 from aiohttp import web
+from prometheus_client import generate_latest
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -68,6 +70,51 @@ def micro(tokens: int, requests: int) -> dict[str, float]:
             finish_ns += end - mid
     n = requests - 1
     return {"chunk_us": chunk_ns / n / tokens / 1000, "finish_us": finish_ns / n / 1000}
+
+
+def scrape_lag(models: int, operations: int, interval: float) -> dict[str, float]:
+    """Event-loop lag while /metrics is rendered back to back in the render thread."""
+    telemetry = build_telemetry()
+    sink = MetricsSink(telemetry.meter, 32)
+    telemetry.registry.register(sink.tokens)
+    for m in range(models):
+        for op in ("chat", "text_completion", "other")[:operations]:
+            for status in (200, 404, 500):
+                obs = Observer(sink, ObserveConfig(), op, 0)
+                obs.request_body(b'{"model":"model-%d","stream":true}' % m)
+                obs.response(status, "text/event-stream")
+                for i in range(5):
+                    obs.chunk(i * 20_000_000, CHUNK)
+                obs.finish(10**9, Outcome.OK)
+    start = time.perf_counter()
+    size = len(generate_latest(telemetry.registry))
+    render_ms = (time.perf_counter() - start) * 1000
+
+    async def measure() -> list[float]:
+        previous = sys.getswitchinterval()
+        sys.setswitchinterval(interval)
+        pool = ThreadPoolExecutor(1)
+        loop = asyncio.get_running_loop()
+        done = False
+
+        async def scraper() -> None:
+            while not done:
+                await loop.run_in_executor(pool, generate_latest, telemetry.registry)
+
+        task = asyncio.ensure_future(scraper())
+        lags = []
+        for _ in range(2000):
+            t = time.perf_counter()
+            await asyncio.sleep(0.001)
+            lags.append((time.perf_counter() - t - 0.001) * 1000)
+        done = True
+        await task
+        sys.setswitchinterval(previous)
+        return sorted(lags)
+
+    lags = asyncio.run(measure())
+    return {"render_ms": render_ms, "bytes": size, "lag_p50_ms": lags[1000],
+            "lag_p99_ms": lags[1980], "lag_max_ms": lags[-1]}  # fmt: skip
 
 
 def upstream_main(port: int, tokens: int) -> None:
@@ -189,6 +236,16 @@ def main() -> None:
     m = {k: sorted(r[k] for r in runs)[3] for k in runs[0]}
     print(f"  Observer.chunk  {m['chunk_us']:.2f} us per SSE event")
     print(f"  Observer.finish {m['finish_us']:.1f} us per request ({args.tokens} tokens)")
+    print("scrape: event-loop lag while /metrics renders back to back in its thread:")
+    scrapes = []
+    for models, ops in ((1, 2), (32, 3)):
+        for interval in (0.005, 0.001):
+            r = scrape_lag(models, ops, interval)
+            scrapes.append({"models": models, "operations": ops, "switch_ms": interval * 1000, **r})
+            print(f"  {models:2d} models x {ops} ops ({r['bytes'] / 1024:6.0f} KiB, render "
+                  f"{r['render_ms']:5.1f} ms), switch interval {interval * 1000:.0f} ms: "
+                  f"lag p50 {r['lag_p50_ms']:.2f} p99 {r['lag_p99_ms']:.2f} "
+                  f"max {r['lag_max_ms']:.2f} ms")  # fmt: skip
     print(f"end to end: {args.concurrency} streams, {args.requests} requests x {args.tokens} "
           f"chunks, {args.rounds} rounds")  # fmt: skip
     rows = asyncio.run(end_to_end(args.tokens, args.concurrency, args.requests, args.rounds))
@@ -196,7 +253,7 @@ def main() -> None:
         cpu = row["sidecar_cpu_us_per_event"]
         print(f"  round {row['round']} {row['target']:30s} {row['events_per_s']:9.0f} events/s"
               + (f"  sidecar CPU {cpu:6.1f} us/event" if cpu is not None else ""))  # fmt: skip
-    print(json.dumps({"micro": m, "end_to_end": rows}))
+    print(json.dumps({"micro": m, "scrape": scrapes, "end_to_end": rows}))
 
 
 if __name__ == "__main__":

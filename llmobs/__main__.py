@@ -12,7 +12,7 @@ import sys
 from collections.abc import Mapping, Sequence
 
 from llmobs import __version__
-from llmobs.app import Sidecar, run_until
+from llmobs.app import Sidecar, run_until, tune_process
 from llmobs.config import ConfigError, add_arguments, settings_from_args
 from llmobs.demo import add_demo_arguments, run_demo
 from llmobs.sim import add_sim_arguments, run_sim, sim_settings_from_args
@@ -71,6 +71,7 @@ async def _until_signalled(main: asyncio.Event) -> None:
 async def _serve(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
     settings = settings_from_args(args, environ)
     _configure_logging(settings.log_level)
+    tune_process()
     stop = asyncio.Event()
     await _until_signalled(stop)
 
@@ -107,6 +108,7 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
             return asyncio.run(_serve(args, env))
         if args.command == "sim":
             return asyncio.run(_sim(args, env))
+        tune_process()
         return asyncio.run(run_demo(args, env))
     except ConfigError as exc:
         print(f"llmobs: configuration error: {exc}", file=sys.stderr)

@@ -222,11 +222,16 @@ def _convert(opt: Option, raw: Any, source: str) -> Any:
         raise ConfigError(f"{source}: invalid value {raw!r}: {exc}") from exc
 
 
-def _source(field: str) -> str:
-    for opt in OPTIONS:
+def source_of(field: str, options: tuple[Option, ...] = OPTIONS) -> str:
+    """How a user sets ``field``: "--flag / ENV_VAR", for error messages."""
+    for opt in options:
         if opt.field == field:
             return f"{opt.flag} / {opt.env}"
     return field  # pragma: no cover
+
+
+def _source(field: str) -> str:
+    return source_of(field)
 
 
 def _validate(s: Settings) -> None:

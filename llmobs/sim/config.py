@@ -12,7 +12,14 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from llmobs.config import ConfigError, Option, add_arguments, flags_of, merge_sources
+from llmobs.config import (
+    ConfigError,
+    Option,
+    add_arguments,
+    flags_of,
+    merge_sources,
+    source_of,
+)
 
 SIM_OPTIONS: tuple[Option, ...] = (
     Option("host", "--host", "LLMOBS_SIM_HOST", str, "address the sim listens on", "ADDR"),
@@ -149,10 +156,7 @@ class SimSettings:
 
 
 def _source(field: str) -> str:
-    for opt in SIM_OPTIONS:
-        if opt.field == field:
-            return f"{opt.flag} / {opt.env}"
-    return field  # pragma: no cover
+    return source_of(field, SIM_OPTIONS)
 
 
 def _validate(s: SimSettings) -> None:
