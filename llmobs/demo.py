@@ -141,7 +141,9 @@ async def run_demo(
                 last_print = elapsed
                 active = total(reg, "llmobs_requests_active")
                 rate = tally.tokens / max(elapsed, 1e-9)
-                line = (f"  [{elapsed:4.0f}/{args.duration:.0f} s] {tally.ok} done, "
+                clock = (f"{elapsed:4.0f}/{args.duration:.0f} s" if elapsed <= args.duration
+                         else "draining")  # fmt: skip
+                line = (f"  [{clock}] {tally.ok} done, "
                         f"{active:.0f} active, queue {queue:.0f}, {rate:.0f} tok/s"
                         f"  | metrics: {metrics}")  # fmt: skip
                 print("\r" + line if tty else line, end="" if tty else "\n", file=out, flush=True)
