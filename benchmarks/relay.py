@@ -31,6 +31,7 @@ from prometheus_client import generate_latest
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from llmobs.formats import OPENAI_CHAT, OPENAI_COMPLETIONS, UNKNOWN  # noqa: E402
 from llmobs.metrics import MetricsSink  # noqa: E402
 from llmobs.observer import ObserveConfig, Observer  # noqa: E402
 from llmobs.telemetry import build_telemetry  # noqa: E402
@@ -52,7 +53,7 @@ def micro(tokens: int, requests: int) -> dict[str, float]:
     body = b'{"model":"m","stream":true,"messages":[]}'
     chunk_ns = finish_ns = 0
     for r in range(requests):
-        obs = Observer(sink, config, "chat", 0)
+        obs = Observer(sink, config, OPENAI_CHAT, 0)
         obs.request_body(body)
         obs.forwarded()
         obs.response(200, "text/event-stream")
@@ -78,7 +79,7 @@ def scrape_lag(models: int, operations: int, interval: float) -> dict[str, float
     sink = MetricsSink(telemetry.meter, 32)
     telemetry.registry.register(sink.tokens)
     for m in range(models):
-        for op in ("chat", "text_completion", "other")[:operations]:
+        for op in (OPENAI_CHAT, OPENAI_COMPLETIONS, UNKNOWN)[:operations]:
             for status in (200, 404, 500):
                 obs = Observer(sink, ObserveConfig(), op, 0)
                 obs.request_body(b'{"model":"model-%d","stream":true}' % m)

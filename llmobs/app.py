@@ -21,6 +21,7 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from llmobs.config import Settings
+from llmobs.formats import Route
 from llmobs.metrics import MetricsSink
 from llmobs.observer import ObserveConfig, Observer
 from llmobs.proxy import ObserverFactory, Relay
@@ -68,8 +69,8 @@ def observer_factory(settings: Settings, sink: MetricsSink) -> ObserverFactory:
         max_line_bytes=settings.max_line_bytes,
     )
 
-    def new(operation: str, start_ns: int) -> Observer:
-        return Observer(sink, config, operation, start_ns)
+    def new(route: Route, start_ns: int) -> Observer:
+        return Observer(sink, config, route, start_ns)
 
     return new
 

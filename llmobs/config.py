@@ -143,6 +143,15 @@ OPTIONS: tuple[Option, ...] = (
         "BYTES",
     ),
     Option(
+        "inject_usage",
+        "--inject-usage",
+        "LLMOBS_INJECT_USAGE",
+        _parse_bool,
+        "ask OpenAI-dialect streams for usage (exact token counts) and strip the extra usage "
+        "event before it reaches the client",
+        "BOOL",
+    ),
+    Option(
         "instrument",
         "--instrument",
         "LLMOBS_INSTRUMENT",
@@ -179,6 +188,7 @@ class Settings:
     stall_factor: float = 3.0
     stall_min_gap: float = 0.05
     max_line_bytes: int = 1024**2
+    inject_usage: bool = False
     instrument: bool = True
     log_level: str = "info"
 

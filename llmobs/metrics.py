@@ -31,7 +31,7 @@ from prometheus_client.registry import Collector
 
 from llmobs.labels import BoundedLabel
 from llmobs.stats import TokenWindow
-from llmobs.timing import StreamStats
+from llmobs.timing import StreamStats, TokenSource
 
 
 class Kind(enum.StrEnum):
@@ -47,6 +47,8 @@ MODEL = "gen_ai.request.model"
 TOKEN_TYPE = "gen_ai.token.type"
 OUTCOME = "outcome"
 STATUS_CLASS = "status_class"
+FINISH_REASON = "finish_reason"
+TOKEN_SOURCE = "token_count_source"
 
 _OP_MODEL = (OPERATION, MODEL)
 
@@ -137,8 +139,24 @@ SMOOTHNESS = MetricDef(
 )  # fmt: skip
 REQUESTS = MetricDef(
     "llmobs.requests", Kind.COUNTER, "{request}",
-    "Proxied requests by outcome and HTTP status class of the response the client got.",
-    (*_OP_MODEL, OUTCOME, STATUS_CLASS),
+    "Proxied requests by outcome, HTTP status class of the response and finish reason.",
+    (*_OP_MODEL, OUTCOME, STATUS_CLASS, FINISH_REASON),
+)  # fmt: skip
+TOKENS = MetricDef(
+    "llmobs.tokens", Kind.COUNTER, "{token}",
+    "Tokens by type (input, output, reasoning within output, cached_input within input) and "
+    "by where the count came from (the engine's usage, or counted chunks).",
+    (*_OP_MODEL, TOKEN_TYPE, TOKEN_SOURCE),
+)  # fmt: skip
+ENGINE_PROMPT_EVAL = MetricDef(
+    "llmobs.engine.prompt_eval.duration", Kind.HISTOGRAM, "s",
+    "Prefill time as the engine itself reports it (Ollama prompt_eval_duration).",
+    _OP_MODEL, TTFT_BUCKETS,
+)  # fmt: skip
+ENGINE_LOAD = MetricDef(
+    "llmobs.engine.load.duration", Kind.HISTOGRAM, "s",
+    "Model load time the engine reports for the request (Ollama load_duration).",
+    _OP_MODEL, TTFT_BUCKETS,
 )  # fmt: skip
 ACTIVE = MetricDef(
     "llmobs.requests.active", Kind.UPDOWN, "{request}",
@@ -158,8 +176,8 @@ OBSERVER_ERRORS = MetricDef(
 )  # fmt: skip
 
 CATALOGUE: tuple[MetricDef, ...] = (
-    TTFT, TPOT, DURATION, TOKEN_USAGE, ITL, ITL_SQUARES, STALLS, SMOOTHNESS, REQUESTS,
-    ACTIVE, QUEUE_DEPTH, MALFORMED, OBSERVER_ERRORS,
+    TTFT, TPOT, DURATION, TOKEN_USAGE, ITL, ITL_SQUARES, STALLS, SMOOTHNESS, REQUESTS, TOKENS,
+    ENGINE_PROMPT_EVAL, ENGINE_LOAD, ACTIVE, QUEUE_DEPTH, MALFORMED, OBSERVER_ERRORS,
 )  # fmt: skip
 
 
@@ -241,6 +259,9 @@ class MetricsSink:
         self._duration = hist(DURATION)
         self._usage = hist(TOKEN_USAGE)
         self._smooth = hist(SMOOTHNESS)
+        self._prompt_eval = hist(ENGINE_PROMPT_EVAL)
+        self._load = hist(ENGINE_LOAD)
+        self._tokens = meter.create_counter(TOKENS.name, TOKENS.unit, TOKENS.description)
         self._stalls = meter.create_counter(STALLS.name, STALLS.unit, STALLS.description)
         self._requests = meter.create_counter(REQUESTS.name, REQUESTS.unit, REQUESTS.description)
         self._malformed = meter.create_counter(
@@ -290,7 +311,13 @@ class MetricsSink:
         op, model = self.labels(s.operation, s.model, admit=200 <= s.status < 400)
         attrs = {OPERATION: op, MODEL: model}
         self._requests.add(
-            1, {**attrs, OUTCOME: s.outcome.value, STATUS_CLASS: status_class(s.status)}
+            1,
+            {
+                **attrs,
+                OUTCOME: s.outcome.value,
+                STATUS_CLASS: status_class(s.status),
+                FINISH_REASON: s.finish_reason,
+            },
         )
         self._duration.record(s.duration_s, attrs)
         if s.ttft_s is not None:
@@ -301,7 +328,27 @@ class MetricsSink:
             self._smooth.record(s.smoothness, attrs)
         if s.stalls:
             self._stalls.add(s.stalls, attrs)
+        if s.engine_prompt_eval_s is not None:
+            self._prompt_eval.record(s.engine_prompt_eval_s, attrs)
+        if s.engine_load_s is not None:
+            self._load.record(s.engine_load_s, attrs)
+        self._record_tokens(s, attrs)
+
+    def _record_tokens(self, s: StreamStats, attrs: dict[str, str]) -> None:
+        usage = TokenSource.USAGE.value
         if s.input_tokens is not None:
             self._usage.record(s.input_tokens, {**attrs, TOKEN_TYPE: "input"})
+            self._tokens.add(s.input_tokens, {**attrs, TOKEN_TYPE: "input", TOKEN_SOURCE: usage})
         if s.output_tokens or s.ttft_s is not None:
             self._usage.record(s.output_tokens, {**attrs, TOKEN_TYPE: "output"})
+            source = s.token_source.value
+            self._tokens.add(s.output_tokens, {**attrs, TOKEN_TYPE: "output", TOKEN_SOURCE: source})
+        if s.reasoning_tokens:
+            source = s.reasoning_source.value
+            self._tokens.add(
+                s.reasoning_tokens, {**attrs, TOKEN_TYPE: "reasoning", TOKEN_SOURCE: source}
+            )
+        if s.cached_tokens:
+            self._tokens.add(
+                s.cached_tokens, {**attrs, TOKEN_TYPE: "cached_input", TOKEN_SOURCE: usage}
+            )

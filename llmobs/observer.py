@@ -16,16 +16,17 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from llmobs.formats import detect_stream
-from llmobs.formats.framing import SseDecoder
-from llmobs.formats.openai import OpenAIStream, loads
+from llmobs.formats import UNKNOWN, Route, detect_stream
+from llmobs.formats.base import ABORTED, ERROR, NONE, loads
+from llmobs.formats.framing import Framing, NdjsonDecoder, SseDecoder
 from llmobs.metrics import MetricsSink
-from llmobs.stats import EMPTY_WINDOW, TokenWindow
-from llmobs.timing import Outcome, StreamStats, StreamTimer
+from llmobs.stats import TokenWindow
+from llmobs.timing import Outcome, StreamStats, StreamTimer, TokenSource, finish_request
 
 log = logging.getLogger("llmobs.observer")
 
 MAX_JSON_BODY = 8 * 1024**2  # non-streaming responses larger than this are timed, not parsed
+MAX_CHOICES = 16  # n > 1: choices timed separately, beyond this pooled into the last
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,6 +44,7 @@ class RequestInfo:
 
     model: str | None = None
     stream: bool = False
+    include_usage: bool = False  # an OpenAI stream that already asked for usage
 
 
 _PARSE_LIMIT = 1 << 20
@@ -51,7 +53,7 @@ _MODEL_RE = re.compile(rb'"model"\s*:\s*"((?:[^"\\]|\\.){1,256})"')
 _STREAM_RE = re.compile(rb'"stream"\s*:\s*true\b')
 
 
-def parse_request(body: bytes) -> RequestInfo:
+def parse_request(body: bytes, route: Route = UNKNOWN) -> RequestInfo:
     """Pick the model and stream flag out of a JSON request body; tolerate anything.
 
     Bodies up to 1 MiB are parsed (orjson when present: ~1 ms per MiB). Larger ones (long
@@ -62,15 +64,20 @@ def parse_request(body: bytes) -> RequestInfo:
         ends = body[:_SCAN] + b"\n" + body[-_SCAN:]
         found = _MODEL_RE.search(ends)
         model = found.group(1).decode("utf-8", "replace") if found else None
-        return RequestInfo(model, _STREAM_RE.search(ends) is not None)
+        flag = True if _STREAM_RE.search(ends) else None
+        return RequestInfo(model, route.streams(flag))
     try:
         obj: Any = loads(body)
     except ValueError:
-        return RequestInfo()
+        return RequestInfo(stream=route.always_streams)
     if not isinstance(obj, dict):
-        return RequestInfo()
+        return RequestInfo(stream=route.always_streams)
     model = obj.get("model")
-    return RequestInfo(model if isinstance(model, str) else None, obj.get("stream") is True)
+    options = obj.get("stream_options")
+    include = isinstance(options, dict) and options.get("include_usage") is True
+    return RequestInfo(
+        model if isinstance(model, str) else None, route.streams(obj.get("stream")), include
+    )
 
 
 class Observer:
@@ -79,39 +86,43 @@ class Observer:
     __slots__ = (
         "_body",
         "_body_size",
+        "_choices",
+        "_config",
         "_decoder",
         "_dialect",
         "_failed",
         "_finished",
         "_last_ns",
-        "_max_line",
         "_queued",
         "_sink",
         "_timer",
         "info",
         "operation",
+        "route",
         "status",
     )
 
     def __init__(
-        self, sink: MetricsSink, config: ObserveConfig, operation: str, start_ns: int
+        self, sink: MetricsSink, config: ObserveConfig, route: Route, start_ns: int
     ) -> None:
         self._sink = sink
-        self.operation = operation
-        self.info = RequestInfo()
+        self._config = config
+        self.route = route
+        self.operation = route.operation
+        self.info = RequestInfo(stream=route.always_streams)
         self.status = 0
         self._timer = StreamTimer(
             start_ns, factor=config.stall_factor, min_gap=config.stall_min_gap
         )
-        self._decoder: SseDecoder | None = None
-        self._dialect = OpenAIStream()
+        self._choices: dict[int, StreamTimer] | None = None  # choices other than 0 (n > 1)
+        self._decoder: Framing | None = None
+        self._dialect = route.dialect()
         self._body: list[bytes] | None = None
         self._body_size = 0
         self._queued = False
         self._finished = False
-        self._last_ns = start_ns  # arrival of the latest chunk
         self._failed = False
-        self._max_line = config.max_line_bytes
+        self._last_ns = start_ns  # arrival of the latest chunk
         sink.request_started()
 
     def _fail(self, where: str) -> None:
@@ -127,7 +138,7 @@ class Observer:
     def request_body(self, body: bytes) -> None:
         """The request body as forwarded (JSON bodies only); parsed for model and stream."""
         try:
-            self.info = parse_request(body)
+            self.info = parse_request(body, self.route)
         except Exception:
             self._fail("request_body")
 
@@ -151,7 +162,9 @@ class Observer:
         try:
             kind = detect_stream(content_type)
             if kind == "sse":
-                self._decoder = SseDecoder(self._max_line)
+                self._decoder = SseDecoder(self._config.max_line_bytes)
+            elif kind == "ndjson":
+                self._decoder = NdjsonDecoder(self._config.max_line_bytes)
             elif kind == "json":
                 self._body = []
         except Exception:
@@ -171,18 +184,46 @@ class Observer:
                     self._body = None
             return
         try:
-            tokens = 0
             on_data = self._dialect.on_data
-            for event in decoder.feed(data):
-                tokens += on_data(event.data)
+            tokens = 0
+            for payload in decoder.payloads(data):
+                tokens += on_data(payload)
             if tokens:
-                timer = self._timer
-                if timer.output(t_ns, tokens):
-                    self._leave_queue()
-                if timer.window_full:
-                    self._sink.record_tokens(self.operation, self.info.model, timer.take_window())
+                self._record(t_ns, tokens)
         except Exception:
             self._fail("chunk")
+
+    def _record(self, t_ns: int, tokens: int) -> None:
+        """Attribute a read's output tokens to their choices' timers."""
+        if self._queued:
+            self._leave_queue()
+        pending = self._dialect.pending
+        if len(pending) == 1 and 0 in pending:
+            timer = self._timer
+            timer.output(t_ns, tokens)
+            if timer.window_full:
+                self._sink.record_tokens(self.operation, self.info.model, timer.take_window())
+        else:
+            for choice, count in pending.items():
+                timer = self._timer_for(choice)
+                timer.output(t_ns, count)
+                if timer.window_full:
+                    window = timer.take_window()
+                    self._sink.record_tokens(self.operation, self.info.model, window)
+        pending.clear()
+
+    def _timer_for(self, choice: int) -> StreamTimer:
+        if choice == 0:
+            return self._timer
+        if self._choices is None:
+            self._choices = {}
+        timer = self._choices.get(min(choice, MAX_CHOICES))
+        if timer is None:
+            config = self._config
+            timer = self._choices[min(choice, MAX_CHOICES)] = StreamTimer(
+                self._timer.start_ns, factor=config.stall_factor, min_gap=config.stall_min_gap
+            )
+        return timer
 
     def finish(self, t_ns: int, outcome: Outcome) -> StreamStats | None:
         """Close the request with ``outcome``; only the first call has any effect.
@@ -196,10 +237,10 @@ class Observer:
         self._guard("finish", self._leave_queue)
         sink = self._sink
         record: StreamStats | None = None
-        window = EMPTY_WINDOW
+        windows: list[TokenWindow] = []
         malformed = 0
         try:
-            record, window, malformed = self._close(t_ns, outcome)
+            record, windows, malformed = self._close(t_ns, outcome)
         except Exception:
             self._fail("finish")
         if record is None:  # observation broke: still count the request and its outcome
@@ -208,7 +249,8 @@ class Observer:
                 status=self.status, stream=False, input_tokens=None, output_tokens=None,
             )  # fmt: skip
         self._guard("finish", sink.record_request, record)
-        self._guard("finish", sink.record_tokens, self.operation, self.info.model, window)
+        for window in windows:
+            self._guard("finish", sink.record_tokens, self.operation, self.info.model, window)
         self._guard("finish", sink.malformed, malformed)
         self._guard("finish", sink.request_ended)
         return record
@@ -219,39 +261,60 @@ class Observer:
         except Exception:
             self._fail(where)
 
-    def _close(self, t_ns: int, outcome: Outcome) -> tuple[StreamStats, TokenWindow, int]:
-        """The final record, last window and malformed count; no sink is called here."""
+    def _close(self, t_ns: int, outcome: Outcome) -> tuple[StreamStats, list[TokenWindow], int]:
+        """The final record, last windows and malformed count; no sink is called here."""
         dialect = self._dialect
         malformed = 0
-        if self._decoder is not None:
+        decoder = self._decoder
+        if decoder is not None:
             if outcome is Outcome.OK:  # a cut stream's partial last event is not evidence
-                tokens = sum(dialect.on_data(e.data) for e in self._decoder.flush())
+                tokens = sum(dialect.on_data(p) for p in decoder.flush_payloads())
                 if tokens:
-                    self._timer.output(self._last_ns, tokens)
-            malformed = self._decoder.malformed + dialect.malformed
+                    self._record(self._last_ns, tokens)
+            malformed = decoder.malformed + dialect.malformed
         elif self._body:
             try:
                 obj = loads(b"".join(self._body))
                 if isinstance(obj, dict):
-                    dialect.on_object(obj)
+                    dialect.on_body(obj)
             except ValueError:
                 pass  # a non-JSON body labelled as JSON: relayed, just not read
         if outcome is Outcome.OK and (self.status >= 500 or (self.status < 400 and dialect.error)):
             outcome = Outcome.UPSTREAM_ERROR  # an engine error: 5xx, or an error in a 2xx stream
-        timer = self._timer
-        total = None if dialect.per_chunk_usage else dialect.output_tokens
-        window = timer.take_window(total_tokens=total)
-        record = timer.finish(
+        timers = [self._timer, *(self._choices or {}).values()]
+        total = None if dialect.per_chunk_usage or len(timers) > 1 else dialect.output_tokens
+        windows = [t.take_window(total_tokens=total) for t in timers]
+        reasoning, reasoning_source = dialect.reasoning_tokens, TokenSource.USAGE
+        if reasoning is None and dialect.reasoning_chunks:
+            reasoning, reasoning_source = dialect.reasoning_chunks, TokenSource.COUNTED
+        record = finish_request(
+            timers,
             t_ns,
             operation=self.operation,
             model=self.info.model,
             outcome=outcome,
             status=self.status,
-            stream=self._decoder is not None,
+            stream=decoder is not None,
             input_tokens=dialect.input_tokens,
             output_tokens=dialect.output_tokens,
             response_model=dialect.response_model,
             response_id=dialect.response_id,
             finish_reasons=tuple(dialect.finish_reasons),
+            finish_reason=_finish_label(outcome, dialect.finish_reason),
+            reasoning_tokens=reasoning,
+            reasoning_source=reasoning_source,
+            cached_tokens=dialect.cached_tokens,
+            engine_prompt_eval_s=dialect.engine_prompt_eval_s,
+            engine_load_s=dialect.engine_load_s,
+            dialect=self.route.name,
         )
-        return record, window, malformed
+        return record, windows, malformed
+
+
+def _finish_label(outcome: Outcome, reason: str) -> str:
+    """The finish-reason label: what the engine said, or what the outcome implies."""
+    if outcome is Outcome.CLIENT_DISCONNECT:
+        return ABORTED
+    if outcome in (Outcome.UPSTREAM_ERROR, Outcome.UPSTREAM_TIMEOUT) and reason == NONE:
+        return ERROR
+    return reason

@@ -31,7 +31,9 @@ from multidict import CIMultiDict, CIMultiDictProxy
 from yarl import URL
 
 from llmobs.config import Settings
-from llmobs.formats import operation_for_path
+from llmobs.formats import Route, detect_stream, route_for_path
+from llmobs.formats.inject import UsageStripper, inject_usage
+from llmobs.formats.openai import OpenAIStream
 from llmobs.timing import Outcome
 
 log = logging.getLogger("llmobs.proxy")
@@ -64,7 +66,7 @@ class RequestObserver(Protocol):
 
 
 class ObserverFactory(Protocol):
-    def __call__(self, operation: str, start_ns: int) -> RequestObserver: ...
+    def __call__(self, route: Route, start_ns: int) -> RequestObserver: ...
 
 
 class NullObserver:
@@ -169,6 +171,17 @@ class RequestBody:
         self._obs.forwarded()
 
 
+async def _read_limited(request: web.Request, limit: int) -> bytes:
+    parts: list[bytes] = []
+    size = 0
+    async for chunk in request.content.iter_any():
+        size += len(chunk)
+        if size > limit:
+            raise BodyTooLarge
+        parts.append(chunk)
+    return b"".join(parts)
+
+
 class Relay:
     """The catch-all request handler, bound to a session, settings and an observer factory."""
 
@@ -189,44 +202,56 @@ class Relay:
     async def __call__(self, request: web.Request) -> web.StreamResponse:
         clock = time.perf_counter_ns
         start = clock()
-        obs = self._observer(request, start)
+        route = route_for_path(request.path)
+        obs = self._observer(route, start)
         limit = self._settings.max_body_bytes
         if request.content_length is not None and request.content_length > limit:
             rejected = self._local(obs, 413, f"request body larger than {limit} bytes")
             obs.finish(clock(), Outcome.REJECTED)
             return rejected
         body = RequestBody(request, obs, limit) if request.body_exists else None
-        if body is None:
-            obs.forwarded()
+        headers = upstream_headers(request)
+        data: AsyncIterator[bytes] | bytes | None = body.__aiter__() if body else None
+        stripper: UsageStripper | None = None
         outcome = Outcome.OK
         resp: web.StreamResponse | None = None
         try:
+            if body is not None and self._settings.inject_usage and route.dialect is OpenAIStream:
+                data, stripper = await self._inject(request, obs, headers, limit)
+            elif body is None:
+                obs.forwarded()
             async with self._session.request(
                 request.method,
                 URL(self._base + request.raw_path, encoded=True),
-                headers=upstream_headers(request),
-                data=body.__aiter__() if body is not None else None,
+                headers=headers,
+                data=data,
                 allow_redirects=False,
                 skip_auto_headers=_NO_AUTO_HEADERS,
                 timeout=self._timeout,
             ) as upstream:
-                obs.response(upstream.status, upstream.headers.get("Content-Type", ""))
+                content_type = upstream.headers.get("Content-Type", "")
+                obs.response(upstream.status, content_type)
+                response_headers = filter_headers(upstream.headers)
+                if stripper is not None and detect_stream(content_type) != "sse":
+                    stripper = None  # an error body, say: nothing to strip
+                if stripper is not None:
+                    response_headers.popall("Content-Length", None)
                 resp = web.StreamResponse(
-                    status=upstream.status,
-                    reason=upstream.reason,
-                    headers=filter_headers(upstream.headers),
+                    status=upstream.status, reason=upstream.reason, headers=response_headers
                 )
                 await resp.prepare(request)
                 async for chunk in upstream.content.iter_any():
                     now = clock()
                     try:
-                        await resp.write(chunk)
+                        await resp.write(stripper.feed(chunk) if stripper else chunk)
                     except ConnectionError:
                         outcome = Outcome.CLIENT_DISCONNECT
                         upstream.close()
                         break
                     obs.chunk(now, chunk)
                 else:
+                    if stripper is not None:
+                        await resp.write(stripper.flush())
                     await resp.write_eof()
             return resp
         except asyncio.CancelledError:
@@ -251,13 +276,27 @@ class Relay:
         finally:
             obs.finish(clock(), outcome)
 
-    def _observer(self, request: web.Request, start: int) -> RequestObserver:
+    @staticmethod
+    async def _inject(
+        request: web.Request, obs: RequestObserver, headers: CIMultiDict[str], limit: int
+    ) -> tuple[bytes, UsageStripper | None]:
+        """``--inject-usage``: the body, rewritten to ask for usage when it did not."""
+        raw = await _read_limited(request, limit)
+        obs.request_body(raw)
+        obs.forwarded()
+        rewritten = inject_usage(raw) if _is_json(request.content_type) else None
+        if rewritten is None:
+            return raw, None
+        headers.popall("Content-Length", None)
+        return rewritten, UsageStripper()
+
+    def _observer(self, route: Route, start: int) -> RequestObserver:
         """A new observer, or the null one if there is none or it cannot be made."""
         factory = self._new_observer
         if factory is None:
             return NULL_OBSERVER
         try:
-            return factory(operation_for_path(request.path), start)
+            return factory(route, start)
         except Exception:
             log.exception("could not start observing a request; relaying it unobserved")
             return NULL_OBSERVER

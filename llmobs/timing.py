@@ -14,7 +14,9 @@ from __future__ import annotations
 
 import enum
 from array import array
+from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -64,6 +66,13 @@ class StreamStats:
     response_model: str | None = None
     response_id: str | None = None
     finish_reasons: tuple[str, ...] = ()
+    finish_reason: str = "none"  # the bounded label: first choice's normalized reason
+    reasoning_tokens: int | None = None
+    reasoning_source: TokenSource = TokenSource.USAGE
+    cached_tokens: int | None = None
+    engine_prompt_eval_s: float | None = None  # durations only the engine knows (Ollama)
+    engine_load_s: float | None = None
+    dialect: str = "openai"
 
 
 class StreamTimer:
@@ -164,45 +173,67 @@ class StreamTimer:
         self._counts = array("q", [self._counts[-1]])
         return window
 
-    def finish(
-        self,
-        end_ns: int,
-        *,
-        operation: str,
-        model: str | None,
-        outcome: Outcome,
-        status: int,
-        stream: bool,
-        input_tokens: int | None,
-        output_tokens: int | None,
-        response_model: str | None = None,
-        response_id: str | None = None,
-        finish_reasons: tuple[str, ...] = (),
-    ) -> StreamStats:
-        """The request's record. Call after the final ``take_window``."""
-        source = TokenSource.USAGE if output_tokens is not None else TokenSource.COUNTED
-        out = output_tokens if output_tokens is not None else self.tokens
-        ttft = None if self.first_ns is None else (self.first_ns - self.start_ns) / 1e9
-        return StreamStats(
-            operation=operation,
-            model=model,
-            outcome=outcome,
-            status=status,
-            stream=stream,
-            duration_s=(end_ns - self.start_ns) / 1e9,
-            ttft_s=ttft,
-            tpot_s=stats.tpot(self.first_ns, self.last_ns, out),
-            input_tokens=input_tokens,
-            output_tokens=out,
-            token_source=source,
-            chunks=self.chunks,
-            itl_count=self._itl_count,
-            itl_sum=self._itl_sum,
-            itl_sumsq=self._itl_sumsq,
-            itl_max=self._itl_max,
-            stalls=self._stalls,
-            smoothness=stats.smoothness(self._itl_count, self._itl_sum, self._itl_sumsq),
-            response_model=response_model,
-            response_id=response_id,
-            finish_reasons=finish_reasons,
-        )
+    def finish(self, end_ns: int, **meta: Any) -> StreamStats:
+        """The record of a one-choice request: ``finish_request([self], ...)``."""
+        return finish_request([self], end_ns, **meta)
+
+
+def finish_request(
+    timers: Sequence[StreamTimer],
+    end_ns: int,
+    *,
+    operation: str,
+    model: str | None,
+    outcome: Outcome,
+    status: int,
+    stream: bool,
+    input_tokens: int | None,
+    output_tokens: int | None,
+    **extra: Any,
+) -> StreamStats:
+    """The request's record from its choices' timers (one, or one per choice for n > 1).
+
+    Call after each timer's final ``take_window``. TTFT is the first token of any choice;
+    ITL sums, stalls and smoothness pool every choice's tokens; TPOT is the pooled decode
+    time over the pooled tokens after each choice's first.
+    """
+    first = timers[0]
+    source = TokenSource.USAGE if output_tokens is not None else TokenSource.COUNTED
+    counted = sum(t.tokens for t in timers)
+    out = output_tokens if output_tokens is not None else counted
+    starts = [t.first_ns for t in timers if t.first_ns is not None]
+    ttft = (min(starts) - first.start_ns) / 1e9 if starts else None
+    if len(timers) == 1:
+        tpot = stats.tpot(first.first_ns, first.last_ns, out)
+    else:
+        spans = [
+            ((t.last_ns - t.first_ns) / 1e9, t.tokens - 1)
+            for t in timers
+            if t.first_ns is not None and t.last_ns is not None and t.tokens > 1
+        ]
+        steps = sum(n for _, n in spans)
+        tpot = sum(d for d, _ in spans) / steps if steps else None
+    count = sum(t._itl_count for t in timers)
+    total = sum(t._itl_sum for t in timers)
+    sumsq = sum(t._itl_sumsq for t in timers)
+    return StreamStats(
+        operation=operation,
+        model=model,
+        outcome=outcome,
+        status=status,
+        stream=stream,
+        duration_s=(end_ns - first.start_ns) / 1e9,
+        ttft_s=ttft,
+        tpot_s=tpot,
+        input_tokens=input_tokens,
+        output_tokens=out,
+        token_source=source,
+        chunks=sum(t.chunks for t in timers),
+        itl_count=count,
+        itl_sum=total,
+        itl_sumsq=sumsq,
+        itl_max=max(t._itl_max for t in timers),
+        stalls=sum(t._stalls for t in timers),
+        smoothness=stats.smoothness(count, total, sumsq),
+        **extra,
+    )

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 from prometheus_client import generate_latest
 
+from llmobs.formats import OLLAMA_GENERATE, OPENAI_CHAT, Route
 from llmobs.metrics import CATALOGUE, Kind, MetricsSink, status_class
 from llmobs.observer import ObserveConfig, Observer, parse_request
 from llmobs.telemetry import Telemetry, build_telemetry
@@ -29,7 +30,7 @@ def sink_and_telemetry(max_models: int = 32) -> tuple[MetricsSink, Telemetry]:
 
 def replay(sink: MetricsSink, model: str, gaps_ms: list[float], start_ms: float = 150) -> None:
     """One streaming chat request with a first token at ``start_ms`` and then ``gaps_ms``."""
-    obs = Observer(sink, ObserveConfig(), "chat", 0)
+    obs = Observer(sink, ObserveConfig(), OPENAI_CHAT, 0)
     obs.request_body(b'{"model": "%s", "stream": true}' % model.encode())
     obs.forwarded()
     obs.response(200, "text/event-stream; charset=utf-8")
@@ -46,10 +47,42 @@ def replay(sink: MetricsSink, model: str, gaps_ms: list[float], start_ms: float 
     obs.finish(round((t + 1) * MS), Outcome.OK)
 
 
+OLLAMA_LINES = [
+    b'{"model":"qwen","response":" a","done":false}\n',
+    b'{"model":"qwen","response":" b","done":false}\n{"model":"qwen","response":" c",',
+    b'"done":false}\n',
+    b'{"model":"qwen","response":"","done":true,"done_reason":"length","total_duration":900000000,'
+    b'"load_duration":5000000,"prompt_eval_count":9,"prompt_eval_duration":120000000,'
+    b'"eval_count":3,"eval_duration":40000000}\n',
+]
+REASONING_CHUNKS = [
+    b'data: {"choices":[{"index":0,"delta":{"reasoning_content":" hmm"}}]}\n\n',
+    b'data: {"choices":[{"index":0,"delta":{"content":" yes"},"finish_reason":"stop"}]}\n\n',
+    b'data: {"choices":[],"usage":{"prompt_tokens":40,"completion_tokens":2,'
+    b'"prompt_tokens_details":{"cached_tokens":32}}}\n\n',
+]
+
+
+def feed(sink: MetricsSink, route: Route, body: bytes, ctype: str, chunks: list[bytes]) -> None:
+    """One request of ``route`` whose response is ``chunks``, 20 ms apart."""
+    obs = Observer(sink, ObserveConfig(), route, 0)
+    obs.request_body(body)
+    obs.forwarded()
+    obs.response(200, ctype)
+    t = 100 * MS
+    for chunk in chunks:
+        obs.chunk(t, chunk)
+        t += 20 * MS
+    obs.finish(t, Outcome.OK)
+
+
 def exposition() -> str:
     sink, telemetry = sink_and_telemetry()
     replay(sink, "llama", [20.0] * 9)
     replay(sink, "llama", [20.0] * 4 + [120.0] + [20.0] * 4)
+    feed(sink, OLLAMA_GENERATE, b'{"model":"qwen"}', "application/x-ndjson", OLLAMA_LINES)
+    feed(sink, OPENAI_CHAT, b'{"model":"r1","stream":true}', "text/event-stream",
+         REASONING_CHUNKS)  # fmt: skip
     return generate_latest(telemetry.registry).decode()
 
 
@@ -106,7 +139,7 @@ class BrokenSink(MetricsSink):
 def test_an_observer_error_is_counted_and_never_raised() -> None:
     telemetry = build_telemetry()
     sink = BrokenSink(telemetry.meter, 8)
-    obs = Observer(sink, ObserveConfig(), "chat", 0)
+    obs = Observer(sink, ObserveConfig(), OPENAI_CHAT, 0)
     obs.response(200, "text/event-stream")
     obs.chunk(1, sse(chat_chunk(" x"))[0])
     obs.finish(2, Outcome.OK)
@@ -129,7 +162,7 @@ def test_status_class() -> None:
 def observe(chunks: list[bytes], gap_ms: float = 20.0, status: int = 200) -> Telemetry:
     """Feed one chat stream, one chunk per ``gap_ms``; return its telemetry."""
     sink, telemetry = sink_and_telemetry()
-    obs = Observer(sink, ObserveConfig(), "chat", 0)
+    obs = Observer(sink, ObserveConfig(), OPENAI_CHAT, 0)
     obs.request_body(b'{"model": "m", "stream": true}')
     obs.forwarded()
     obs.response(status, "text/event-stream")
@@ -186,7 +219,7 @@ def test_an_error_inside_a_200_stream_is_an_upstream_error() -> None:
 def test_models_of_failed_requests_do_not_take_label_slots() -> None:
     sink, telemetry = sink_and_telemetry(max_models=2)
     for i in range(10):  # a client probing unknown models: the engine answers 404
-        obs = Observer(sink, ObserveConfig(), "chat", 0)
+        obs = Observer(sink, ObserveConfig(), OPENAI_CHAT, 0)
         obs.request_body(b'{"model": "probe-%d"}' % i)
         obs.response(404, "application/json")
         obs.finish(MS, Outcome.OK)

@@ -1,12 +1,21 @@
 """Stream formats: framing (bytes -> events) and dialects (events -> tokens), all pure.
 
-``operation_for_path`` and ``detect_stream`` decide, from the request path and the response
-content type alone, how a response is read; no configuration is needed.
+``route_for_path`` picks the dialect from the request path and ``detect_stream`` the framing
+from the response's Content-Type, so no configuration is needed. Paths match by suffix, so
+gateways' prefixes (``/openai/v1/chat/completions``) work too.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Literal
+
+from llmobs.formats.anthropic import AnthropicStream
+from llmobs.formats.base import Dialect, Passthrough
+from llmobs.formats.ollama import OllamaStream
+from llmobs.formats.openai import OpenAIStream
+from llmobs.formats.responses import ResponsesStream
+from llmobs.formats.tgi import TgiStream
 
 CHAT = "chat"
 TEXT_COMPLETION = "text_completion"
@@ -14,21 +23,66 @@ OTHER = "other"
 OPERATIONS = (CHAT, TEXT_COMPLETION, OTHER)
 
 
-def operation_for_path(path: str) -> str:
-    """The GenAI operation name (``gen_ai.operation.name``) of an OpenAI-style path."""
+@dataclass(frozen=True, slots=True)
+class Route:
+    """How a request path is measured: its GenAI operation and its response dialect."""
+
+    operation: str
+    dialect: type[Dialect]
+    name: str
+    stream_default: bool = False  # streaming when the body has no "stream" (Ollama: yes)
+    always_streams: bool = False  # the path itself streams (TGI /generate_stream)
+
+    def streams(self, flag: object) -> bool:
+        """Whether a request with body field ``stream`` = ``flag`` gets a stream back."""
+        if self.always_streams:
+            return True
+        return flag is True or (flag is None and self.stream_default)
+
+
+OPENAI_CHAT = Route(CHAT, OpenAIStream, "openai")
+OPENAI_COMPLETIONS = Route(TEXT_COMPLETION, OpenAIStream, "openai")
+RESPONSES = Route(CHAT, ResponsesStream, "openai-responses")
+ANTHROPIC = Route(CHAT, AnthropicStream, "anthropic")
+TGI_STREAM = Route(TEXT_COMPLETION, TgiStream, "tgi", always_streams=True)
+TGI = Route(TEXT_COMPLETION, TgiStream, "tgi")
+OLLAMA_GENERATE = Route(TEXT_COMPLETION, OllamaStream, "ollama", stream_default=True)
+OLLAMA_CHAT = Route(CHAT, OllamaStream, "ollama", stream_default=True)
+UNKNOWN = Route(OTHER, Passthrough, "none")
+
+_SUFFIXES = (
+    ("/chat/completions", OPENAI_CHAT),
+    ("/completions", OPENAI_COMPLETIONS),
+    ("/responses", RESPONSES),
+    ("/v1/messages", ANTHROPIC),
+    ("/api/generate", OLLAMA_GENERATE),
+    ("/api/chat", OLLAMA_CHAT),
+    ("/generate_stream", TGI_STREAM),
+    ("/generate", TGI),
+)
+
+
+def route_for_path(path: str) -> Route:
+    """The route of a request path (query string excluded)."""
     path = path.rstrip("/")
-    if path.endswith("/chat/completions"):
-        return CHAT
-    if path.endswith("/completions"):
-        return TEXT_COMPLETION
-    return OTHER
+    for suffix, route in _SUFFIXES:
+        if path.endswith(suffix):
+            return route
+    return UNKNOWN
 
 
-def detect_stream(content_type: str) -> Literal["sse", "json", "other"]:
+def operation_for_path(path: str) -> str:
+    """The GenAI operation name (``gen_ai.operation.name``) of a path."""
+    return route_for_path(path).operation
+
+
+def detect_stream(content_type: str) -> Literal["sse", "ndjson", "json", "other"]:
     """How to read a response body, from its Content-Type."""
     media = content_type.split(";", 1)[0].strip().lower()
     if media == "text/event-stream":
         return "sse"
+    if media in ("application/x-ndjson", "application/ndjson", "application/jsonl"):
+        return "ndjson"
     if media == "application/json" or media.endswith("+json"):
         return "json"
     return "other"

@@ -16,8 +16,18 @@ to, and counted in ``malformed``. The bytes themselves are relayed by the proxy 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Protocol
 
 _BOM = b"\xef\xbb\xbf"
+
+
+class Framing(Protocol):
+    """What the observer needs of a decoder: payloads in, and a count of what was not."""
+
+    malformed: int
+
+    def payloads(self, chunk: bytes) -> list[bytes]: ...
+    def flush_payloads(self) -> list[bytes]: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -107,6 +117,13 @@ class SseDecoder:
                 self.malformed += 1
         return events
 
+    def payloads(self, chunk: bytes) -> list[bytes]:
+        """``feed``, keeping only each event's data: what the dialects read."""
+        return [event.data for event in self.feed(chunk)]
+
+    def flush_payloads(self) -> list[bytes]:
+        return [event.data for event in self.flush()]
+
     def flush(self) -> list[SseEvent]:
         """End of stream: finish the last line and dispatch a pending event, if any."""
         events: list[SseEvent] = []
@@ -146,3 +163,66 @@ class SseDecoder:
                 self._last_id = value.decode("utf-8", "replace")
         elif field != b"retry":
             self.malformed += 1  # not an SSE field: e.g. a raw JSON line
+
+
+class NdjsonDecoder:
+    """Incremental newline-delimited JSON framing: ``feed(bytes) -> [line]``, ``flush()``.
+
+    Returns the raw bytes of each non-blank line (without its ``\\n`` / ``\\r\\n``); parsing is
+    the dialect's job. Lines longer than ``max_line`` are dropped and counted, with bounded
+    memory, whether they arrive in one chunk or many.
+    """
+
+    __slots__ = ("_discarding", "_max_line", "_tail", "_tail_len", "comments", "malformed")
+
+    def __init__(self, max_line: int = 1 << 20) -> None:
+        self._max_line = max_line
+        self._tail: list[bytes] = []
+        self._tail_len = 0
+        self._discarding = False
+        self.malformed = 0
+        self.comments = 0  # NDJSON has none; kept so both decoders answer the same questions
+
+    def feed(self, chunk: bytes) -> list[bytes]:
+        if self._discarding:
+            end = chunk.find(b"\n")
+            if end < 0:
+                return []
+            self._discarding = False
+            chunk = chunk[end + 1 :]
+        lines = chunk.split(b"\n")
+        last = lines.pop()
+        if self._tail and lines:
+            lines[0] = b"".join(self._tail) + lines[0]
+            self._tail.clear()
+            self._tail_len = 0
+        out = []
+        for line in lines:
+            if len(line) > self._max_line:
+                self.malformed += 1
+                continue
+            payload = line.rstrip(b"\r")
+            if payload.strip():
+                out.append(payload)
+        if last:
+            self._tail.append(last)
+            self._tail_len += len(last)
+            if self._tail_len > self._max_line:
+                self._tail.clear()
+                self._tail_len = 0
+                self._discarding = True
+                self.malformed += 1
+        return out
+
+    def payloads(self, chunk: bytes) -> list[bytes]:
+        return self.feed(chunk)
+
+    def flush_payloads(self) -> list[bytes]:
+        return self.flush()
+
+    def flush(self) -> list[bytes]:
+        line = b"".join(self._tail).rstrip(b"\r")
+        self._tail.clear()
+        self._tail_len = 0
+        self._discarding = False
+        return [line] if line.strip() else []

@@ -1,101 +1,65 @@
-"""Dialect: OpenAI-compatible chat and completions streams -> output-token counts.
+"""Dialect: OpenAI-compatible Chat Completions and (legacy) Completions streams.
 
-Pure: it takes the ``data`` of each SSE event and answers how many output tokens that event
-carried, keeping what the end of the request needs (usage, model, finish reasons) as state.
-vLLM, SGLang, TGI's Messages API, llama.cpp and Ollama's /v1 all speak this dialect.
+vLLM, SGLang, TGI's Messages API, llama.cpp, Ollama's /v1 and most gateways speak it.
 
 What counts as output: generated text in ``delta.content``, ``delta.reasoning_content`` /
-``delta.reasoning``, ``delta.refusal``, tool-call argument deltas, or a completions
-``text``. Role-only, empty and finish-only chunks are not output. Tokens per chunk: when the
-engine reports cumulative usage on every chunk (vLLM's ``continuous_usage_stats``) the delta of
-``completion_tokens`` is exact; otherwise a chunk counts as one token, and the final ``usage``
-(``include_usage``) lets the timer spread the true total over the chunks afterwards.
+``delta.reasoning`` (reasoning: counted and labelled as such), ``delta.refusal``, tool-call
+argument deltas, or a completions ``text``. Role-only, empty and finish-only chunks are not
+output; ``logprobs`` ride along and change nothing. Choices (``n > 1``) are accounted
+separately by their ``index``.
+
+Tokens per chunk: when the engine reports cumulative usage on every chunk (vLLM's
+``continuous_usage_stats``) the delta of ``completion_tokens`` is exact; otherwise a chunk
+counts as one token and the final ``usage`` (``include_usage``, the ``choices: []`` chunk)
+lets the timer spread the true total afterwards. Usage on a single chunk that also has choices
+proves nothing (llama.cpp and TGI put the final total there): only from the second such chunk
+on is usage taken as continuous.
 """
 
 from __future__ import annotations
 
-import json
-from collections.abc import Callable
 from typing import Any
 
-
-def _json_parser() -> Callable[[bytes], Any]:
-    """orjson (the ``fast`` extra) parses a chunk several times faster than json."""
-    try:
-        import orjson  # noqa: PLC0415 - optional dependency
-    except ImportError:  # pragma: no cover - depends on the environment
-        return json.loads
-    parse: Callable[[bytes], Any] = orjson.loads
-    return parse
-
-
-loads = _json_parser()
+from llmobs.formats.base import Dialect, as_int, loads
 
 DONE = b"[DONE]"
 
+__all__ = ["DONE", "OpenAIStream", "loads"]
 
-def _has_text(delta: dict[str, Any]) -> bool:
-    if delta.get("content") or delta.get("reasoning_content") or delta.get("reasoning"):
-        return True
-    if delta.get("refusal"):
-        return True
+
+def _text_kind(delta: dict[str, Any]) -> int:
+    """0: no output; 1: visible output (content, refusal, tool arguments); 2: reasoning."""
+    if delta.get("content") or delta.get("refusal"):
+        return 1
+    if delta.get("reasoning_content") or delta.get("reasoning"):
+        return 2
     calls = delta.get("tool_calls")
     if isinstance(calls, list):
         for call in calls:
             if isinstance(call, dict):
                 fn = call.get("function")
                 if isinstance(fn, dict) and fn.get("arguments"):
-                    return True
-    return False
+                    return 1
+    return 0
 
 
-class OpenAIStream:
-    """State of one OpenAI-dialect stream; ``on_data`` returns output tokens per event."""
+class OpenAIStream(Dialect):
+    """State of one OpenAI-dialect response."""
 
-    __slots__ = (
-        "_cumulative",
-        "_usage_chunks",
-        "done",
-        "error",
-        "finish_reasons",
-        "input_tokens",
-        "malformed",
-        "output_tokens",
-        "per_chunk_usage",
-        "response_id",
-        "response_model",
-    )
+    __slots__ = ("_cumulative", "_usage_chunks")
 
     def __init__(self) -> None:
-        self.done = False
-        self.error = False
-        self.malformed = 0
-        self.per_chunk_usage = False
-        self.input_tokens: int | None = None
-        self.output_tokens: int | None = None
-        self.response_model: str | None = None
-        self.response_id: str | None = None
-        self.finish_reasons: list[str] = []
+        super().__init__()
         self._cumulative = 0  # completion tokens already attributed to chunks
         self._usage_chunks = 0  # chunks seen with both choices and usage
 
     def on_data(self, data: bytes) -> int:
-        """Read one event's data; return the number of output tokens it carried."""
         if data == DONE:
             self.done = True
             return 0
-        try:
-            obj = loads(data)
-        except ValueError:  # orjson.JSONDecodeError and UnicodeDecodeError are ValueErrors
-            self.malformed += 1
-            return 0
-        if not isinstance(obj, dict):
-            self.malformed += 1
-            return 0
-        return self.on_object(obj)
+        return super().on_data(data)
 
     def on_object(self, obj: dict[str, Any]) -> int:
-        """Read one decoded chunk (also the whole body of a non-streaming response)."""
         if self.response_id is None:
             rid = obj.get("id")
             if isinstance(rid, str):
@@ -105,48 +69,53 @@ class OpenAIStream:
                 self.response_model = model
         if "error" in obj:
             self.error = True
-        output = False
+        kind, choice = 0, 0
         choices = obj.get("choices")
         if isinstance(choices, list):
-            for choice in choices:
-                if not isinstance(choice, dict):
+            for item in choices:
+                if not isinstance(item, dict):
                     continue
-                delta = choice.get("delta") or choice.get("message")
-                if isinstance(delta, dict):
-                    output = output or _has_text(delta)
-                elif choice.get("text"):
-                    output = True
-                reason = choice.get("finish_reason")
-                if isinstance(reason, str):
-                    self.finish_reasons.append(reason)
+                delta = item.get("delta") or item.get("message")
+                found = (
+                    _text_kind(delta) if isinstance(delta, dict) else (1 if item.get("text") else 0)
+                )
+                if found and not kind:
+                    kind = found
+                    index = item.get("index")
+                    choice = index if isinstance(index, int) and 0 <= index < 64 else 0
+                self.finish(item.get("finish_reason"))
         usage = obj.get("usage")
         if isinstance(usage, dict):
-            prompt = usage.get("prompt_tokens")
-            completion = usage.get("completion_tokens")
-            if isinstance(prompt, int):
-                self.input_tokens = prompt
-            if isinstance(completion, int):
-                self.output_tokens = completion
-                if choices:
-                    return self._chunk_usage(completion, output)
-        return 1 if output else 0
+            tokens = self._usage(usage, bool(choices), kind != 0)
+            if tokens is not None:
+                return self.output(tokens, choice, kind == 2)
+        return self.output(1, choice, kind == 2) if kind else 0
 
-    def _chunk_usage(self, completion: int, output: bool) -> int:
-        """Tokens of a chunk that carries both choices and cumulative usage.
-
-        Usage on one such chunk proves nothing: llama.cpp and TGI put the final total on their
-        last chunk, next to an empty delta. Only from the second one on is the usage
-        continuous (vLLM's ``continuous_usage_stats``) and the per-chunk delta exact. Tokens
-        of a chunk without text (an EOS, a role chunk) are carried to the next text chunk.
-        """
+    def _usage(self, usage: dict[str, Any], has_choices: bool, output: bool) -> int | None:
+        """Record usage; for a chunk with choices and continuous usage, its exact tokens."""
+        prompt = as_int(usage.get("prompt_tokens"))
+        completion = as_int(usage.get("completion_tokens"))
+        if prompt is not None:
+            self.input_tokens = prompt
+        details = usage.get("prompt_tokens_details")
+        if isinstance(details, dict) and as_int(details.get("cached_tokens")) is not None:
+            self.cached_tokens = details["cached_tokens"]
+        details = usage.get("completion_tokens_details")
+        if isinstance(details, dict) and as_int(details.get("reasoning_tokens")) is not None:
+            self.reasoning_tokens = details["reasoning_tokens"]
+        if completion is None:
+            return None
+        self.output_tokens = completion
+        if not has_choices:
+            return None
         self._usage_chunks += 1
         if self._usage_chunks == 1:
             if output:
                 self._cumulative = completion
-            return 1 if output else 0
+            return None
         self.per_chunk_usage = True
         if not output:
-            return 0
+            return 0  # an EOS or role chunk: its tokens are carried to the next text chunk
         tokens = completion - self._cumulative
         self._cumulative = completion
         return max(tokens, 1)

@@ -1,0 +1,160 @@
+"""What every dialect fills in: token counts per event, usage, finish reasons, errors.
+
+A dialect is a small state machine over the decoded events of one response (SSE ``data`` or
+an NDJSON line): ``on_data`` answers how many output tokens the event carried and keeps, as
+state, what the end of the request needs. It is pure: no clock, no I/O, no telemetry.
+
+Per-choice accounting (OpenAI ``n > 1``): every output event adds its tokens to
+``pending[choice]``; the observer drains ``pending`` after each network read and times each
+choice separately. Dialects without parallel choices always use choice 0.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from typing import Any
+
+# The closed set of finish reasons used as a metric label (each dialect maps onto it).
+STOP = "stop"
+LENGTH = "length"
+TOOL_CALLS = "tool_calls"
+CONTENT_FILTER = "content_filter"
+ERROR = "error"
+ABORTED = "aborted"  # the client went away before the end
+OTHER = "other"
+NONE = "none"  # the response named no reason (cut short, or a format without one)
+FINISH_REASONS = (STOP, LENGTH, TOOL_CALLS, CONTENT_FILTER, ERROR, ABORTED, OTHER, NONE)
+
+_FINISH_MAP = {
+    # OpenAI chat/completions, vLLM, SGLang, llama.cpp, Ollama done_reason
+    "stop": STOP,
+    "length": LENGTH,
+    "tool_calls": TOOL_CALLS,
+    "function_call": TOOL_CALLS,
+    "content_filter": CONTENT_FILTER,
+    "abort": ABORTED,
+    "error": ERROR,
+    # Anthropic stop_reason
+    "end_turn": STOP,
+    "stop_sequence": STOP,
+    "max_tokens": LENGTH,
+    "tool_use": TOOL_CALLS,
+    "refusal": CONTENT_FILTER,
+    "pause_turn": OTHER,
+    # TGI finish_reason
+    "eos_token": STOP,
+    # Responses API incomplete_details.reason
+    "max_output_tokens": LENGTH,
+}
+
+
+def normalize_finish(raw: str) -> str:
+    """Map an engine's finish reason onto the bounded label set."""
+    return _FINISH_MAP.get(raw, OTHER)
+
+
+def _json_parser() -> Callable[[bytes], Any]:
+    """orjson (the ``fast`` extra) parses a chunk several times faster than json."""
+    try:
+        import orjson  # noqa: PLC0415 - optional dependency
+    except ImportError:  # pragma: no cover - depends on the environment
+        return json.loads
+    parse: Callable[[bytes], Any] = orjson.loads
+    return parse
+
+
+loads = _json_parser()
+
+
+def as_int(value: Any) -> int | None:
+    """``value`` if it is an int (not a bool), else None: usage fields come from the wire."""
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+class Dialect:
+    """State of one response in some wire format; subclasses implement ``on_object``."""
+
+    __slots__ = (
+        "cached_tokens",
+        "done",
+        "engine_load_s",
+        "engine_prompt_eval_s",
+        "error",
+        "finish_reasons",
+        "input_tokens",
+        "malformed",
+        "output_tokens",
+        "pending",
+        "per_chunk_usage",
+        "reasoning_chunks",
+        "reasoning_tokens",
+        "response_id",
+        "response_model",
+    )
+
+    def __init__(self) -> None:
+        self.done = False
+        self.error = False
+        self.malformed = 0
+        self.per_chunk_usage = False  # output_tokens per event are exact, not assumed
+        self.input_tokens: int | None = None
+        self.output_tokens: int | None = None  # the engine's own total, when it says
+        self.reasoning_tokens: int | None = None  # the engine's own count, when it says
+        self.reasoning_chunks = 0  # events that carried reasoning text
+        self.cached_tokens: int | None = None
+        self.response_model: str | None = None
+        self.response_id: str | None = None
+        self.finish_reasons: list[str] = []  # normalized, in the order seen
+        self.engine_prompt_eval_s: float | None = None
+        self.engine_load_s: float | None = None
+        self.pending: dict[int, int] = {}  # output tokens per choice since the last drain
+
+    def on_data(self, data: bytes) -> int:
+        """Read one event's payload; return the number of output tokens it carried."""
+        try:
+            obj = loads(data)
+        except ValueError:  # orjson.JSONDecodeError and UnicodeDecodeError are ValueErrors
+            self.malformed += 1
+            return 0
+        if not isinstance(obj, dict):
+            self.malformed += 1
+            return 0
+        return self.on_object(obj)
+
+    def on_object(self, obj: dict[str, Any]) -> int:
+        """Read one decoded event; return its output tokens."""
+        raise NotImplementedError
+
+    def on_body(self, obj: dict[str, Any]) -> None:
+        """Read the whole body of a non-streaming response (usage, finish reason)."""
+        self.on_object(obj)
+
+    def output(self, tokens: int, choice: int = 0, reasoning: bool = False) -> int:
+        """Account ``tokens`` of output to ``choice``; returns ``tokens`` for convenience."""
+        if tokens > 0:
+            self.pending[choice] = self.pending.get(choice, 0) + tokens
+            if reasoning:
+                self.reasoning_chunks += 1
+        return tokens
+
+    def finish(self, raw: Any) -> None:
+        if isinstance(raw, str) and raw:
+            self.finish_reasons.append(normalize_finish(raw))
+
+    @property
+    def finish_reason(self) -> str:
+        """The request's label: the first choice's reason, or ``none``."""
+        return self.finish_reasons[0] if self.finish_reasons else NONE
+
+
+class Passthrough(Dialect):
+    """Unknown formats: relayed untouched, nothing counted."""
+
+    __slots__ = ()
+
+    def on_data(self, data: bytes) -> int:
+        return 0
+
+    def on_object(self, obj: dict[str, Any]) -> int:
+        return 0
