@@ -32,6 +32,7 @@ from yarl import URL
 
 from llmobs.config import Settings
 from llmobs.formats import Route, detect_stream, route_for_path
+from llmobs.formats.base import Passthrough
 from llmobs.formats.inject import UsageStripper, inject_usage
 from llmobs.formats.openai import OpenAIStream
 from llmobs.timing import Outcome
@@ -146,17 +147,18 @@ class RequestBody:
     also recorded in ``too_large`` for the handler to recognise.
     """
 
-    __slots__ = ("_limit", "_obs", "_request", "too_large")
+    __slots__ = ("_keep", "_limit", "_obs", "_request", "too_large")
 
-    def __init__(self, request: web.Request, obs: RequestObserver, limit: int) -> None:
+    def __init__(self, request: web.Request, obs: RequestObserver, limit: int, keep: bool) -> None:
         self._request = request
         self._obs = obs
         self._limit = limit
+        self._keep = keep  # JSON, or a known LLM path (curl -d sends no JSON content type)
         self.too_large = False
 
     async def __aiter__(self) -> AsyncIterator[bytes]:
         request = self._request
-        keep: list[bytes] | None = [] if _is_json(request.content_type) else None
+        keep: list[bytes] | None = [] if self._keep else None
         size = 0
         async for chunk in request.content.iter_any():
             size += len(chunk)
@@ -209,7 +211,10 @@ class Relay:
             rejected = self._local(obs, 413, f"request body larger than {limit} bytes")
             obs.finish(clock(), Outcome.REJECTED)
             return rejected
-        body = RequestBody(request, obs, limit) if request.body_exists else None
+        body = None
+        if request.body_exists:
+            keep = _is_json(request.content_type) or route.dialect is not Passthrough
+            body = RequestBody(request, obs, limit, keep)
         headers = upstream_headers(request)
         data: AsyncIterator[bytes] | bytes | None = body.__aiter__() if body else None
         stripper: UsageStripper | None = None
@@ -284,7 +289,7 @@ class Relay:
         raw = await _read_limited(request, limit)
         obs.request_body(raw)
         obs.forwarded()
-        rewritten = inject_usage(raw) if _is_json(request.content_type) else None
+        rewritten = inject_usage(raw)
         if rewritten is None:
             return raw, None
         headers.popall("Content-Length", None)

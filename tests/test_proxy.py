@@ -302,3 +302,16 @@ async def test_client_leaving_before_response_headers_cancels_the_upstream_reque
     assert side.value("llmobs_requests_total", outcome="client_disconnect") == 1
     assert side.value("llmobs_prefill_queue_depth") == 0
     assert side.value("llmobs_requests_active") == 0
+
+
+async def test_json_body_without_json_content_type_is_still_read_on_llm_paths(
+    start_app: AppFactory, start_sidecar: SidecarFactory
+) -> None:
+    _, url = await upstream_with(start_app, default=STREAM)
+    side = await start_sidecar(url)
+    form = {"Content-Type": "application/x-www-form-urlencoded"}  # what `curl -d` sends
+    async with aiohttp.ClientSession() as s:
+        async with s.post(side.url + CHAT, data=b'{"model":"m1","stream":true}', headers=form) as r:
+            assert await r.read() == STREAM.body
+    await eventually(lambda: side.value("llmobs_requests_total") == 1)
+    assert side.value("llmobs_requests_total", gen_ai_request_model="m1") == 1
