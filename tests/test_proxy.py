@@ -310,8 +310,8 @@ async def test_json_body_without_json_content_type_is_still_read_on_llm_paths(
     _, url = await upstream_with(start_app, default=STREAM)
     side = await start_sidecar(url)
     form = {"Content-Type": "application/x-www-form-urlencoded"}  # what `curl -d` sends
-    async with aiohttp.ClientSession() as s:
-        async with s.post(side.url + CHAT, data=b'{"model":"m1","stream":true}', headers=form) as r:
-            assert await r.read() == STREAM.body
+    body = b'{"model":"m1","stream":true}'
+    async with aiohttp.ClientSession() as s, s.post(side.url + CHAT, data=body, headers=form) as r:
+        assert await r.read() == STREAM.body
     await eventually(lambda: side.value("llmobs_requests_total") == 1)
     assert side.value("llmobs_requests_total", gen_ai_request_model="m1") == 1
