@@ -57,7 +57,15 @@ class OpenAIStream(Dialect):
         if data == DONE:
             self.done = True
             return 0
-        return super().on_data(data)
+        try:
+            obj = loads(data)
+        except ValueError:
+            self.malformed += 1
+            return 0
+        if not isinstance(obj, dict):
+            self.malformed += 1
+            return 0
+        return self.on_object(obj)
 
     def on_object(self, obj: dict[str, Any]) -> int:
         if self.response_id is None:
@@ -83,7 +91,9 @@ class OpenAIStream(Dialect):
                     kind = found
                     index = item.get("index")
                     choice = index if isinstance(index, int) and 0 <= index < 64 else 0
-                self.finish(item.get("finish_reason"))
+                reason = item.get("finish_reason")
+                if reason:
+                    self.finish(reason)
         usage = obj.get("usage")
         if isinstance(usage, dict):
             tokens = self._usage(usage, bool(choices), kind != 0)
