@@ -20,7 +20,7 @@ from aiohttp import web
 
 from llmobs.app import Sidecar
 from llmobs.config import Settings
-from llmobs.load import Result, Workload, run_load
+from llmobs.load import DIALECTS, Result, Workload, run_load
 from llmobs.sim import SimSettings, build_sim_app
 from llmobs.summary import buckets, quantile, total
 from llmobs.telemetry import build_telemetry
@@ -38,6 +38,13 @@ def add_demo_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--stall-ms", type=float, default=100.0, help="pause length [100]")
     parser.add_argument("--seed", type=int, default=0, help="workload and engine seed [0]")
+    parser.add_argument(
+        "--dialect",
+        choices=(*DIALECTS, "mixed"),
+        default="openai",
+        help="API the clients speak: OpenAI, Ollama native, TGI native, Anthropic Messages, "
+        "OpenAI Responses, or each in turn [openai]",
+    )
 
 
 @dataclasses.dataclass
@@ -120,12 +127,14 @@ async def run_demo(
           f"pause {args.stall_ms:.0f} ms every {args.stall_every} steps)", file=out)  # fmt: skip
     print(f"  sidecar proxy   {proxy}   (clients talk here)", file=out)
     print(f"  sidecar metrics {metrics}   (try: curl {metrics})", file=out)
-    print(f"  load: {args.concurrency} streaming clients for {args.duration:.0f} s", file=out)
+    print(f"  load: {args.concurrency} streaming clients ({args.dialect} API) for "
+          f"{args.duration:.0f} s", file=out)  # fmt: skip
     tally = Tally()
     peak = 0.0
     start = time.perf_counter()
     load = asyncio.ensure_future(
-        run_load(proxy, Workload(sim_settings.model, args.seed), duration=args.duration,
+        run_load(proxy, Workload(sim_settings.model, args.seed, dialect=args.dialect),
+                 duration=args.duration,
                  concurrency=args.concurrency, on_result=tally.add)
     )  # fmt: skip
     tty = out.isatty()

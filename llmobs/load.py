@@ -17,8 +17,8 @@ from typing import Any
 
 import aiohttp
 
-from llmobs.formats.framing import SseDecoder
-from llmobs.formats.openai import OpenAIStream
+from llmobs.formats import detect_stream, route_for_path
+from llmobs.formats.framing import Framing, NdjsonDecoder, SseDecoder
 
 _WORDS = ("the", "quick", "brown", "fox", "jumps", "over", "a", "lazy", "dog", "while",
           "seven", "wizards", "quietly", "hum")  # fmt: skip
@@ -48,13 +48,26 @@ class Result:
         return self.error is None and 200 <= self.status < 300
 
 
-class Workload:
-    """A seeded mix: 80 % short prompts (~40-170 tokens), 20 % long (~400-1700), chat mostly."""
+DIALECTS = ("openai", "ollama", "tgi", "anthropic", "responses")
 
-    def __init__(self, model: str, seed: int = 0, long_share: float = 0.2) -> None:
+
+class Workload:
+    """A seeded mix: 80 % short prompts (~40-170 tokens), 20 % long (~400-1700).
+
+    ``dialect`` picks the API the clients speak: ``openai`` (80 % chat, 20 % completions),
+    ``ollama``, ``tgi``, ``anthropic``, ``responses``, or ``mixed`` (each in turn).
+    """
+
+    def __init__(
+        self, model: str, seed: int = 0, long_share: float = 0.2, dialect: str = "openai"
+    ) -> None:
+        if dialect not in (*DIALECTS, "mixed"):
+            raise ValueError(f"unknown dialect {dialect!r}")
         self._rng = random.Random(seed)
         self._model = model
         self._long_share = long_share
+        self._dialect = dialect
+        self._sent = 0
 
     def _text(self, tokens: int) -> str:
         words = [self._rng.choice(_WORDS) for _ in range(tokens)]  # ~4 chars + space per word
@@ -65,38 +78,55 @@ class Workload:
         long = rng.random() < self._long_share
         prompt = self._text(rng.randint(300, 1200) if long else rng.randint(30, 120))
         max_tokens = rng.randint(32, 256)
-        options = {"include_usage": True}
-        if rng.random() < 0.8:
-            body = {
-                "model": self._model,
-                "messages": [{"role": "user", "content": prompt}],
-                "max_tokens": max_tokens,
-                "stream": True,
-                "stream_options": options,
-            }
-            return Call("/v1/chat/completions", body)
-        body = {
-            "model": self._model,
-            "prompt": prompt,
-            "max_tokens": max_tokens,
-            "stream": True,
-            "stream_options": options,
-        }
-        return Call("/v1/completions", body)
+        dialect = self._dialect
+        if dialect == "mixed":
+            dialect = DIALECTS[self._sent % len(DIALECTS)]
+        self._sent += 1
+        return _call(dialect, self._model, prompt, max_tokens, rng.random() < 0.8)
+
+
+def _call(dialect: str, model: str, prompt: str, max_tokens: int, chat: bool) -> Call:
+    """One streaming request in ``dialect``'s own shape."""
+    messages = [{"role": "user", "content": prompt}]
+    body: dict[str, Any]
+    if dialect == "ollama":
+        options = {"num_predict": max_tokens}
+        if chat:
+            return Call("/api/chat", {"model": model, "messages": messages, "options": options})
+        return Call("/api/generate", {"model": model, "prompt": prompt, "options": options})
+    if dialect == "tgi":
+        body = {"inputs": prompt, "parameters": {"max_new_tokens": max_tokens, "details": True}}
+        return Call("/generate_stream", body)
+    if dialect == "anthropic":
+        body = {"model": model, "max_tokens": max_tokens, "messages": messages, "stream": True}
+        return Call("/v1/messages", body)
+    if dialect == "responses":
+        body = {"model": model, "input": prompt, "max_output_tokens": max_tokens, "stream": True}
+        return Call("/v1/responses", body)
+    usage = {"include_usage": True}
+    if chat:
+        body = {"model": model, "messages": messages, "max_tokens": max_tokens, "stream": True,
+                "stream_options": usage}  # fmt: skip
+        return Call("/v1/chat/completions", body)
+    body = {"model": model, "prompt": prompt, "max_tokens": max_tokens, "stream": True,
+            "stream_options": usage}  # fmt: skip
+    return Call("/v1/completions", body)
 
 
 async def stream_call(session: aiohttp.ClientSession, base_url: str, call: Call) -> Result:
-    """Send ``call`` and time its stream at the client."""
+    """Send ``call`` and time its stream at the client, in whatever dialect it speaks."""
     clock = time.perf_counter
     start = clock()
-    decoder, dialect = SseDecoder(), OpenAIStream()
+    dialect = route_for_path(call.path).dialect()
     times: list[float] = []
     tokens = 0
     try:
         async with session.post(base_url + call.path, json=call.body) as resp:
+            kind = detect_stream(resp.headers.get("Content-Type", ""))
+            decoder: Framing = NdjsonDecoder() if kind == "ndjson" else SseDecoder()
             async for data in resp.content.iter_any():
                 now = clock() - start
-                got = sum(dialect.on_data(e.data) for e in decoder.feed(data))
+                got = sum(dialect.on_data(p) for p in decoder.payloads(data))
                 if got:
                     times.append(now)
                     tokens += got

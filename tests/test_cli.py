@@ -113,7 +113,8 @@ async def test_serve_and_sim_processes_relay_and_stop_on_sigterm() -> None:
 
 async def test_demo_runs_and_prints_a_summary() -> None:
     args = Namespace(duration=1.5, concurrency=4, host="127.0.0.1", port=0, metrics_port=0,
-                     max_batch=2, stall_every=10, stall_ms=50.0, seed=1)  # fmt: skip
+                     max_batch=2, stall_every=10, stall_ms=50.0, seed=1,
+                     dialect="openai")  # fmt: skip
     out = io.StringIO()
     assert await run_demo(args, {}, out) == 0
     text = out.getvalue()
