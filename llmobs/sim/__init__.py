@@ -1,8 +1,9 @@
-"""The simulated inference engine: an OpenAI-compatible server with a known timing model.
+"""The simulated inference engine: one known timing model behind every streaming API.
 
 It is the default upstream of the demo, the tests and the benchmarks: continuous batching with
 prefill and decode steps whose durations come from ``SimSettings``, optional stalls and
-injected errors, all deterministic from a seed. See ``engine`` for the timing model.
+injected errors, all deterministic from a seed. See ``engine`` for the timing model and
+``dialects`` for the APIs it speaks (OpenAI, Ollama, TGI, Anthropic, OpenAI Responses).
 """
 
 from llmobs.sim.config import SimSettings, add_sim_arguments, sim_settings_from_args

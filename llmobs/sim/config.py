@@ -21,6 +21,14 @@ from llmobs.config import (
     source_of,
 )
 
+# The APIs the sim can speak; ``all`` serves every one at once, each on its native paths.
+SIM_DIALECTS = ("all", "openai", "ollama", "tgi", "anthropic", "responses")
+
+
+def _parse_dialect(text: str) -> str:
+    return text.strip().lower()
+
+
 SIM_OPTIONS: tuple[Option, ...] = (
     Option("host", "--host", "LLMOBS_SIM_HOST", str, "address the sim listens on", "ADDR"),
     Option("port", "--port", "LLMOBS_SIM_PORT", int, "port the sim listens on", "PORT"),
@@ -121,6 +129,14 @@ SIM_OPTIONS: tuple[Option, ...] = (
         "tokens per SSE chunk after the first, like vLLM --stream-interval",
         "N",
     ),
+    Option(
+        "dialect",
+        "--dialect",
+        "LLMOBS_SIM_DIALECT",
+        _parse_dialect,
+        f"API served: {', '.join(SIM_DIALECTS)} (one dialect keeps /health, /v1/models, /metrics)",
+        "NAME",
+    ),
 )
 
 
@@ -143,6 +159,7 @@ class SimSettings:
     stall_ms: float = 100.0
     error_rate: float = 0.0
     tokens_per_chunk: int = 1
+    dialect: str = "all"
 
     def __post_init__(self) -> None:
         _validate(self)
@@ -185,6 +202,10 @@ def _validate(s: SimSettings) -> None:
         )
     if not 0.0 <= s.error_rate <= 1.0:
         raise ConfigError(f"{_source('error_rate')}: must be within [0, 1], got {s.error_rate}")
+    if s.dialect not in SIM_DIALECTS:
+        raise ConfigError(
+            f"{_source('dialect')}: expected one of {', '.join(SIM_DIALECTS)}, got {s.dialect!r}"
+        )
 
 
 def add_sim_arguments(parser: argparse.ArgumentParser) -> None:

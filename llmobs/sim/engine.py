@@ -41,6 +41,11 @@ _LOREM = (
     "sunt culpa qui officia deserunt mollit anim id est laborum"
 )
 _TOKENS = tuple(" " + word for word in _LOREM.split())
+# The end-of-sequence token, for dialects that stream it (TGI): Llama-2's text and id.
+EOS_TOKEN = "</s>"
+EOS_TOKEN_ID = 2
+# Word ids start past the special tokens, as in a real vocabulary.
+_TOKEN_IDS = {text: 100 + i for i, text in enumerate(_TOKENS)} | {EOS_TOKEN: EOS_TOKEN_ID}
 
 
 class EngineStopped(Exception):
@@ -72,9 +77,18 @@ class SimStats:
     last_headers: dict[str, str] = field(default_factory=dict)
 
 
+def token_id(text: str) -> int:
+    """The vocabulary id of a token the sim produces (dialects that send ids need one)."""
+    return _TOKEN_IDS[text]
+
+
 @dataclass(eq=False)
 class SimRequest:
-    """One request inside the engine; the HTTP handler awaits its tokens."""
+    """One sequence inside the engine; the HTTP handler awaits its tokens.
+
+    The ``*_at`` fields are the schedule's own deadlines on the loop clock (not when the
+    handler woke up), so that dialects reporting durations (Ollama) report the timing model.
+    """
 
     seq: int
     prompt_tokens: int
@@ -82,6 +96,9 @@ class SimRequest:
     finish_reason: str
     generated: int = 0
     state: _State = _State.WAITING
+    prefill_started_at: float = 0.0
+    first_token_at: float = 0.0
+    last_token_at: float = 0.0
     _queue: asyncio.Queue[str | None] = field(default_factory=asyncio.Queue)
 
     @property
@@ -103,18 +120,30 @@ def plan_output(
     max_tokens: int | None = None,
     seed: int | None = None,
     ignore_eos: bool = False,
+    choice: int = 0,
+    eos: bool = False,
 ) -> tuple[tuple[str, ...], str]:
     """The tokens and finish reason of a request: a pure function of seed and sequence number.
 
     A request's own ``seed`` replaces (settings seed, sequence number), as with a real sampler.
     ``ignore_eos`` (vLLM's benchmark switch) makes the output exactly ``max_tokens`` long.
+    Choice ``i`` of an ``n > 1`` request is drawn independently: with a request seed from
+    ``seed + i``, as vLLM seeds its child requests. With ``eos`` an output that stops ends with
+    ``EOS_TOKEN``, which takes a decode step and counts against ``max_tokens`` like any token.
     """
-    rng = random.Random(f"request:{seed}" if seed is not None else f"{settings.seed}:{seq}")
+    if seed is not None:
+        key = f"request:{seed + choice}"
+    else:
+        key = f"{settings.seed}:{seq}" if choice == 0 else f"{settings.seed}:{seq}:{choice}"
+    rng = random.Random(key)
     length = rng.randint(settings.output_tokens_min, settings.output_tokens_max)
     finish_reason = "stop"
-    if max_tokens is not None and (ignore_eos or max_tokens < length):
+    if max_tokens is not None and (ignore_eos or max_tokens < length + int(eos)):
         length, finish_reason = max_tokens, "length"
-    return tuple(rng.choices(_TOKENS, k=length)), finish_reason
+    tokens = tuple(rng.choices(_TOKENS, k=length))
+    if eos and finish_reason == "stop":
+        tokens += (EOS_TOKEN,)
+    return tokens, finish_reason
 
 
 class SimEngine:
@@ -124,7 +153,8 @@ class SimEngine:
         self.settings = settings
         self.stats = SimStats()
         self._waiting: collections.deque[SimRequest] = collections.deque()
-        self._running: dict[int, SimRequest] = {}
+        # Keyed by the request itself: the choices of an ``n > 1`` request share one ``seq``.
+        self._running: dict[SimRequest, None] = {}
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._seq = 0
@@ -153,9 +183,17 @@ class SimEngine:
         max_tokens: int | None = None,
         seed: int | None = None,
         ignore_eos: bool = False,
+        choice: int = 0,
+        eos: bool = False,
     ) -> SimRequest:
-        """Queue a request for prefill; its tokens arrive through ``next_token``."""
-        tokens, finish_reason = plan_output(self.settings, seq, max_tokens, seed, ignore_eos)
+        """Queue a sequence for prefill; its tokens arrive through ``next_token``.
+
+        An ``n > 1`` request submits one sequence per choice, each taking its own place in the
+        batch and its own prefill, as vLLM fans such a request out into child requests.
+        """
+        tokens, finish_reason = plan_output(
+            self.settings, seq, max_tokens, seed, ignore_eos, choice, eos
+        )
         request = SimRequest(seq, prompt_tokens, tokens, finish_reason)
         self._waiting.append(request)
         self.stats.prompt_tokens += prompt_tokens
@@ -168,7 +206,7 @@ class SimEngine:
         if request.state is _State.WAITING:
             self._waiting.remove(request)
         elif request.state is _State.RUNNING:
-            del self._running[request.seq]
+            del self._running[request]
         else:
             return
         request.state = _State.CANCELLED
@@ -177,7 +215,7 @@ class SimEngine:
 
     def kv_cache_usage(self) -> float:
         """Simulated KV-cache fill: tokens held by the batch over its nominal capacity."""
-        held = sum(r.prompt_tokens + r.generated for r in self._running.values())
+        held = sum(r.prompt_tokens + r.generated for r in self._running)
         capacity = self.settings.max_batch * self.settings.output_tokens_max
         return min(1.0, held / capacity)
 
@@ -217,7 +255,8 @@ class SimEngine:
         while self._waiting and len(self._running) < s.max_batch:
             request = self._waiting.popleft()
             request.state = _State.RUNNING
-            self._running[request.seq] = request
+            request.prefill_started_at = clock
+            self._running[request] = None
             admitted.append(request)
         self._sync_counts()
         self.stats.prefill_steps += 1
@@ -225,7 +264,7 @@ class SimEngine:
         await asyncio.sleep(max(0.0, clock - loop.time()))
         for request in admitted:
             if request.state is _State.RUNNING:  # not cancelled meanwhile
-                self._emit(request)
+                self._emit(request, clock)
         return clock
 
     async def _decode(self, loop: asyncio.AbstractEventLoop, clock: float) -> float:
@@ -237,22 +276,25 @@ class SimEngine:
         await asyncio.sleep(max(0.0, clock - loop.time()))
         # Only requests admitted before this step are in the batch: admission happens in this
         # loop alone, and cancelled ones have already been removed.
-        for request in list(self._running.values()):
-            self._emit(request)
+        for request in list(self._running):
+            self._emit(request, clock)
         return clock
 
-    def _emit(self, request: SimRequest) -> None:
+    def _emit(self, request: SimRequest, clock: float) -> None:
+        if request.generated == 0:
+            request.first_token_at = clock
+        request.last_token_at = clock
         request._queue.put_nowait(request.tokens[request.generated])
         request.generated += 1
         self.stats.generation_tokens += 1
         if request.generated == len(request.tokens):
             request.state = _State.DONE
-            del self._running[request.seq]
+            del self._running[request]
             self.stats.completed += 1
             self._sync_counts()
 
     def _abort_all(self) -> None:
-        for request in [*self._waiting, *self._running.values()]:
+        for request in [*self._waiting, *self._running]:
             request.state = _State.CANCELLED
             request._queue.put_nowait(None)
         self._waiting.clear()

@@ -55,9 +55,7 @@ class Transcript:
 
 def load_transcripts(folder: Path) -> list[Transcript]:
     """Every ``*.json`` transcript in ``folder``, sorted by name."""
-    return [
-        Transcript.from_json(json.loads(p.read_text())) for p in sorted(folder.glob("*.json"))
-    ]
+    return [Transcript.from_json(json.loads(p.read_text())) for p in sorted(folder.glob("*.json"))]
 
 
 def build_replay_app(transcripts: list[Transcript]) -> web.Application:

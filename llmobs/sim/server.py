@@ -1,8 +1,11 @@
-"""HTTP face of the sim: an OpenAI-compatible server in front of ``SimEngine``.
+"""HTTP face of the sim: every dialect's routes in front of one ``SimEngine``.
 
-Routes: POST /v1/chat/completions and /v1/completions (streamed or not), GET /v1/models,
-/health and a vLLM-style /metrics. Each SSE chunk is written with one ``resp.write`` the
-moment the engine emits its tokens, so the timing a client sees is the engine's schedule.
+Routes: each dialect's POST endpoints (OpenAI chat and completions, Ollama, TGI, Anthropic
+Messages, OpenAI Responses; ``SimSettings.dialect`` may keep one), GET /v1/models, /health and
+a vLLM-style /metrics. The handler is the same for every dialect (parse, inject a fault,
+submit, relay), so the timing, the faults and the cancellation are the engine's whatever the
+API; a dialect only renders. Each chunk is written with one ``resp.write`` the moment the
+engine emits its tokens, so the timing a client sees is the engine's schedule.
 
 A client that goes away must free its place in the batch at once, as vLLM aborts such a
 request: that needs the server runner to be created with ``handler_cancellation=True``
@@ -13,9 +16,7 @@ the connection drops and the handler can cancel the request in the engine.
 from __future__ import annotations
 
 import asyncio
-import secrets
-import time
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
@@ -23,17 +24,11 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector, CollectorRegistry
 
 from llmobs.sim.config import SimSettings
+from llmobs.sim.dialects import BadRequest, Context, Endpoint, Exchange, endpoints_for
+from llmobs.sim.dialects.base import Chunk
 from llmobs.sim.engine import EngineStopped, SimEngine, SimRequest
-from llmobs.sim.protocol import (
-    DONE,
-    BadRequest,
-    ChunkRenderer,
-    CompletionCall,
-    error_body,
-    full_response,
-    parse_call,
-)
 
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 ENGINE_KEY = web.AppKey("sim_engine", SimEngine)
 _REGISTRY_KEY = web.AppKey("sim_registry", CollectorRegistry)
 
@@ -71,94 +66,111 @@ def _json(text: str, status: int = 200) -> web.Response:
     return web.Response(text=text, status=status, content_type="application/json")
 
 
-def _error(engine: SimEngine, message: str, kind: str, status: int) -> web.Response:
+def _error(engine: SimEngine, endpoint: Endpoint, message: str, status: int) -> web.Response:
     engine.record_error()
-    return _json(error_body(message, kind, status), status)
+    return _json(endpoint.error(message, status), status)
+
+
+class _ChunkReader:
+    """Groups one sequence's tokens into chunks: the first alone, then ``every`` at a time.
+
+    A chunk is complete the moment the engine emits its last token, so each write happens at
+    an engine step's deadline, as vLLM's ``--stream-interval`` does.
+    """
+
+    def __init__(self, job: SimRequest, every: int) -> None:
+        self._job = job
+        self._every = every
+        self._sent = 0
+
+    async def read(self) -> Chunk | None:
+        """The next chunk, or None once every token has been read."""
+        total = self._job.completion_tokens
+        if self._sent == total:
+            return None
+        size = 1 if self._sent == 0 else min(self._every, total - self._sent)
+        tokens = tuple([await self._job.next_token() for _ in range(size)])
+        chunk = Chunk(tokens, self._sent, self._sent + size == total)
+        self._sent += size
+        return chunk
 
 
 async def _relay(
-    resp: web.StreamResponse,
-    render: ChunkRenderer,
-    job: SimRequest,
-    every: int,
-    call: CompletionCall,
+    resp: web.StreamResponse, exchange: Exchange, jobs: list[SimRequest], every: int
 ) -> None:
-    total, sent = job.completion_tokens, 0
-    pending: list[str] = []
-    while sent < total:
-        pending.append(await job.next_token())
-        count = sent + len(pending)
-        if sent == 0 or len(pending) >= every or count == total:
-            if sent == 0 and call.chat:
-                await resp.write(render.role())
-            finish = job.finish_reason if count == total else None
-            await resp.write(render.content("".join(pending), finish, count))
-            sent = count
-            pending.clear()
-    if call.include_usage:
-        await resp.write(render.usage(total))
-    await resp.write(DONE)
+    """Write head, chunks and tail; the choices of one request take turns, chunk by chunk."""
+    if head := exchange.head():
+        await resp.write(head)
+    readers = [(index, _ChunkReader(job, every)) for index, job in enumerate(jobs)]
+    while readers:
+        live = []
+        for index, reader in readers:
+            chunk = await reader.read()
+            if chunk is not None:
+                await resp.write(exchange.chunk(index, chunk, jobs[index]))
+                live.append((index, reader))
+        readers = live
+    if tail := exchange.tail(jobs):
+        await resp.write(tail)
     await resp.write_eof()
 
 
 async def _stream(
-    request: web.Request, call: CompletionCall, job: SimRequest, completion_id: str, created: int
+    request: web.Request, exchange: Exchange, jobs: list[SimRequest]
 ) -> web.StreamResponse:
-    """Relay tokens as SSE: the first at once, then every ``tokens_per_chunk`` (vLLM-style)."""
-    every = request.app[ENGINE_KEY].settings.tokens_per_chunk
-    render = ChunkRenderer(call, completion_id, created)
-    resp = web.StreamResponse(headers={"Cache-Control": "no-cache"})
-    resp.content_type = "text/event-stream"
-    resp.charset = "utf-8"
+    """Relay tokens as they come: the first at once, then every ``tokens_per_chunk``."""
+    engine = request.app[ENGINE_KEY]
+    every = 1 if exchange.one_token_per_event else engine.settings.tokens_per_chunk
+    headers = {"Content-Type": exchange.media_type}
+    if exchange.media_type.startswith("text/event-stream"):
+        headers["Cache-Control"] = "no-cache"
+    resp = web.StreamResponse(headers=headers)
     await resp.prepare(request)
     try:
-        await _relay(resp, render, job, every, call)
+        await _relay(resp, exchange, jobs, every)
     except ConnectionResetError:
         # A write noticed the client left before aiohttp cancelled us: the same outcome.
-        request.app[ENGINE_KEY].cancel(job)
+        for job in jobs:
+            engine.cancel(job)
     except EngineStopped:
-        pass  # shutting down: the stream ends without [DONE], as a dying server's would
+        pass  # shutting down: the stream ends unfinished, as a dying server's would
     return resp
 
 
-async def _complete(request: web.Request, chat: bool) -> web.StreamResponse:
-    engine = request.app[ENGINE_KEY]
-    seq = engine.receive(request.headers)
-    try:
-        call = parse_call(await request.read(), chat, engine.settings.model)
-    except BadRequest as exc:
-        return _error(engine, str(exc), "invalid_request_error", 400)
-    if engine.injects_error(seq):
-        return _error(engine, "simulated engine failure", "internal_server_error", 500)
-    job = engine.submit(seq, call.prompt_tokens, call.max_tokens, call.seed, call.ignore_eos)
-    completion_id = f"{'chatcmpl' if chat else 'cmpl'}-{secrets.token_hex(16)}"
-    created = int(time.time())
-    try:
-        if call.stream:
-            return await _stream(request, call, job, completion_id, created)
-        text = "".join([await job.next_token() for _ in range(job.completion_tokens)])
-    except EngineStopped:
-        return _error(engine, "engine shutting down", "service_unavailable", 503)
-    except asyncio.CancelledError:
-        engine.cancel(job)
-        raise
-    body = full_response(
-        call,
-        completion_id=completion_id,
-        created=created,
-        text=text,
-        finish_reason=job.finish_reason,
-        completion_tokens=job.completion_tokens,
-    )
-    return _json(body)
+def _handler(endpoint: Endpoint) -> Handler:
+    """The route of one endpoint: parse, inject faults, submit, then stream or answer whole."""
 
+    async def handle(request: web.Request) -> web.StreamResponse:
+        engine = request.app[ENGINE_KEY]
+        seq = engine.receive(request.headers)
+        try:
+            exchange = endpoint.parse(await request.read(), Context(engine.settings.model))
+        except BadRequest as exc:
+            return _error(engine, endpoint, str(exc), endpoint.bad_request_status)
+        if engine.injects_error(seq):
+            return _error(engine, endpoint, "simulated engine failure", 500)
+        plan = exchange.plan
+        jobs = [
+            engine.submit(
+                seq, plan.prompt_tokens, plan.max_tokens, plan.seed, plan.ignore_eos, i, plan.eos
+            )
+            for i in range(plan.n)
+        ]
+        try:
+            if exchange.stream:
+                return await _stream(request, exchange, jobs)
+            for job in jobs:
+                for _ in range(job.completion_tokens):
+                    await job.next_token()
+        except EngineStopped:
+            return _error(engine, endpoint, "engine shutting down", 503)
+        except asyncio.CancelledError:
+            for job in jobs:
+                engine.cancel(job)
+            raise
+        return _json(exchange.full(jobs))
 
-async def _chat_completions(request: web.Request) -> web.StreamResponse:
-    return await _complete(request, chat=True)
-
-
-async def _completions(request: web.Request) -> web.StreamResponse:
-    return await _complete(request, chat=False)
+    return handle
 
 
 async def _models(request: web.Request) -> web.Response:
@@ -192,8 +204,8 @@ def build_sim_app(settings: SimSettings) -> web.Application:
     app[ENGINE_KEY] = engine
     app[_REGISTRY_KEY] = registry
     app.cleanup_ctx.append(_engine_lifecycle)
-    app.router.add_post("/v1/chat/completions", _chat_completions)
-    app.router.add_post("/v1/completions", _completions)
+    for endpoint in endpoints_for(settings.dialect):
+        app.router.add_post(endpoint.path, _handler(endpoint))
     app.router.add_get("/v1/models", _models)
     app.router.add_get("/health", _health)
     app.router.add_get("/metrics", _metrics)

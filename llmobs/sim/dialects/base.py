@@ -1,0 +1,181 @@
+"""What every dialect of the sim shares: request parsing helpers and the renderer interface.
+
+A dialect is only a renderer: the engine decides what is generated and when, and the server
+relays each ``Chunk`` of a ``SimRequest`` the moment the engine emits it. A dialect turns the
+request body into an ``Exchange`` (what to ask the engine for, whether to stream) and the
+exchange turns chunks into that API's bytes. Keeping timing out of here is what lets one
+timing model, and the tests of it, cover every API the sidecar reads.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+from llmobs.sim.engine import SimRequest
+
+
+class BadRequest(ValueError):
+    """The body is not a valid request in its dialect; answered with that dialect's 4xx."""
+
+
+def dumps(obj: Any) -> str:
+    """Compact JSON, as vLLM writes it (and cheaper to send per token)."""
+    return json.dumps(obj, separators=(",", ":"))
+
+
+def count_prompt_tokens(text: str) -> int:
+    """About four characters per token, the usual rule of thumb for English BPE."""
+    return max(1, math.ceil(len(text) / 4))
+
+
+def content_text(content: Any) -> str:
+    """The text of a message's content: a string or a list of parts with ``text``."""
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        parts = [p.get("text", "") for p in content if isinstance(p, dict)]
+        return "".join(p for p in parts if isinstance(p, str))
+    raise BadRequest("message content must be a string or a list of content parts")
+
+
+def messages_text(messages: Any, name: str = "messages") -> str:
+    """The concatenated content of a non-empty list of message objects."""
+    if not isinstance(messages, list) or not messages:
+        raise BadRequest(f"'{name}' is required and must be a non-empty list")
+    if not all(isinstance(m, dict) for m in messages):
+        raise BadRequest("each message must be an object")
+    return "".join(content_text(m.get("content")) for m in messages)
+
+
+def load_object(raw: bytes) -> dict[str, Any]:
+    """The body as a JSON object, or ``BadRequest``."""
+    try:
+        body = json.loads(raw)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise BadRequest(f"invalid JSON body: {exc}") from exc
+    if not isinstance(body, dict):
+        raise BadRequest("the body must be a JSON object")
+    return body
+
+
+def optional_int(body: dict[str, Any], name: str, minimum: int | None = None) -> int | None:
+    """An optional integer field (booleans are not integers here)."""
+    value = body.get(name)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise BadRequest(f"'{name}' must be an integer")
+    if minimum is not None and value < minimum:
+        raise BadRequest(f"'{name}' must be >= {minimum}")
+    return value
+
+
+def optional_object(body: dict[str, Any], name: str) -> dict[str, Any]:
+    """An optional object field; absent or null reads as empty."""
+    value = body.get(name) or {}
+    if not isinstance(value, dict):
+        raise BadRequest(f"'{name}' must be an object")
+    return value
+
+
+def model_of(body: dict[str, Any], default: str) -> str:
+    """The requested model name; the sim serves any name, defaulting to its own."""
+    model = body.get("model")
+    return model if isinstance(model, str) and model else default
+
+
+@dataclass(frozen=True)
+class Context:
+    """What a dialect takes from the server besides the body: its model and a wall clock."""
+
+    model: str
+    wall_clock: Callable[[], float] = field(default=time.time)
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What to ask the engine for: one sequence per choice, all with these parameters."""
+
+    prompt_tokens: int
+    max_tokens: int | None = None
+    seed: int | None = None
+    ignore_eos: bool = False
+    n: int = 1
+    eos: bool = False
+
+
+@dataclass(frozen=True)
+class Chunk:
+    """Tokens of one choice sent in one event: the first alone, then ``tokens_per_chunk``."""
+
+    tokens: tuple[str, ...]
+    start: int  # how many tokens of this choice were sent before
+    last: bool
+
+    @property
+    def text(self) -> str:
+        return "".join(self.tokens)
+
+    @property
+    def end(self) -> int:
+        """Tokens of this choice sent once this chunk is."""
+        return self.start + len(self.tokens)
+
+
+class Exchange(ABC):
+    """One request in one dialect: the parsed call and the renderer of its answer.
+
+    The server writes ``head()`` as soon as the response starts (events an API sends before
+    any token), then ``chunk()`` per chunk, choices interleaved round-robin, then ``tail()``.
+    ``full()`` is the body of a non-streamed answer, rendered once every token is out.
+    """
+
+    media_type: ClassVar[str] = "text/event-stream; charset=utf-8"
+    one_token_per_event: ClassVar[bool] = False  # TGI: tokens_per_chunk does not apply
+
+    def __init__(self, plan: Plan, stream: bool) -> None:
+        self.plan = plan
+        self.stream = stream
+
+    def head(self) -> bytes:
+        return b""
+
+    @abstractmethod
+    def chunk(self, index: int, chunk: Chunk, job: SimRequest) -> bytes:
+        """The bytes carrying ``chunk`` of choice ``index``."""
+
+    @abstractmethod
+    def tail(self, jobs: Sequence[SimRequest]) -> bytes:
+        """The bytes that close a stream whose every token has been sent."""
+
+    @abstractmethod
+    def full(self, jobs: Sequence[SimRequest]) -> str:
+        """The JSON body of a non-streamed answer."""
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    """One route of a dialect: its path, body parser and error document."""
+
+    path: str
+    parse: Callable[[bytes, Context], Exchange]
+    error: Callable[[str, int], str]  # (message, HTTP status) -> JSON body
+    bad_request_status: int = 400
+
+
+def sse(event: str, data: str) -> bytes:
+    """A named server-sent event, as Anthropic and the OpenAI Responses API write them."""
+    return f"event: {event}\ndata: {data}\n\n".encode()
+
+
+def text_of(jobs: Sequence[SimRequest]) -> str:
+    """The generated text of a single-choice request."""
+    return "".join(jobs[0].tokens)
