@@ -1,0 +1,93 @@
+"""Background collectors: the GPU (NVML), the engine's own /metrics, and MBU/MFU.
+
+``Collectors`` assembles them from the settings, registers their observable instruments on
+the sidecar's meter, and runs them in a ``cleanup_ctx`` lifecycle of the admin application.
+The NVML backend is injected (``FakeNvml`` in tests); by default the real one, which reports
+itself down, once, where there is no GPU or no driver.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+from aiohttp import web
+from opentelemetry.metrics import Meter
+
+from llmobs.collectors.base import PollingCollector, Runner, Unavailable, register_status
+from llmobs.collectors.devices import DeviceSelection
+from llmobs.collectors.efficiency import Peaks, register_efficiency
+from llmobs.collectors.engine import EngineCollector, register_engine
+from llmobs.collectors.gpu import GpuCollector, register_gpu
+from llmobs.collectors.nvml import NvmlBackend, NvmlError, PynvmlBackend
+from llmobs.config import Settings
+from llmobs.mbu import EfficiencyTracker, ModelShape
+from llmobs.timing import StreamStats
+
+__all__ = [
+    "Collectors",
+    "EngineCollector",
+    "GpuCollector",
+    "NvmlBackend",
+    "NvmlError",
+    "PollingCollector",
+    "Unavailable",
+]
+
+
+class Collectors:
+    """The sidecar's collectors and gauges; ``on_request`` feeds the MBU/MFU estimate."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        meter: Meter,
+        nvml: NvmlBackend | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._clock = clock
+        self.tracker = EfficiencyTracker()
+        self.gpu: GpuCollector | None = None
+        self.engine: EngineCollector | None = None
+        if settings.gpu_sample_interval > 0:
+            selection = DeviceSelection.of(
+                settings.gpus, settings.cuda_visible_devices, settings.nvidia_visible_devices
+            )
+            backend = nvml if nvml is not None else PynvmlBackend()
+            self.gpu = GpuCollector(
+                backend, selection, settings.gpu_sample_interval, settings.gpu_peak_bandwidth
+            )
+            register_gpu(meter, self.gpu)
+        if settings.engine_scrape_interval > 0:
+            url = settings.engine_metrics_url or settings.upstream_base + "/metrics"
+            self.engine = EngineCollector(url, settings.engine_scrape_interval)
+            register_engine(meter, self.engine)
+        self.collectors: tuple[PollingCollector[Any], ...] = tuple(
+            c for c in (self.gpu, self.engine) if c is not None
+        )
+        register_status(meter, self.collectors)
+        shape = ModelShape.of(
+            model_bytes=settings.model_bytes,
+            model_params=settings.model_params,
+            weight_dtype=settings.weight_dtype,
+            layers=settings.model_layers,
+            kv_heads=settings.model_kv_heads,
+            head_dim=settings.model_head_dim,
+            kv_dtype=settings.kv_dtype,
+        )
+        peaks = Peaks(self.gpu, settings.gpu_peak_bandwidth, settings.gpu_peak_flops)
+        register_efficiency(meter, self.tracker, shape, peaks, clock)
+        self._runner = Runner(self.collectors)
+
+    def on_request(self, model: str, stats: StreamStats) -> None:
+        """A finished request (its model label bounded): kept for MBU/MFU. Once per request."""
+        self.tracker.record(model, stats, self._clock())
+
+    async def lifecycle(self, app: web.Application) -> AsyncIterator[None]:
+        """``cleanup_ctx``: start polling with the application, stop (and close) with it."""
+        self._runner.start()
+        try:
+            yield
+        finally:
+            await self._runner.stop()
