@@ -55,7 +55,7 @@ def micro(tokens: int, requests: int) -> dict[str, float]:
     for r in range(requests):
         obs = Observer(sink, config, OPENAI_CHAT, 0)
         obs.request_body(body)
-        obs.forwarded()
+        obs.forwarded(0)
         obs.response(200, "text/event-stream")
         t = 100_000_000
         start = time.perf_counter_ns()

@@ -13,7 +13,7 @@ from collections.abc import Mapping, Sequence
 
 from llmobs import __version__
 from llmobs.app import Sidecar, run_until, tune_process
-from llmobs.config import ConfigError, add_arguments, settings_from_args
+from llmobs.config import ConfigError, add_arguments, otel_settings, settings_from_args
 from llmobs.demo import add_demo_arguments, run_demo
 from llmobs.sim import add_sim_arguments, run_sim, sim_settings_from_args
 from llmobs.telemetry import build_telemetry
@@ -71,6 +71,7 @@ async def _until_signalled(main: asyncio.Event) -> None:
 
 async def _serve(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
     settings = settings_from_args(args, environ)
+    otel = otel_settings(environ)
     _configure_logging(settings.log_level)
     tune_process()
     stop = asyncio.Event()
@@ -83,7 +84,12 @@ async def _serve(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
             settings.metrics_host, sidecar.metrics_port,
         )  # fmt: skip
 
-    await run_until(settings, build_telemetry(), stop, announce)
+    if otel.tracing:
+        logging.getLogger("llmobs").info(
+            "tracing: OTLP %s to %s, sampler %s", otel.traces_protocol, otel.traces_endpoint,
+            otel.sampler,
+        )  # fmt: skip
+    await run_until(settings, build_telemetry(otel=otel), stop, announce)
     return 0
 
 

@@ -15,17 +15,21 @@ import logging
 import sys
 from collections.abc import AsyncIterator, Callable
 from concurrent.futures import ThreadPoolExecutor
+from urllib.parse import urlsplit
 
 import aiohttp
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+from llmobs.collectors import Collectors, NvmlBackend
 from llmobs.config import Settings
 from llmobs.formats import Route
 from llmobs.metrics import MetricsSink
 from llmobs.observer import ObserveConfig, Observer
 from llmobs.proxy import ObserverFactory, Relay
 from llmobs.telemetry import Telemetry
+from llmobs.timing import StreamStats
+from llmobs.tracing import RequestMeta, Tracing
 
 log = logging.getLogger("llmobs")
 
@@ -34,6 +38,8 @@ TELEMETRY = web.AppKey("telemetry", Telemetry)
 SINK = web.AppKey("sink", MetricsSink)
 SESSION = web.AppKey("session", aiohttp.ClientSession)
 RELAY = web.AppKey("relay", Relay)
+COLLECTORS = web.AppKey("collectors", Collectors)
+TRACING = web.AppKey("tracing", Tracing)
 
 READY_TIMEOUT = 2.0
 SWITCH_INTERVAL = 0.001
@@ -61,24 +67,49 @@ def _client_session(settings: Settings, limit: int = 0) -> aiohttp.ClientSession
     )
 
 
-def observer_factory(settings: Settings, sink: MetricsSink) -> ObserverFactory:
-    """New ``Observer`` per request, sharing the sink and the settings' knobs."""
+def observer_factory(
+    settings: Settings, sink: MetricsSink, tracing: Tracing | None = None
+) -> ObserverFactory:
+    """New ``Observer`` per request, sharing the sink, the tracer and the settings' knobs."""
     config = ObserveConfig(
         stall_factor=settings.stall_factor,
         stall_min_gap=settings.stall_min_gap,
         max_line_bytes=settings.max_line_bytes,
+        capture_content=settings.capture_content and tracing is not None,
     )
 
-    def new(route: Route, start_ns: int) -> Observer:
-        return Observer(sink, config, route, start_ns)
+    def new(route: Route, start_ns: int, meta: RequestMeta) -> Observer:
+        trace = tracing.start(route, start_ns, meta) if tracing is not None else None
+        return Observer(sink, config, route, start_ns, trace)
 
     return new
 
 
-def build_app(settings: Settings, telemetry: Telemetry) -> web.Application:
+def tracing_for(settings: Settings, telemetry: Telemetry) -> Tracing | None:
+    """The request tracer, when the telemetry has tracing on."""
+    tracer = telemetry.tracer
+    if tracer is None:
+        return None
+    upstream = urlsplit(settings.upstream)
+    return Tracing(
+        tracer,
+        token_events=settings.token_events,
+        token_spans=settings.token_spans,
+        capture_content=settings.capture_content,
+        server_address=upstream.hostname or "",
+        server_port=upstream.port or (443 if upstream.scheme == "https" else 80),
+        on_drop=telemetry.spans_dropped,
+    )
+
+
+def build_app(
+    settings: Settings,
+    telemetry: Telemetry,
+    on_request: Callable[[str, StreamStats], None] | None = None,
+) -> web.Application:
     """The proxy application: one catch-all route relaying to ``settings.upstream``."""
     app = web.Application(client_max_size=settings.max_body_bytes)
-    sink = MetricsSink(telemetry.meter, settings.max_models)
+    sink = MetricsSink(telemetry.meter, settings.max_models, on_request)
     telemetry.registry.register(sink.tokens)
     app[SETTINGS] = settings
     app[TELEMETRY] = telemetry
@@ -87,9 +118,14 @@ def build_app(settings: Settings, telemetry: Telemetry) -> web.Application:
     async def session_ctx(app: web.Application) -> AsyncIterator[None]:
         async with _client_session(settings) as session:
             app[SESSION] = session
-            factory = observer_factory(settings, sink) if settings.instrument else None
+            tracing = tracing_for(settings, telemetry)
+            if tracing is not None:
+                app[TRACING] = tracing
+            factory = observer_factory(settings, sink, tracing) if settings.instrument else None
             app[RELAY] = Relay(settings, session, factory)
             yield
+        if tracing is not None:  # write the last traces before the exporter shuts down
+            await asyncio.to_thread(tracing.close)
 
     async def relay(request: web.Request) -> web.StreamResponse:
         return await request.app[RELAY](request)
@@ -99,7 +135,9 @@ def build_app(settings: Settings, telemetry: Telemetry) -> web.Application:
     return app
 
 
-def build_admin_app(settings: Settings, telemetry: Telemetry) -> web.Application:
+def build_admin_app(
+    settings: Settings, telemetry: Telemetry, collectors: Collectors | None = None
+) -> web.Application:
     """/metrics (Prometheus text), /healthz (the sidecar), /readyz (the upstream answers)."""
     app = web.Application()
     registry = telemetry.registry
@@ -137,6 +175,9 @@ def build_admin_app(settings: Settings, telemetry: Telemetry) -> web.Application
         render.shutdown(wait=True)
 
     app.cleanup_ctx.append(session_ctx)
+    if collectors is not None:  # polled in the background while the admin app runs
+        app[COLLECTORS] = collectors
+        app.cleanup_ctx.append(collectors.lifecycle)
     app.router.add_get("/metrics", metrics)
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readyz)
@@ -146,11 +187,14 @@ def build_admin_app(settings: Settings, telemetry: Telemetry) -> web.Application
 class Sidecar:
     """Both applications running on their sockets; ``await start()``, ``await stop()``."""
 
-    def __init__(self, settings: Settings, telemetry: Telemetry) -> None:
+    def __init__(
+        self, settings: Settings, telemetry: Telemetry, nvml: NvmlBackend | None = None
+    ) -> None:
         self.settings = settings
         self.telemetry = telemetry
-        self.app = build_app(settings, telemetry)
-        self.admin = build_admin_app(settings, telemetry)
+        self.collectors = Collectors(settings, telemetry.meter, nvml)
+        self.app = build_app(settings, telemetry, self.collectors.on_request)
+        self.admin = build_admin_app(settings, telemetry, self.collectors)
         self._runners: list[web.AppRunner] = []
         self.port = 0
         self.metrics_port = 0
@@ -168,6 +212,14 @@ class Sidecar:
         await web.TCPSite(runner, host, port, reuse_address=True).start()
         bound = runner.addresses[before:]
         return int(bound[0][1]) if bound else port
+
+    def flush_traces(self) -> None:
+        """Write every pending trace and export it now (blocking: tests, shutdown)."""
+        tracing = self.app.get(TRACING)
+        if tracing is not None:
+            tracing.drain()
+        if self.telemetry.span_processor is not None:
+            self.telemetry.span_processor.force_flush()
 
     async def stop(self) -> None:
         for runner in reversed(self._runners):

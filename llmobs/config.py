@@ -16,6 +16,8 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import unquote, urlsplit
 
+from llmobs.mbu import DTYPE_BYTES, KV_DTYPES
+
 
 class ConfigError(ValueError):
     """A configuration value is invalid; the message names its source."""
@@ -37,6 +39,22 @@ def _parse_size(text: str) -> int:
     if cleaned and cleaned[-1] in units:
         return int(float(cleaned[:-1]) * units[cleaned[-1]])
     return int(cleaned)
+
+
+_SI = {"k": 1e3, "m": 1e6, "g": 1e9, "b": 1e9, "t": 1e12, "p": 1e15}
+
+
+def _parse_quantity(text: str) -> float:
+    """A number with an optional SI suffix: k, M, G (or B, billions), T, P: 8B, 3.35T, 989e12."""
+    cleaned = text.strip().lower().replace("_", "")
+    if cleaned and cleaned[-1] in _SI:
+        return float(cleaned[:-1]) * _SI[cleaned[-1]]
+    return float(cleaned)
+
+
+def _parse_list(text: str) -> tuple[str, ...]:
+    """A comma-separated list (empty entries dropped)."""
+    return tuple(item.strip() for item in text.split(",") if item.strip())
 
 
 @dataclass(frozen=True)
@@ -191,6 +209,112 @@ OPTIONS: tuple[Option, ...] = (
         "log level: debug, info, warning, error",
         "LEVEL",
     ),
+    # Collectors (docs/gpu.md): GPU via NVML, the engine's own /metrics, MBU and MFU.
+    Option(
+        "gpus",
+        "--gpus",
+        "LLMOBS_GPUS",
+        _parse_list,
+        "GPUs to report: NVML indices or GPU-/MIG- UUIDs, comma-separated (default: "
+        "CUDA_VISIBLE_DEVICES, else NVIDIA_VISIBLE_DEVICES, else all)",
+        "LIST",
+    ),
+    Option(
+        "gpu_sample_interval",
+        "--gpu-sample-interval",
+        "LLMOBS_GPU_SAMPLE_INTERVAL",
+        float,
+        "seconds between NVML samples (0: no GPU collector)",
+        "SECONDS",
+    ),
+    Option(
+        "gpu_peak_bandwidth",
+        "--gpu-peak-bandwidth",
+        "LLMOBS_GPU_PEAK_BANDWIDTH",
+        _parse_quantity,
+        "peak memory bandwidth per GPU in bytes/s, e.g. 3.35T (default: from NVML)",
+        "BYTES_PER_S",
+    ),
+    Option(
+        "gpu_peak_flops",
+        "--gpu-peak-flops",
+        "LLMOBS_GPU_PEAK_FLOPS",
+        _parse_quantity,
+        "peak dense FLOP/s per GPU for the model's dtype, e.g. 989T (needed for MFU)",
+        "FLOPS",
+    ),
+    Option(
+        "engine_metrics_url",
+        "--engine-metrics-url",
+        "LLMOBS_ENGINE_METRICS_URL",
+        str,
+        "the engine's Prometheus endpoint (default: the upstream's /metrics)",
+        "URL",
+    ),
+    Option(
+        "engine_scrape_interval",
+        "--engine-scrape-interval",
+        "LLMOBS_ENGINE_SCRAPE_INTERVAL",
+        float,
+        "seconds between scrapes of the engine's /metrics (0: no engine collector)",
+        "SECONDS",
+    ),
+    Option(
+        "model_bytes",
+        "--model-bytes",
+        "LLMOBS_MODEL_BYTES",
+        _parse_size,
+        "bytes of weights read per decode step, for MBU (default: params x dtype size)",
+        "BYTES",
+    ),
+    Option(
+        "model_params",
+        "--model-params",
+        "LLMOBS_MODEL_PARAMS",
+        _parse_quantity,
+        "parameter count, e.g. 8B, for MBU and MFU",
+        "N",
+    ),
+    Option(
+        "weight_dtype",
+        "--weight-dtype",
+        "LLMOBS_WEIGHT_DTYPE",
+        str,
+        "weight storage type: fp32, fp16, bf16, fp8, int8, int4, fp4",
+        "DTYPE",
+    ),
+    Option(
+        "model_layers",
+        "--model-layers",
+        "LLMOBS_MODEL_LAYERS",
+        int,
+        "transformer layers, for the KV-cache bytes of MBU (0: weights only)",
+        "N",
+    ),
+    Option(
+        "model_kv_heads",
+        "--model-kv-heads",
+        "LLMOBS_MODEL_KV_HEADS",
+        int,
+        "key/value heads per layer (GQA), for the KV-cache bytes",
+        "N",
+    ),
+    Option(
+        "model_head_dim",
+        "--model-head-dim",
+        "LLMOBS_MODEL_HEAD_DIM",
+        int,
+        "dimension of one attention head, for the KV-cache bytes",
+        "N",
+    ),
+    Option(
+        "kv_dtype",
+        "--kv-dtype",
+        "LLMOBS_KV_DTYPE",
+        str,
+        "KV-cache element type: auto (the activation dtype), fp16, bf16, fp8, ...",
+        "DTYPE",
+    ),
 )
 
 _LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
@@ -218,6 +342,22 @@ class Settings:
     capture_content: bool = False
     instrument: bool = True
     log_level: str = "info"
+    gpus: tuple[str, ...] = ()
+    gpu_sample_interval: float = 1.0
+    gpu_peak_bandwidth: float | None = None
+    gpu_peak_flops: float | None = None
+    engine_metrics_url: str = ""
+    engine_scrape_interval: float = 5.0
+    model_bytes: int | None = None
+    model_params: float | None = None
+    weight_dtype: str = "bf16"
+    model_layers: int = 0
+    model_kv_heads: int = 0
+    model_head_dim: int = 0
+    kv_dtype: str = "auto"
+    # Not options: the CUDA/NVIDIA runtime's variables, read by ``from_sources`` (docs/gpu.md).
+    cuda_visible_devices: str | None = None
+    nvidia_visible_devices: str | None = None
 
     def __post_init__(self) -> None:
         _validate(self)
@@ -227,7 +367,7 @@ class Settings:
         cls, environ: Mapping[str, str], flags: Mapping[str, Any] | None = None
     ) -> Settings:
         """Merge CLI flags (values that are not None) over environment over defaults."""
-        return cls(**merge_sources(OPTIONS, environ, flags))
+        return cls(**merge_sources(OPTIONS, environ, flags), **visible_devices(environ))
 
     @property
     def upstream_base(self) -> str:
@@ -289,6 +429,34 @@ def _validate(s: Settings) -> None:
             raise ConfigError(f"{_source(name)}: must be >= 1, got {getattr(s, name)}")
     if s.log_level.lower() not in _LOG_LEVELS:
         raise ConfigError(f"{_source('log_level')}: expected one of {', '.join(_LOG_LEVELS)}")
+    _validate_collectors(s)
+
+
+def visible_devices(environ: Mapping[str, str]) -> dict[str, Any]:
+    """The GPU selection the CUDA and NVIDIA container runtimes were given, if any."""
+    names = {"CUDA_VISIBLE_DEVICES": "cuda_visible_devices",
+             "NVIDIA_VISIBLE_DEVICES": "nvidia_visible_devices"}  # fmt: skip
+    found: dict[str, Any] = {f: environ[v] for v, f in names.items() if v in environ}
+    return found
+
+
+def _validate_collectors(s: Settings) -> None:
+    for name in ("gpu_sample_interval", "engine_scrape_interval", "model_layers",
+                 "model_kv_heads", "model_head_dim"):  # fmt: skip
+        if getattr(s, name) < 0:
+            raise ConfigError(f"{_source(name)}: must be >= 0, got {getattr(s, name)}")
+    for name in ("gpu_peak_bandwidth", "gpu_peak_flops", "model_bytes", "model_params"):
+        value = getattr(s, name)
+        if value is not None and not value > 0:
+            raise ConfigError(f"{_source(name)}: must be > 0, got {value}")
+    if s.weight_dtype not in DTYPE_BYTES:
+        raise ConfigError(f"{_source('weight_dtype')}: expected one of {', '.join(DTYPE_BYTES)}")
+    if s.kv_dtype not in KV_DTYPES:
+        raise ConfigError(f"{_source('kv_dtype')}: expected one of {', '.join(KV_DTYPES)}")
+    if s.engine_metrics_url:
+        parts = urlsplit(s.engine_metrics_url)
+        if parts.scheme not in ("http", "https") or not parts.netloc:
+            raise ConfigError(f"{_source('engine_metrics_url')}: expected an http(s) URL")
 
 
 def add_arguments(

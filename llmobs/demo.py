@@ -19,7 +19,7 @@ from typing import TextIO
 from aiohttp import web
 
 from llmobs.app import Sidecar
-from llmobs.config import Settings
+from llmobs.config import Settings, otel_settings
 from llmobs.load import DIALECTS, Result, Workload, run_load
 from llmobs.sim import SimSettings, build_sim_app
 from llmobs.summary import buckets, quantile, total
@@ -119,7 +119,7 @@ async def run_demo(
         upstream=sim_url, host=args.host, port=args.port,
         metrics_host=args.host, metrics_port=args.metrics_port,
     )  # fmt: skip
-    sidecar = Sidecar(settings, build_telemetry())
+    sidecar = Sidecar(settings, build_telemetry(otel=otel_settings(environ)))
     await sidecar.start()
     proxy = f"http://{args.host}:{sidecar.port}"
     metrics = f"http://{args.host}:{sidecar.metrics_port}/metrics"

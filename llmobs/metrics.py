@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import enum
 import threading
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 
 import numpy as np
@@ -39,6 +39,7 @@ class Kind(enum.StrEnum):
     UPDOWN = "updowncounter"  # exported to Prometheus as a gauge
     HISTOGRAM = "histogram"
     TOKEN_HISTOGRAM = "token_histogram"  # bulk-recorded histogram, see module docstring
+    GAUGE = "gauge"  # observable gauge: a background collector's snapshot, read at scrape
 
 
 # Label (attribute) names. GenAI names where the conventions define one.
@@ -52,7 +53,10 @@ TOKEN_SOURCE = "token_count_source"
 
 _OP_MODEL = (OPERATION, MODEL)
 
-_UNIT_SUFFIX = {"s": "_seconds", "By": "_bytes"}
+_UNIT_SUFFIX = {
+    "s": "_seconds", "By": "_bytes", "By/s": "_bytes_per_second", "W": "_watts",
+    "Cel": "_celsius", "Hz": "_hertz",
+}  # fmt: skip
 
 LATENCY_BUCKETS = (
     0.001, 0.002, 0.003, 0.004, 0.005, 0.0075, 0.01, 0.0125, 0.015, 0.0175, 0.02, 0.025,
@@ -175,9 +179,125 @@ OBSERVER_ERRORS = MetricDef(
     "Internal errors while observing a request; the relay carried on.",
 )  # fmt: skip
 
+SPANS_DROPPED = MetricDef(
+    "llmobs.spans.dropped", Kind.COUNTER, "{span}",
+    "Spans dropped because the trace export queue was full (exported only when tracing is on).",
+)  # fmt: skip
+
+# Collectors (llmobs/collectors): polled in the background, exported as observable
+# instruments that read the last snapshot at scrape time. See docs/gpu.md.
+COLLECTOR = "collector"
+GPU_LABELS = ("gpu", "uuid", "name")
+BANDWIDTH_SOURCE = "source"
+ENGINE = "engine"
+
+COLLECTOR_UP = MetricDef(
+    "llmobs.collector.up", Kind.GAUGE, "1",
+    "1 when the collector's last poll read something, 0 when it is down (no GPU, no engine "
+    "metrics, an error).",
+    (COLLECTOR,),
+)  # fmt: skip
+COLLECTOR_DURATION = MetricDef(
+    "llmobs.collector.scrape.duration", Kind.GAUGE, "s",
+    "How long the collector's last poll took.",
+    (COLLECTOR,),
+)  # fmt: skip
+COLLECTOR_ERRORS = MetricDef(
+    "llmobs.collector.errors", Kind.COUNTER, "{error}",
+    "Unexpected failures of a collector: failed polls, and reads of one GPU or one field that "
+    "failed while the others went on. An absent device or engine is not an error.",
+    (COLLECTOR,),
+)  # fmt: skip
+GPU_MEMORY_USED = MetricDef(
+    "llmobs.gpu.memory.used", Kind.GAUGE, "By", "GPU memory in use (NVML).", GPU_LABELS,
+)  # fmt: skip
+GPU_MEMORY_FREE = MetricDef(
+    "llmobs.gpu.memory.free", Kind.GAUGE, "By", "GPU memory free (NVML).", GPU_LABELS,
+)  # fmt: skip
+GPU_MEMORY_TOTAL = MetricDef(
+    "llmobs.gpu.memory.total", Kind.GAUGE, "By", "GPU memory in total (NVML).", GPU_LABELS,
+)  # fmt: skip
+GPU_MEMORY_RESERVED = MetricDef(
+    "llmobs.gpu.memory.reserved", Kind.GAUGE, "By",
+    "GPU memory reserved by the driver and firmware (NVML memory info v2).", GPU_LABELS,
+)  # fmt: skip
+GPU_UTILIZATION = MetricDef(
+    "llmobs.gpu.utilization", Kind.GAUGE, "1",
+    "Fraction of the last sample period in which a kernel ran on the GPU (NVML).", GPU_LABELS,
+)  # fmt: skip
+GPU_MEMORY_CONTROLLER = MetricDef(
+    "llmobs.gpu.memory_controller.utilization", Kind.GAUGE, "1",
+    "Fraction of the last sample period in which device memory was read or written (NVML).",
+    GPU_LABELS,
+)  # fmt: skip
+GPU_BANDWIDTH_UTILIZATION = MetricDef(
+    "llmobs.gpu.memory.bandwidth.utilization", Kind.GAUGE, "1",
+    "DRAM bandwidth used / peak: NVML GPM DRAM_BW_UTIL (source=gpm, Hopper and newer), else "
+    "the memory-controller busy ratio (source=mem_util, an upper bound).",
+    (*GPU_LABELS, BANDWIDTH_SOURCE),
+)  # fmt: skip
+GPU_BANDWIDTH = MetricDef(
+    "llmobs.gpu.memory.bandwidth", Kind.GAUGE, "By/s",
+    "Achieved DRAM bandwidth: the bandwidth utilization x the peak bandwidth.",
+    (*GPU_LABELS, BANDWIDTH_SOURCE),
+)  # fmt: skip
+GPU_BANDWIDTH_PEAK = MetricDef(
+    "llmobs.gpu.memory.bandwidth.peak", Kind.GAUGE, "By/s",
+    "Peak DRAM bandwidth: max memory clock x bus width x 2 (NVML), or --gpu-peak-bandwidth.",
+    GPU_LABELS,
+)  # fmt: skip
+GPU_POWER = MetricDef(
+    "llmobs.gpu.power", Kind.GAUGE, "W", "Power draw (NVML).", GPU_LABELS,
+)  # fmt: skip
+GPU_TEMPERATURE = MetricDef(
+    "llmobs.gpu.temperature", Kind.GAUGE, "Cel", "GPU die temperature (NVML).", GPU_LABELS,
+)  # fmt: skip
+GPU_CLOCK_SM = MetricDef(
+    "llmobs.gpu.clock.sm", Kind.GAUGE, "Hz", "Current SM clock (NVML).", GPU_LABELS,
+)  # fmt: skip
+GPU_CLOCK_MEMORY = MetricDef(
+    "llmobs.gpu.clock.memory", Kind.GAUGE, "Hz", "Current memory clock (NVML).", GPU_LABELS,
+)  # fmt: skip
+ENGINE_WAITING = MetricDef(
+    "llmobs.engine.requests.waiting", Kind.GAUGE, "{request}",
+    "Requests waiting in the engine's queue, from the engine's own /metrics.",
+    (ENGINE,),
+)  # fmt: skip
+ENGINE_RUNNING = MetricDef(
+    "llmobs.engine.requests.running", Kind.GAUGE, "{request}",
+    "Requests in the engine's running batch, from the engine's own /metrics.",
+    (ENGINE,),
+)  # fmt: skip
+ENGINE_KV_CACHE = MetricDef(
+    "llmobs.engine.kv_cache.usage", Kind.GAUGE, "1",
+    "Fraction of the engine's KV cache in use (0-1), from the engine's own /metrics.",
+    (ENGINE,),
+)  # fmt: skip
+MBU = MetricDef(
+    "llmobs.mbu", Kind.GAUGE, "1",
+    "Model bandwidth utilization of decode: (weight + KV-cache bytes read per step) / TPOT / "
+    "peak bandwidth, over the last minute of streamed requests.",
+    (MODEL,),
+)  # fmt: skip
+MFU = MetricDef(
+    "llmobs.mfu", Kind.GAUGE, "1",
+    "Model FLOPs utilization of prefill: 2 x params x prompt tokens / prefill time / peak "
+    "FLOP/s, over the last minute (prefill time: TTFT unless the engine reports it).",
+    (MODEL,),
+)  # fmt: skip
+
+COLLECTOR_METRICS: tuple[MetricDef, ...] = (
+    COLLECTOR_UP, COLLECTOR_DURATION, COLLECTOR_ERRORS, GPU_MEMORY_USED, GPU_MEMORY_FREE,
+    GPU_MEMORY_TOTAL, GPU_MEMORY_RESERVED, GPU_UTILIZATION, GPU_MEMORY_CONTROLLER,
+    GPU_BANDWIDTH_UTILIZATION, GPU_BANDWIDTH, GPU_BANDWIDTH_PEAK, GPU_POWER, GPU_TEMPERATURE,
+    GPU_CLOCK_SM, GPU_CLOCK_MEMORY, ENGINE_WAITING, ENGINE_RUNNING, ENGINE_KV_CACHE, MBU, MFU,
+)  # fmt: skip
+
 CATALOGUE: tuple[MetricDef, ...] = (
     TTFT, TPOT, DURATION, TOKEN_USAGE, ITL, ITL_SQUARES, STALLS, SMOOTHNESS, REQUESTS, TOKENS,
     ENGINE_PROMPT_EVAL, ENGINE_LOAD, ACTIVE, QUEUE_DEPTH, MALFORMED, OBSERVER_ERRORS,
+    SPANS_DROPPED,
+    *COLLECTOR_METRICS,
 )  # fmt: skip
 
 
@@ -244,8 +364,15 @@ class MetricsSink:
     the model passes through ``BoundedLabel`` so a client cannot explode the series count.
     """
 
-    def __init__(self, meter: Meter, max_models: int) -> None:
+    def __init__(
+        self,
+        meter: Meter,
+        max_models: int,
+        on_request: Callable[[str, StreamStats], None] | None = None,
+    ) -> None:
         self.models = BoundedLabel(max_models)
+        # Called once per finished request with its bounded model label (the MBU estimate).
+        self._on_request = on_request
         self.tokens = TokenHistogram(ITL, ITL_SQUARES)
 
         def hist(m: MetricDef) -> Histogram:
@@ -333,6 +460,8 @@ class MetricsSink:
         if s.engine_load_s is not None:
             self._load.record(s.engine_load_s, attrs)
         self._record_tokens(s, attrs)
+        if self._on_request is not None:
+            self._on_request(model, s)
 
     def _record_tokens(self, s: StreamStats, attrs: dict[str, str]) -> None:
         usage = TokenSource.USAGE.value

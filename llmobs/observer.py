@@ -10,9 +10,10 @@ the relay itself never sees it. ``finish()`` is idempotent, so whichever way a r
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import re
-from collections.abc import Callable
+from collections.abc import Callable, MutableMapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -22,6 +23,7 @@ from llmobs.formats.framing import Framing, NdjsonDecoder, SseDecoder
 from llmobs.metrics import MetricsSink
 from llmobs.stats import TokenWindow
 from llmobs.timing import Outcome, StreamStats, StreamTimer, TokenSource, finish_request
+from llmobs.tracing import CONTENT_LIMIT, RequestDetails, RequestTrace, truncate
 
 log = logging.getLogger("llmobs.observer")
 
@@ -36,6 +38,7 @@ class ObserveConfig:
     stall_factor: float = 3.0
     stall_min_gap: float = 0.05
     max_line_bytes: int = 1 << 20
+    capture_content: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,6 +48,9 @@ class RequestInfo:
     model: str | None = None
     stream: bool = False
     include_usage: bool = False  # an OpenAI stream that already asked for usage
+    max_tokens: int | None = None
+    temperature: float | None = None
+    prompt: str | None = None  # only with --capture-content, truncated
 
 
 _PARSE_LIMIT = 1 << 20
@@ -53,12 +59,13 @@ _MODEL_RE = re.compile(rb'"model"\s*:\s*"((?:[^"\\]|\\.){1,256})"')
 _STREAM_RE = re.compile(rb'"stream"\s*:\s*true\b')
 
 
-def parse_request(body: bytes, route: Route = UNKNOWN) -> RequestInfo:
-    """Pick the model and stream flag out of a JSON request body; tolerate anything.
+def parse_request(body: bytes, route: Route = UNKNOWN, capture: bool = False) -> RequestInfo:
+    """Pick the model, stream flag and sampling settings out of a JSON request body.
 
-    Bodies up to 1 MiB are parsed (orjson when present: ~1 ms per MiB). Larger ones (long
-    prompts, images) are only scanned at both ends, where clients put these keys, so that a
-    16 MiB prompt does not hold up every other stream on the event loop.
+    Tolerates anything. Bodies up to 1 MiB are parsed (orjson when present: ~1 ms per MiB).
+    Larger ones (long prompts, images) are only scanned at both ends, where clients put these
+    keys, so that a 16 MiB prompt does not hold up every other stream on the event loop.
+    The prompt itself is read only with ``capture`` (``--capture-content``).
     """
     if len(body) > _PARSE_LIMIT:
         ends = body[:_SCAN] + b"\n" + body[-_SCAN:]
@@ -75,9 +82,39 @@ def parse_request(body: bytes, route: Route = UNKNOWN) -> RequestInfo:
     model = obj.get("model")
     options = obj.get("stream_options")
     include = isinstance(options, dict) and options.get("include_usage") is True
+    nested = obj.get("options") or obj.get("parameters")  # Ollama options, TGI parameters
+    nested = nested if isinstance(nested, dict) else {}
+    max_tokens = _first_int(
+        obj.get("max_tokens"), obj.get("max_completion_tokens"), obj.get("max_output_tokens"),
+        nested.get("num_predict"), nested.get("max_new_tokens"),
+    )  # fmt: skip
+    temperature = obj.get("temperature", nested.get("temperature"))
+    prompt = None
+    if capture:
+        text = next((obj[k] for k in _PROMPT_KEYS if k in obj), None)
+        prompt = truncate(text if isinstance(text, str) else json_text(text))
     return RequestInfo(
-        model if isinstance(model, str) else None, route.streams(obj.get("stream")), include
+        model if isinstance(model, str) else None,
+        route.streams(obj.get("stream")),
+        include,
+        max_tokens,
+        float(temperature) if isinstance(temperature, int | float) else None,
+        prompt,
     )
+
+
+_PROMPT_KEYS = ("messages", "prompt", "input", "inputs")
+
+
+def _first_int(*values: Any) -> int | None:
+    return next((v for v in values if isinstance(v, int) and not isinstance(v, bool)), None)
+
+
+def json_text(value: Any) -> str:
+    try:
+        return json.dumps(value, ensure_ascii=False)[: CONTENT_LIMIT + 1]
+    except (TypeError, ValueError):
+        return ""
 
 
 class Observer:
@@ -92,10 +129,12 @@ class Observer:
         "_dialect",
         "_failed",
         "_finished",
+        "_forwarded_ns",
         "_last_ns",
         "_queued",
         "_sink",
         "_timer",
+        "_trace",
         "info",
         "operation",
         "route",
@@ -103,9 +142,16 @@ class Observer:
     )
 
     def __init__(
-        self, sink: MetricsSink, config: ObserveConfig, route: Route, start_ns: int
+        self,
+        sink: MetricsSink,
+        config: ObserveConfig,
+        route: Route,
+        start_ns: int,
+        trace: RequestTrace | None = None,
     ) -> None:
         self._sink = sink
+        self._trace = trace
+        self._forwarded_ns: int | None = None
         self._config = config
         self.route = route
         self.operation = route.operation
@@ -117,6 +163,8 @@ class Observer:
         self._choices: dict[int, StreamTimer] | None = None  # choices other than 0 (n > 1)
         self._decoder: Framing | None = None
         self._dialect = route.dialect()
+        if config.capture_content:
+            self._dialect.captured = []
         self._body: list[bytes] | None = None
         self._body_size = 0
         self._queued = False
@@ -138,12 +186,18 @@ class Observer:
     def request_body(self, body: bytes) -> None:
         """The request body as forwarded (JSON bodies only); parsed for model and stream."""
         try:
-            self.info = parse_request(body, self.route)
+            self.info = parse_request(body, self.route, self._config.capture_content)
         except Exception:
             self._fail("request_body")
 
-    def forwarded(self) -> None:
+    def inject(self, headers: MutableMapping[str, str]) -> None:
+        """Add this request's trace context to the upstream request, when tracing."""
+        if self._trace is not None:
+            self._guard("inject", self._trace.inject, headers)
+
+    def forwarded(self, t_ns: int) -> None:
         """The request went upstream: a streaming request now waits for its first token."""
+        self._forwarded_ns = t_ns
         try:
             if self.info.stream and not self._queued:
                 self._queued = True
@@ -253,7 +307,25 @@ class Observer:
             self._guard("finish", sink.record_tokens, self.operation, self.info.model, window)
         self._guard("finish", sink.malformed, malformed)
         self._guard("finish", sink.request_ended)
+        if self._trace is not None:
+            self._guard("finish", self._finish_trace, self._trace, record, windows, t_ns)
         return record
+
+    def _finish_trace(
+        self, trace: RequestTrace, record: StreamStats, windows: list[TokenWindow], t_ns: int
+    ) -> None:
+        timers = [self._timer, *(self._choices or {}).values()]
+        firsts = [t.first_ns for t in timers if t.first_ns is not None]
+        lasts = [t.last_ns for t in timers if t.last_ns is not None]
+        captured = self._dialect.captured
+        details = RequestDetails(
+            max_tokens=self.info.max_tokens,
+            temperature=self.info.temperature,
+            prompt=self.info.prompt,
+            completion=truncate("".join(captured)) if captured is not None else None,
+        )
+        times = (self._forwarded_ns, min(firsts, default=None), max(lasts, default=None), t_ns)
+        trace.finish(record, windows, times, details)
 
     def _guard(self, where: str, fn: Callable[..., object], *args: object) -> None:
         try:

@@ -22,7 +22,7 @@ import asyncio
 import json
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, MutableMapping
 from typing import Protocol
 
 import aiohttp
@@ -36,6 +36,7 @@ from llmobs.formats.base import Passthrough
 from llmobs.formats.inject import UsageStripper, inject_usage
 from llmobs.formats.openai import OpenAIStream
 from llmobs.timing import Outcome
+from llmobs.tracing import RequestMeta
 
 log = logging.getLogger("llmobs.proxy")
 
@@ -60,14 +61,15 @@ class RequestObserver(Protocol):
     """What the relay tells observation; implemented by ``observer.Observer``."""
 
     def request_body(self, body: bytes) -> None: ...
-    def forwarded(self) -> None: ...
+    def inject(self, headers: MutableMapping[str, str]) -> None: ...
+    def forwarded(self, t_ns: int) -> None: ...
     def response(self, status: int, content_type: str) -> None: ...
     def chunk(self, t_ns: int, data: bytes) -> None: ...
     def finish(self, t_ns: int, outcome: Outcome) -> object: ...
 
 
 class ObserverFactory(Protocol):
-    def __call__(self, route: Route, start_ns: int) -> RequestObserver: ...
+    def __call__(self, route: Route, start_ns: int, meta: RequestMeta) -> RequestObserver: ...
 
 
 class NullObserver:
@@ -78,7 +80,10 @@ class NullObserver:
     def request_body(self, body: bytes) -> None:
         pass
 
-    def forwarded(self) -> None:
+    def inject(self, headers: MutableMapping[str, str]) -> None:
+        pass
+
+    def forwarded(self, t_ns: int) -> None:
         pass
 
     def response(self, status: int, content_type: str) -> None:
@@ -170,7 +175,7 @@ class RequestBody:
             yield chunk
         if keep is not None:
             self._obs.request_body(b"".join(keep))
-        self._obs.forwarded()
+        self._obs.forwarded(time.perf_counter_ns())
 
 
 async def _read_limited(request: web.Request, limit: int) -> bytes:
@@ -205,7 +210,7 @@ class Relay:
         clock = time.perf_counter_ns
         start = clock()
         route = route_for_path(request.path)
-        obs = self._observer(route, start)
+        obs = self._observer(route, start, request)
         limit = self._settings.max_body_bytes
         if request.content_length is not None and request.content_length > limit:
             rejected = self._local(obs, 413, f"request body larger than {limit} bytes")
@@ -216,6 +221,7 @@ class Relay:
             keep = _is_json(request.content_type) or route.dialect is not Passthrough
             body = RequestBody(request, obs, limit, keep)
         headers = upstream_headers(request)
+        obs.inject(headers)
         data: AsyncIterator[bytes] | bytes | None = body.__aiter__() if body else None
         stripper: UsageStripper | None = None
         outcome = Outcome.OK
@@ -224,7 +230,7 @@ class Relay:
             if body is not None and self._settings.inject_usage and route.dialect is OpenAIStream:
                 data, stripper = await self._inject(request, obs, headers, limit)
             elif body is None:
-                obs.forwarded()
+                obs.forwarded(clock())
             async with self._session.request(
                 request.method,
                 URL(self._base + request.raw_path, encoded=True),
@@ -288,20 +294,21 @@ class Relay:
         """``--inject-usage``: the body, rewritten to ask for usage when it did not."""
         raw = await _read_limited(request, limit)
         obs.request_body(raw)
-        obs.forwarded()
+        obs.forwarded(time.perf_counter_ns())
         rewritten = inject_usage(raw)
         if rewritten is None:
             return raw, None
         headers.popall("Content-Length", None)
         return rewritten, UsageStripper()
 
-    def _observer(self, route: Route, start: int) -> RequestObserver:
+    def _observer(self, route: Route, start: int, request: web.Request) -> RequestObserver:
         """A new observer, or the null one if there is none or it cannot be made."""
         factory = self._new_observer
         if factory is None:
             return NULL_OBSERVER
         try:
-            return factory(route, start)
+            meta = RequestMeta(request.method, request.path, request.headers, time.time_ns())
+            return factory(route, start, meta)
         except Exception:
             log.exception("could not start observing a request; relaying it unobserved")
             return NULL_OBSERVER

@@ -24,7 +24,7 @@ Rules, and why:
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import numpy.typing as npt
@@ -49,6 +49,10 @@ class TokenWindow:
     itl_sum: float = 0.0
     itl_sumsq: float = 0.0
     itl_max: float = 0.0
+    # per chunk, for traces: arrival times (the previous chunk first), gaps, the stall line
+    times_ns: npt.NDArray[np.int64] = field(default_factory=lambda: np.zeros(0, np.int64))
+    gaps: FloatArray = field(default_factory=lambda: np.zeros(0))
+    stall_threshold: float | None = None
 
 
 EMPTY_WINDOW = TokenWindow(np.zeros(0), np.zeros(0), 0, None)
@@ -85,6 +89,7 @@ def token_window(
     itl = gaps / weights
     median = upper_median(gaps) if gaps.size >= MIN_GAPS else baseline_median
     stalls = 0
+    threshold = None
     if median is not None:
         threshold = max(factor * median, min_gap)
         stalls = int(np.count_nonzero(gaps >= threshold))
@@ -97,6 +102,9 @@ def token_window(
         itl_sum=float(gaps.sum()),  # sum over tokens of gap/k, k times each = the gaps
         itl_sumsq=float(np.dot(itl, gaps)),  # sum of k * (gap/k)^2
         itl_max=float(itl.max()),
+        times_ns=times_ns,
+        gaps=gaps,
+        stall_threshold=threshold,
     )
 
 

@@ -22,7 +22,7 @@ from llmobs.app import SINK, Sidecar
 from llmobs.config import Settings
 from llmobs.metrics import MetricsSink
 from llmobs.sim import ENGINE_KEY, SimEngine, SimSettings, build_sim_app
-from llmobs.telemetry import build_telemetry
+from llmobs.telemetry import Telemetry, build_telemetry
 
 
 async def serve(app: web.Application) -> tuple[web.AppRunner, str]:
@@ -113,12 +113,14 @@ async def start_sidecar() -> AsyncIterator[SidecarFactory]:
     """Start a sidecar in front of ``upstream``: ``await start_sidecar(url, stall_factor=...)``."""
     sidecars: list[Sidecar] = []
 
-    async def start(upstream: str, **overrides: Any) -> SidecarHandle:
+    async def start(
+        upstream: str, telemetry: Telemetry | None = None, **overrides: Any
+    ) -> SidecarHandle:
         settings = Settings(
             upstream=upstream, host="127.0.0.1", port=0, metrics_host="127.0.0.1",
             metrics_port=0, **overrides,
         )  # fmt: skip
-        telemetry = build_telemetry()
+        telemetry = telemetry or build_telemetry()
         sidecar = Sidecar(settings, telemetry)
         await sidecar.start()
         sidecars.append(sidecar)

@@ -7,10 +7,11 @@ import re
 from pathlib import Path
 
 import pytest
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from prometheus_client import generate_latest
 
 from llmobs.formats import OLLAMA_GENERATE, OPENAI_CHAT, Route
-from llmobs.metrics import CATALOGUE, Kind, MetricsSink, status_class
+from llmobs.metrics import CATALOGUE, COLLECTOR_METRICS, Kind, MetricsSink, status_class
 from llmobs.observer import ObserveConfig, Observer, parse_request
 from llmobs.telemetry import Telemetry, build_telemetry
 from llmobs.timing import Outcome
@@ -21,8 +22,10 @@ DOCS = Path(__file__).parent.parent / "docs" / "metrics.md"
 MS = 1_000_000
 
 
-def sink_and_telemetry(max_models: int = 32) -> tuple[MetricsSink, Telemetry]:
-    telemetry = build_telemetry()
+def sink_and_telemetry(
+    max_models: int = 32, tracing: bool = False
+) -> tuple[MetricsSink, Telemetry]:
+    telemetry = build_telemetry(span_exporter=InMemorySpanExporter() if tracing else None)
     sink = MetricsSink(telemetry.meter, max_models)
     telemetry.registry.register(sink.tokens)
     return sink, telemetry
@@ -32,7 +35,7 @@ def replay(sink: MetricsSink, model: str, gaps_ms: list[float], start_ms: float 
     """One streaming chat request with a first token at ``start_ms`` and then ``gaps_ms``."""
     obs = Observer(sink, ObserveConfig(), OPENAI_CHAT, 0)
     obs.request_body(b'{"model": "%s", "stream": true}' % model.encode())
-    obs.forwarded()
+    obs.forwarded(0)
     obs.response(200, "text/event-stream; charset=utf-8")
     t = start_ms
     obs.chunk(round(t * MS), b'data: {"choices":[{"delta":{"role":"assistant"}}]}\n\n')
@@ -67,7 +70,7 @@ def feed(sink: MetricsSink, route: Route, body: bytes, ctype: str, chunks: list[
     """One request of ``route`` whose response is ``chunks``, 20 ms apart."""
     obs = Observer(sink, ObserveConfig(), route, 0)
     obs.request_body(body)
-    obs.forwarded()
+    obs.forwarded(0)
     obs.response(200, ctype)
     t = 100 * MS
     for chunk in chunks:
@@ -77,13 +80,15 @@ def feed(sink: MetricsSink, route: Route, body: bytes, ctype: str, chunks: list[
 
 
 def exposition() -> str:
-    sink, telemetry = sink_and_telemetry()
+    sink, telemetry = sink_and_telemetry(tracing=True)
     replay(sink, "llama", [20.0] * 9)
     replay(sink, "llama", [20.0] * 4 + [120.0] + [20.0] * 4)
     feed(sink, OLLAMA_GENERATE, b'{"model":"qwen"}', "application/x-ndjson", OLLAMA_LINES)
     feed(sink, OPENAI_CHAT, b'{"model":"r1","stream":true}', "text/event-stream",
          REASONING_CHUNKS)  # fmt: skip
-    return generate_latest(telemetry.registry).decode()
+    text = generate_latest(telemetry.registry).decode()
+    telemetry.shutdown()
+    return text
 
 
 def test_golden_exposition() -> None:
@@ -96,6 +101,8 @@ def test_golden_exposition() -> None:
 def test_every_catalogue_metric_is_exposed_with_its_labels() -> None:
     text = exposition()
     for metric in CATALOGUE:
+        if metric in COLLECTOR_METRICS:  # background collectors: tests/test_collectors_e2e.py
+            continue
         suffix = "_bucket" if metric.kind in (Kind.HISTOGRAM, Kind.TOKEN_HISTOGRAM) else ""
         pattern = "^" + re.escape(metric.prometheus + suffix) + r"(\{[^}]*\})? "
         lines = [m.group(0) for m in re.finditer(pattern, text, re.MULTILINE)]
@@ -164,7 +171,7 @@ def observe(chunks: list[bytes], gap_ms: float = 20.0, status: int = 200) -> Tel
     sink, telemetry = sink_and_telemetry()
     obs = Observer(sink, ObserveConfig(), OPENAI_CHAT, 0)
     obs.request_body(b'{"model": "m", "stream": true}')
-    obs.forwarded()
+    obs.forwarded(0)
     obs.response(status, "text/event-stream")
     t = 100.0
     for chunk in chunks:

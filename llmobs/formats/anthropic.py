@@ -28,9 +28,13 @@ class AnthropicStream(Dialect):
                 return 0
             dtype = delta.get("type")
             if dtype == "thinking_delta":
+                self.keep(delta.get("thinking"))
                 return self.output(1, reasoning=True) if delta.get("thinking") else 0
             field = _TEXT_FIELDS.get(dtype) if isinstance(dtype, str) else None
-            return self.output(1) if field and delta.get(field) else 0
+            if field and delta.get(field):
+                self.keep(delta[field])
+                return self.output(1)
+            return 0
         if kind == "message_start":
             message = obj.get("message")
             if isinstance(message, dict):

@@ -24,6 +24,7 @@ ERROR = "error"
 ABORTED = "aborted"  # the client went away before the end
 OTHER = "other"
 NONE = "none"  # the response named no reason (cut short, or a format without one)
+CAPTURE_LIMIT = 4096  # characters of output text kept per request with --capture-content
 FINISH_REASONS = (STOP, LENGTH, TOOL_CALLS, CONTENT_FILTER, ERROR, ABORTED, OTHER, NONE)
 
 _FINISH_MAP = {
@@ -76,7 +77,9 @@ class Dialect:
     """State of one response in some wire format; subclasses implement ``on_object``."""
 
     __slots__ = (
+        "_captured_chars",
         "cached_tokens",
+        "captured",
         "done",
         "engine_load_s",
         "engine_prompt_eval_s",
@@ -109,6 +112,8 @@ class Dialect:
         self.engine_prompt_eval_s: float | None = None
         self.engine_load_s: float | None = None
         self.pending: dict[int, int] = {}  # output tokens per choice since the last drain
+        self.captured: list[str] | None = None  # output text, only with --capture-content
+        self._captured_chars = 0
 
     def on_data(self, data: bytes) -> int:
         """Read one event's payload; return the number of output tokens it carried."""
@@ -137,6 +142,13 @@ class Dialect:
             if reasoning:
                 self.reasoning_chunks += 1
         return tokens
+
+    def keep(self, text: Any) -> None:
+        """Keep output text for a span (``--capture-content`` only), up to a bound."""
+        captured = self.captured
+        if captured is not None and isinstance(text, str) and self._captured_chars < CAPTURE_LIMIT:
+            captured.append(text)
+            self._captured_chars += len(text)
 
     def finish(self, raw: Any) -> None:
         if isinstance(raw, str) and raw:

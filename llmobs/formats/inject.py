@@ -75,9 +75,7 @@ class UsageStripper:
 
     def feed(self, chunk: bytes) -> bytes:
         data = self._buffer + chunk if self._buffer else chunk
-        end = max(
-            (i + len(sep) for sep in _SEPARATORS if (i := data.rfind(sep)) >= 0), default=-1
-        )
+        end = max((i + len(sep) for sep in _SEPARATORS if (i := data.rfind(sep)) >= 0), default=-1)
         if end < 0:
             self._buffer = data
             return b""

@@ -28,12 +28,15 @@ class OllamaStream(Dialect):
             return 0
         tokens = 0
         if obj.get("response"):
+            self.keep(obj["response"])
             tokens = self.output(1)
         message = obj.get("message")
         if isinstance(message, dict) and not tokens:
             if message.get("content") or message.get("tool_calls"):
+                self.keep(message.get("content"))
                 tokens = self.output(1)
             elif message.get("thinking"):
+                self.keep(message["thinking"])
                 tokens = self.output(1, reasoning=True)
         if obj.get("done") is True:
             self._final(obj)

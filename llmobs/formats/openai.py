@@ -43,6 +43,11 @@ def _text_kind(delta: dict[str, Any]) -> int:
     return 0
 
 
+def _text_of(delta: dict[str, Any]) -> str:
+    parts = [delta.get(k) for k in ("reasoning_content", "reasoning", "content", "refusal")]
+    return "".join(p for p in parts if isinstance(p, str))
+
+
 class OpenAIStream(Dialect):
     """State of one OpenAI-dialect response."""
 
@@ -87,6 +92,8 @@ class OpenAIStream(Dialect):
                 found = (
                     _text_kind(delta) if isinstance(delta, dict) else (1 if item.get("text") else 0)
                 )
+                if found and self.captured is not None:
+                    self.keep(_text_of(delta) if isinstance(delta, dict) else item.get("text"))
                 if found and not kind:
                     kind = found
                     index = item.get("index")

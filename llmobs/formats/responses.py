@@ -33,10 +33,12 @@ class ResponsesStream(Dialect):
 
     def on_object(self, obj: dict[str, Any]) -> int:
         kind = obj.get("type")
-        if kind in _TEXT:
-            return self.output(1) if obj.get("delta") else 0
-        if kind in _REASONING:
-            return self.output(1, reasoning=True) if obj.get("delta") else 0
+        if kind in _TEXT or kind in _REASONING:
+            delta = obj.get("delta")
+            if not delta:
+                return 0
+            self.keep(delta)
+            return self.output(1, reasoning=kind in _REASONING)
         if kind in _FINAL or kind == "response.created":
             response = obj.get("response")
             if isinstance(response, dict):

@@ -29,6 +29,7 @@ class TgiStream(Dialect):
             self._details(details)
         token = obj.get("token")
         if isinstance(token, dict) and token.get("text") and not token.get("special"):
+            self.keep(token["text"])
             return self.output(1)
         return 0
 
