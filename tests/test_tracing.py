@@ -12,6 +12,7 @@ import aiohttp
 import grpc  # type: ignore[import-untyped]
 import pytest
 from aiohttp import web
+from opentelemetry.proto.collector.metrics.v1 import metrics_service_pb2
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_service_pb2_grpc
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
@@ -326,3 +327,34 @@ async def test_spans_reach_a_real_otlp_grpc_receiver(
         assert all(s.trace_id.hex() == TRACE_ID for s in collector.spans)
     finally:
         await server.stop(None)
+
+
+async def test_metrics_are_also_pushed_over_otlp_when_asked(
+    start_sim: SimFactory, start_sidecar: SidecarFactory, start_app: AppFactory
+) -> None:
+    names: set[str] = set()
+
+    async def metrics(request: web.Request) -> web.Response:
+        message = metrics_service_pb2.ExportMetricsServiceRequest()
+        message.ParseFromString(await request.read())
+        for rm in message.resource_metrics:
+            for sm in rm.scope_metrics:
+                names.update(m.name for m in sm.metrics)
+        body = metrics_service_pb2.ExportMetricsServiceResponse().SerializeToString()
+        return web.Response(body=body, content_type="application/x-protobuf")
+
+    app = web.Application()
+    app.router.add_post("/v1/metrics", metrics)
+    collector = await start_app(app)
+    otel = otel_settings({"OTEL_EXPORTER_OTLP_METRICS_ENDPOINT": collector + "/v1/metrics",
+                          "OTEL_METRICS_EXPORTER": "otlp,prometheus",
+                          "OTEL_METRIC_EXPORT_INTERVAL": "200"})  # fmt: skip
+    assert not otel.tracing  # metrics only
+    telemetry = build_telemetry(otel=otel)
+    sim = await start_sim(**{**SCHEDULE, "stall_every": 0})
+    side = await start_sidecar(sim.url, telemetry=telemetry)
+    await traced_request(side.url, telemetry)
+    await eventually(lambda: "gen_ai.server.time_to_first_token" in names)
+    assert {"llmobs.requests", "gen_ai.server.request.duration", "llmobs.tokens"} <= names
+    # and the same instruments still serve Prometheus
+    assert side.value("gen_ai_server_time_to_first_token_seconds_count") == 1
