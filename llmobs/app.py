@@ -11,10 +11,12 @@ scrape (tens of ms for a large exposition) does not hold up the relay's event lo
 from __future__ import annotations
 
 import asyncio
+import hmac
 import logging
 import sys
 from collections.abc import AsyncIterator, Callable
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from urllib.parse import urlsplit
 
 import aiohttp
@@ -135,17 +137,38 @@ def build_app(
     return app
 
 
+@dataclass
+class Lifecycle:
+    """State both applications share: whether the sidecar is shutting down."""
+
+    draining: bool = False
+
+
 def build_admin_app(
-    settings: Settings, telemetry: Telemetry, collectors: Collectors | None = None
+    settings: Settings,
+    telemetry: Telemetry,
+    collectors: Collectors | None = None,
+    lifecycle: Lifecycle | None = None,
 ) -> web.Application:
     """/metrics (Prometheus text), /healthz (the sidecar), /readyz (the upstream answers)."""
     app = web.Application()
+    lifecycle = lifecycle or Lifecycle()
     registry = telemetry.registry
     # One rendering thread: concurrent scrapes queue instead of collecting in parallel (the
     # OpenTelemetry exporter's collector is not safe to run twice at once).
     render = ThreadPoolExecutor(max_workers=1, thread_name_prefix="llmobs-metrics")
 
+    expected = f"Bearer {settings.metrics_token}".encode() if settings.metrics_token else b""
+
     async def metrics(request: web.Request) -> web.Response:
+        if expected:
+            given = request.headers.get("Authorization", "").encode()
+            if not hmac.compare_digest(given, expected):
+                return web.json_response(
+                    {"error": "a bearer token is required for /metrics"},
+                    status=401,
+                    headers={"WWW-Authenticate": 'Bearer realm="llmobs"'},
+                )
         body = await asyncio.get_running_loop().run_in_executor(render, generate_latest, registry)
         resp = web.Response(body=body)
         resp.headers["Content-Type"] = CONTENT_TYPE_LATEST
@@ -155,6 +178,8 @@ def build_admin_app(
         return web.json_response({"status": "ok"})
 
     async def readyz(request: web.Request) -> web.Response:
+        if lifecycle.draining:  # shutting down: take this pod out of the Service's endpoints
+            return web.json_response({"status": "unready", "detail": "draining"}, status=503)
         session = request.app[SESSION]
         url = settings.upstream_base + "/health"
         try:
@@ -193,8 +218,9 @@ class Sidecar:
         self.settings = settings
         self.telemetry = telemetry
         self.collectors = Collectors(settings, telemetry.meter, nvml)
+        self.lifecycle = Lifecycle()
         self.app = build_app(settings, telemetry, self.collectors.on_request)
-        self.admin = build_admin_app(settings, telemetry, self.collectors)
+        self.admin = build_admin_app(settings, telemetry, self.collectors, self.lifecycle)
         self._runners: list[web.AppRunner] = []
         self.port = 0
         self.metrics_port = 0
@@ -205,7 +231,14 @@ class Sidecar:
         self.metrics_port = await self._serve(self.admin, s.metrics_host, s.metrics_port)
 
     async def _serve(self, app: web.Application, host: str, port: int) -> int:
-        runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
+        # aiohttp's own graceful shutdown waits a little longer than our grace, which ends
+        # streams cleanly itself (stop()); only a stuck handler is ever cancelled by aiohttp.
+        runner = web.AppRunner(
+            app,
+            handler_cancellation=True,
+            access_log=None,
+            shutdown_timeout=self.settings.shutdown_grace + 5,
+        )
         await runner.setup()
         self._runners.append(runner)
         before = len(runner.addresses)
@@ -222,10 +255,24 @@ class Sidecar:
             self.telemetry.span_processor.force_flush()
 
     async def stop(self) -> None:
-        for runner in reversed(self._runners):
-            await runner.cleanup()
-        self._runners.clear()
-        self.telemetry.shutdown()
+        """Graceful shutdown: unready, stop accepting, let streams finish within the grace,
+        end the rest cleanly, then flush traces and metrics."""
+        if self.lifecycle.draining:
+            return  # stopped already
+        self.lifecycle.draining = True
+        relay = self.app.get(RELAY)
+        loop = asyncio.get_running_loop()
+        ending = None
+        if relay is not None:
+            ending = loop.call_later(self.settings.shutdown_grace, relay.abort_streams)
+        try:
+            for runner in self._runners:  # the proxy first: the admin port stays up meanwhile
+                await runner.cleanup()
+        finally:
+            if ending is not None:
+                ending.cancel()
+            self._runners.clear()
+            self.telemetry.shutdown()
 
 
 async def run_until(

@@ -12,7 +12,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import unquote, urlsplit
 
@@ -194,6 +194,22 @@ OPTIONS: tuple[Option, ...] = (
         "BOOL",
     ),
     Option(
+        "shutdown_grace",
+        "--shutdown-grace",
+        "LLMOBS_SHUTDOWN_GRACE",
+        float,
+        "on SIGTERM: seconds in-flight streams may take to finish before they are ended cleanly",
+        "SECONDS",
+    ),
+    Option(
+        "metrics_token",
+        "--metrics-token",
+        "LLMOBS_METRICS_TOKEN",
+        str,
+        "if set, /metrics requires 'Authorization: Bearer <token>' (health probes stay open)",
+        "TOKEN",
+    ),
+    Option(
         "instrument",
         "--instrument",
         "LLMOBS_INSTRUMENT",
@@ -340,6 +356,8 @@ class Settings:
     token_events: int = 256
     token_spans: bool = False
     capture_content: bool = False
+    shutdown_grace: float = 60.0
+    metrics_token: str = field(default="", repr=False)  # a secret: never printed
     instrument: bool = True
     log_level: str = "info"
     gpus: tuple[str, ...] = ()
@@ -419,6 +437,8 @@ def _validate(s: Settings) -> None:
         value = getattr(s, name)
         if not 0 <= value <= 65535:
             raise ConfigError(f"{_source(name)}: port out of range: {value}")
+    if s.shutdown_grace < 0:
+        raise ConfigError(f"{_source('shutdown_grace')}: must be >= 0")
     for name in ("connect_timeout", "read_timeout", "stall_factor"):
         if getattr(s, name) <= 0:
             raise ConfigError(f"{_source(name)}: must be > 0, got {getattr(s, name)}")

@@ -385,7 +385,7 @@ class Observer:
 
 def _finish_label(outcome: Outcome, reason: str) -> str:
     """The finish-reason label: what the engine said, or what the outcome implies."""
-    if outcome is Outcome.CLIENT_DISCONNECT:
+    if outcome in (Outcome.CLIENT_DISCONNECT, Outcome.SHUTDOWN):
         return ABORTED
     if outcome in (Outcome.UPSTREAM_ERROR, Outcome.UPSTREAM_TIMEOUT) and reason == NONE:
         return ERROR

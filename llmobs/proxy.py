@@ -19,6 +19,7 @@ Semantics, as a user of a reverse proxy expects them:
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import time
@@ -202,6 +203,8 @@ class Relay:
         self._session = session
         self._new_observer = new_observer
         self._base = settings.upstream_base
+        self._streams: set[aiohttp.ClientResponse] = set()  # responses being relayed now
+        self._aborted: set[aiohttp.ClientResponse] = set()  # ended by a shutdown's grace
         self._timeout = aiohttp.ClientTimeout(
             total=None, sock_connect=settings.connect_timeout, sock_read=settings.read_timeout
         )
@@ -226,6 +229,7 @@ class Relay:
         stripper: UsageStripper | None = None
         outcome = Outcome.OK
         resp: web.StreamResponse | None = None
+        relayed: aiohttp.ClientResponse | None = None
         try:
             if body is not None and self._settings.inject_usage and route.dialect is OpenAIStream:
                 data, stripper = await self._inject(request, obs, headers, limit)
@@ -240,6 +244,8 @@ class Relay:
                 skip_auto_headers=_NO_AUTO_HEADERS,
                 timeout=self._timeout,
             ) as upstream:
+                relayed = upstream
+                self._streams.add(upstream)
                 content_type = upstream.headers.get("Content-Type", "")
                 obs.response(upstream.status, content_type)
                 response_headers = filter_headers(upstream.headers)
@@ -264,6 +270,8 @@ class Relay:
                     if stripper is not None:
                         await resp.write(stripper.flush())
                     await resp.write_eof()
+                    if upstream in self._aborted:
+                        outcome = Outcome.SHUTDOWN
             return resp
         except asyncio.CancelledError:
             outcome = Outcome.CLIENT_DISCONNECT
@@ -275,6 +283,11 @@ class Relay:
             outcome = Outcome.UPSTREAM_TIMEOUT
             return self._upstream_failed(request, obs, resp, 504, "upstream timed out", outcome)
         except (aiohttp.ClientError, OSError) as exc:
+            if relayed is not None and relayed in self._aborted and resp is not None:
+                outcome = Outcome.SHUTDOWN  # the shutdown grace ran out: end the stream cleanly
+                with contextlib.suppress(ConnectionError):
+                    await resp.write_eof()
+                return resp
             if body is not None and body.too_large:
                 outcome = Outcome.REJECTED
                 return self._local(obs, 413, f"request body larger than {limit} bytes")
@@ -285,7 +298,27 @@ class Relay:
             message = f"upstream unavailable: {type(exc).__name__}"
             return self._upstream_failed(request, obs, resp, 502, message, outcome)
         finally:
+            if relayed is not None:
+                self._streams.discard(relayed)
+                self._aborted.discard(relayed)
             obs.finish(clock(), outcome)
+
+    @property
+    def active(self) -> int:
+        """Responses being relayed right now."""
+        return len(self._streams)
+
+    def abort_streams(self) -> int:
+        """End every stream still relayed (a shutdown's grace is over); returns how many.
+
+        Each upstream response is closed; its handler then ends the client's response with a
+        clean end (the final chunk), records the ``shutdown`` outcome and returns.
+        """
+        streams = list(self._streams)
+        for upstream in streams:
+            self._aborted.add(upstream)
+            upstream.close()
+        return len(streams)
 
     @staticmethod
     async def _inject(

@@ -32,6 +32,7 @@ class Outcome(enum.StrEnum):
     UPSTREAM_ERROR = "upstream_error"
     UPSTREAM_TIMEOUT = "upstream_timeout"
     REJECTED = "rejected"
+    SHUTDOWN = "shutdown"  # the sidecar stopped before the stream ended (grace period over)
 
 
 class TokenSource(enum.StrEnum):

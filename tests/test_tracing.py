@@ -57,6 +57,11 @@ def flush(side: SidecarHandle) -> None:
     side.sidecar.flush_traces()
 
 
+def attr(item: Any, key: str) -> Any:
+    """An attribute of a span or event (attributes are loosely typed in the SDK)."""
+    return (item.attributes or {})[key]
+
+
 def by_name(spans: Sequence[ReadableSpan]) -> dict[str, list[ReadableSpan]]:
     out: dict[str, list[ReadableSpan]] = {}
     for span in spans:
@@ -113,7 +118,9 @@ async def test_request_span_phases_and_token_events(
     assert (prefill.end_time - prefill.start_time) / 1e9 == pytest.approx(0.1, abs=0.02)
     assert (decode.end_time - decode.start_time) / 1e9 == pytest.approx(0.78, abs=0.05)
     events = decode.events
-    assert len(events) == 29
+    # one event per chunk: 29 tokens after the first (two may share a read on a busy machine)
+    assert sum(attr(e, "llmobs.token.count") for e in events) == 29
+    assert len(events) >= 25
     stalls = [e for e in events if (e.attributes or {})["llmobs.stall"]]
     assert len(stalls) == 2
     assert all(float((e.attributes or {})["llmobs.token.gap"]) > 0.1 for e in stalls)  # type: ignore[arg-type]
@@ -141,7 +148,7 @@ async def test_token_events_are_capped_but_keep_every_stall(
     flags = [(e.attributes or {})["llmobs.stall"] for e in decode.events]
     assert flags.count(True) == 2
     assert len(flags) == 5
-    assert (decode.attributes or {})["llmobs.token_events.dropped"] == 24
+    assert 20 <= attr(decode, "llmobs.token_events.dropped") <= 24
     assert (decode.attributes or {})["llmobs.token_events.cap"] == 5
     tokens = spans["token"]  # --token-spans: one child span per kept chunk, under decode
     assert len(tokens) == 5
