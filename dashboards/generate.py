@@ -3,11 +3,12 @@
 Dashboards as code: edit this file, run ``python dashboards/generate.py``, commit both.
 ``--check`` exits 1 when the committed JSON is not what this script builds (CI runs it through
 tests/test_dashboards.py). Every query uses only metrics of ``llmobs/metrics.py``'s CATALOGUE,
-plus the engine's own vLLM gauges where a panel says "scraped directly" (the test allowlists
-exactly those); template variables: datasource, namespace, pod, model.
+and every metric of the catalogue is on a panel (the test checks both); template variables:
+datasource, namespace, pod, model.
 
-The GPU row is a placeholder: the NVML collector (issue 5) adds its metrics to the catalogue,
-and its panels go into ``gpu_row()`` as the other rows are built.
+The engine's queue and KV cache come from the sidecar's engine collector, under uniform names
+with an ``engine`` label, whatever the engine; the GPU row from its NVML collector, with MBU
+next to the bandwidth NVML measures (docs/gpu.md says how the two differ).
 """
 
 from __future__ import annotations
@@ -44,6 +45,24 @@ ACTIVE = "llmobs_requests_active"
 QUEUE = "llmobs_prefill_queue_depth"
 MALFORMED = "llmobs_stream_malformed_events_total"
 OBSERVER_ERRORS = "llmobs_observer_errors_total"
+SPANS_DROPPED = "llmobs_spans_dropped_total"
+COLLECTOR_UP = "llmobs_collector_up"
+COLLECTOR_DURATION = "llmobs_collector_scrape_duration_seconds"
+COLLECTOR_ERRORS = "llmobs_collector_errors_total"
+ENGINE_WAITING = "llmobs_engine_requests_waiting"
+ENGINE_RUNNING = "llmobs_engine_requests_running"
+ENGINE_KV_CACHE = "llmobs_engine_kv_cache_usage"
+GPU_MEMORY = "llmobs_gpu_memory_{}_bytes"  # used, free, total, reserved
+GPU_UTILIZATION = "llmobs_gpu_utilization"
+GPU_MEMORY_CONTROLLER = "llmobs_gpu_memory_controller_utilization"
+GPU_BANDWIDTH_UTILIZATION = "llmobs_gpu_memory_bandwidth_utilization"
+GPU_BANDWIDTH = "llmobs_gpu_memory_bandwidth_bytes_per_second"
+GPU_BANDWIDTH_PEAK = "llmobs_gpu_memory_bandwidth_peak_bytes_per_second"
+GPU_POWER = "llmobs_gpu_power_watts"
+GPU_TEMPERATURE = "llmobs_gpu_temperature_celsius"
+GPU_CLOCK = "llmobs_gpu_clock_{}_hertz"  # sm, memory
+MBU = "llmobs_mbu"
+MFU = "llmobs_mfu"
 FAILED = 'outcome=~"upstream_error|upstream_timeout"'
 
 # Alert defaults (deploy/prometheus/alerts.yml), drawn as thresholds.
@@ -52,6 +71,8 @@ ITL_SLO = 0.15
 SMOOTHNESS_MIN = 0.8
 STALLS_PER_1K_MAX = 5.0
 FAILURE_RATIO_MAX = 0.05
+KV_CACHE_MAX = 0.9
+GPU_MEMORY_MAX = 0.97
 
 
 def rate(metric: str, selector: str = MODEL, fn: str = "rate") -> str:
@@ -166,15 +187,6 @@ def heatmap(title: str, description: str, histogram: str) -> Json:
         "filterValues": {"le": 1e-9},
     }
     return p
-
-
-def text(title: str, content: str, width: int = 24, height: int = 4) -> Json:
-    return {
-        "type": "text",
-        "title": title,
-        "options": {"mode": "markdown", "content": content},
-        "gridPos": {"h": height, "w": width},
-    }
 
 
 def overview_row() -> list[Json]:
@@ -322,8 +334,11 @@ def experience_row() -> list[Json]:
 
 
 def load_row() -> list[Json]:
-    engine = "Engine gauges from the engine's own /metrics (vLLM names), scraped directly; empty "
-    engine += "for engines that do not export them."
+    engine = (
+        "From the engine's own /metrics, re-exported by the sidecar's engine collector under "
+        "uniform names, labelled by engine (vLLM, SGLang, TGI, llama.cpp, TensorRT-LLM). Empty "
+        'when the engine exports none of them (llmobs_collector_up{collector="engine"} is 0).'
+    )
     return [
         timeseries(
             "Requests by operation",
@@ -362,21 +377,26 @@ def load_row() -> list[Json]:
             "short",
         ),
         timeseries(
-            "Engine waiting / running (scraped directly)",
-            engine,
+            "Engine waiting / running",
+            "Requests in the engine's own waiting queue and running batch. " + engine,
             [
-                target(f"sum(vllm:num_requests_waiting{{{POD}}})", "waiting"),
-                target(f"sum(vllm:num_requests_running{{{POD}}})", "running"),
+                target(
+                    f"sum by (pod, engine) ({metric}{{{POD}}})",
+                    f"{{{{pod}}}} {what} ({{{{engine}}}})",
+                )
+                for metric, what in ((ENGINE_WAITING, "waiting"), (ENGINE_RUNNING, "running"))
             ],
             "short",
         ),
         timeseries(
-            "Engine KV cache usage (scraped directly)",
-            engine,
-            [target(f"max by (pod) (vllm:kv_cache_usage_perc{{{POD}}})", "{{pod}}")],
+            "Engine KV cache usage",
+            "Fraction of the engine's KV cache in use (TGI reports none). Red above the "
+            f"{KV_CACHE_MAX:.0%} alert default. " + engine,
+            [target(f"max by (pod, engine) ({ENGINE_KV_CACHE}{{{POD}}})", "{{pod}} ({{engine}})")],
             "percentunit",
             min=0,
             max=1,
+            thresholds=thresholds((None, "transparent"), (KV_CACHE_MAX, "red")),
         ),
     ]
 
@@ -407,22 +427,13 @@ def errors_row() -> list[Json]:
             thresholds=thresholds((None, "transparent"), (FAILURE_RATIO_MAX, "red")),
         ),
         timeseries(
-            "Sidecar internals",
-            "Observer errors (the relay carried on, metrics incomplete) and malformed stream "
-            "events (relayed, not timed). Both should be 0.",
-            [
-                target(f"sum({rate(OBSERVER_ERRORS, POD)})", "observer errors/s"),
-                target(f"sum({rate(MALFORMED, POD)})", "malformed events/s"),
-            ],
-            "short",
-        ),
-        timeseries(
             "Finish reasons",
             "Why responses ended: stop, length (cut at max_tokens), tool_calls, content_filter, "
             "error, aborted (the client went away), other, none.",
             [target(f"sum by (finish_reason) ({rate(REQUESTS)})", "{{finish_reason}}")],
             "reqps",
             stack=True,
+            width=12,
         ),
         timeseries(
             "Output tokens by count source",
@@ -437,6 +448,7 @@ def errors_row() -> list[Json]:
             ],
             "short",
             stack=True,
+            width=12,
         ),
     ]
 
@@ -456,14 +468,194 @@ def distribution_row() -> list[Json]:
     ]
 
 
+def per_gpu(metric: str, legend: str, by: str = "pod, gpu") -> Json:
+    """One series per GPU of each pod (a MIG device is ``gpu="<gpu>/<n>"``)."""
+    suffix = " " + legend if legend else ""
+    return target(f"max by ({by}) ({metric}{{{POD}}})", "{{pod}}/{{gpu}}" + suffix)
+
+
 def gpu_row() -> list[Json]:
-    # Filled by the NVML collector (issue 5): memory used, memory-bandwidth utilisation, MBU.
+    nvml = "Sampled from NVML by the sidecar's GPU collector, per GPU it sees (docs/gpu.md)."
+    used, total = GPU_MEMORY.format("used"), GPU_MEMORY.format("total")
     return [
-        text(
-            "GPU",
-            "GPU panels (memory used, memory-bandwidth utilisation, MBU) arrive with the NVML "
-            "collector; see docs/runbook.md, *Arrives with the collectors*.",
-        )
+        timeseries(
+            "GPU memory",
+            "Device memory in use, reserved by the driver, free and in total. Engines allocate "
+            "their KV cache up front, so a high, flat line is normal. A GPU in MIG mode has no "
+            f"memory series of its own, its MIG devices do. {nvml}",
+            [
+                per_gpu(used, "used"),
+                per_gpu(GPU_MEMORY.format("reserved"), "reserved"),
+                per_gpu(GPU_MEMORY.format("free"), "free"),
+                per_gpu(total, "total"),
+            ],
+            "bytes",
+            min=0,
+        ),
+        timeseries(
+            "GPU memory used",
+            f"Memory used / total per GPU. Red above the {GPU_MEMORY_MAX:.0%} alert default, "
+            "where any allocation outside the engine's pool (CUDA graphs, another process) "
+            "fails.",
+            [target(f"max by (pod, gpu) ({used}{{{POD}}} / {total}{{{POD}}})", "{{pod}}/{{gpu}}")],
+            "percentunit",
+            min=0,
+            max=1,
+            thresholds=thresholds((None, "transparent"), (GPU_MEMORY_MAX, "red")),
+        ),
+        timeseries(
+            "GPU utilization",
+            "Kernel: fraction of the sample period in which a kernel ran (not how much of the "
+            "GPU it used). Memory controller: fraction in which device memory was read or "
+            f"written. NVML reports neither in MIG mode. {nvml}",
+            [
+                per_gpu(GPU_UTILIZATION, "kernel"),
+                per_gpu(GPU_MEMORY_CONTROLLER, "memory controller"),
+            ],
+            "percentunit",
+            min=0,
+            max=1,
+        ),
+        timeseries(
+            "Memory bandwidth: measured vs MBU",
+            "Measured: DRAM bandwidth used / peak per GPU, by source: gpm (NVML GPM, Hopper and "
+            "newer) is the bandwidth moved; mem_util (the memory-controller busy ratio, older "
+            "GPUs) is only an upper bound, never compare it with MBU. MBU: the bandwidth the "
+            "model needs at its measured TPOT (weights + KV cache read per decode step / TPOT / "
+            "peak), per model, needs --model-params; over several GPUs it divides by the sum "
+            "of their peaks, so compare it with their average. Under steady decode GPM reads at "
+            "or a little above MBU; well above points at bytes the model does not need, below "
+            "at a wrong shape or peak.",
+            [
+                target(
+                    f"max by (pod, gpu, source) ({GPU_BANDWIDTH_UTILIZATION}{{{POD}}})",
+                    "{{pod}}/{{gpu}} measured ({{source}})",
+                ),
+                target(
+                    f"max by (pod, gen_ai_request_model) ({MBU}{{{MODEL}}})",
+                    "{{pod}} MBU {{gen_ai_request_model}}",
+                ),
+            ],
+            "percentunit",
+            width=12,
+            min=0,
+            max=1,
+        ),
+        timeseries(
+            "Memory bandwidth: achieved vs peak",
+            "Achieved DRAM bandwidth (the utilization on the left x the peak), by source, and "
+            "the peak: max memory clock x bus width x 2 from NVML, or --gpu-peak-bandwidth.",
+            [
+                per_gpu(GPU_BANDWIDTH, "achieved ({{source}})", by="pod, gpu, source"),
+                per_gpu(GPU_BANDWIDTH_PEAK, "peak"),
+            ],
+            "Bps",
+            width=12,
+            min=0,
+        ),
+        timeseries(
+            "MFU (prefill)",
+            "Model FLOPs utilization of prefill over the last minute: 2 x params x prompt "
+            "tokens / prefill time / peak FLOP/s. Prefill time is TTFT (queueing included: a "
+            "lower bound) unless the engine reports its own. Needs --gpu-peak-flops.",
+            [
+                target(
+                    f"max by (pod, gen_ai_request_model) ({MFU}{{{MODEL}}})",
+                    "{{pod}} {{gen_ai_request_model}}",
+                )
+            ],
+            "percentunit",
+            width=6,
+            min=0,
+        ),
+        timeseries(
+            "GPU power",
+            f"Power draw per GPU. {nvml}",
+            [per_gpu(GPU_POWER, "")],
+            "watt",
+            width=6,
+            min=0,
+        ),
+        timeseries(
+            "GPU temperature",
+            f"GPU die temperature. {nvml}",
+            [per_gpu(GPU_TEMPERATURE, "")],
+            "celsius",
+            width=6,
+        ),
+        timeseries(
+            "GPU clocks",
+            "Current SM and memory clocks: an SM clock below its usual value under load means "
+            "power or thermal throttling.",
+            [
+                per_gpu(GPU_CLOCK.format("sm"), "SM"),
+                per_gpu(GPU_CLOCK.format("memory"), "memory"),
+            ],
+            "hertz",
+            width=6,
+        ),
+    ]
+
+
+def health_row() -> list[Json]:
+    return [
+        timeseries(
+            "Observer errors and malformed events",
+            "Observer errors (the relay carried on, metrics incomplete) and malformed stream "
+            "events (relayed, not timed). Both should be 0.",
+            [
+                target(f"sum({rate(OBSERVER_ERRORS, POD)})", "observer errors/s"),
+                target(f"sum({rate(MALFORMED, POD)})", "malformed events/s"),
+            ],
+            "short",
+        ),
+        timeseries(
+            "Collectors up",
+            "1 when the collector's last poll read something; 0 when there is no GPU or NVML, "
+            "the engine's /metrics is unreachable or names nothing known, or polling fails. "
+            "Turn a collector with nothing to collect off (interval 0): it then has no series.",
+            [target(f"min by (pod, collector) ({COLLECTOR_UP}{{{POD}}})", "{{pod}} {{collector}}")],
+            "short",
+            min=0,
+            max=1,
+            decimals=0,
+        ),
+        timeseries(
+            "Spans dropped",
+            "Spans dropped because trace export falls behind (the export queue or the backlog "
+            "of unwritten traces was full): traces are missing, the relay is unaffected. Only "
+            "exported when tracing is on.",
+            [target(f"sum by (pod) ({rate(SPANS_DROPPED, POD)})", "{{pod}}")],
+            "short",
+            min=0,
+        ),
+        timeseries(
+            "Collector errors",
+            "Unexpected collector failures per second: failed polls, or one GPU or field that "
+            "failed while the others were read. An absent GPU or engine is not an error.",
+            [
+                target(
+                    f"sum by (pod, collector) ({rate(COLLECTOR_ERRORS, POD)})",
+                    "{{pod}} {{collector}}",
+                )
+            ],
+            "short",
+            width=12,
+            min=0,
+        ),
+        timeseries(
+            "Collector poll duration",
+            "How long each collector's last poll took (NVML calls, the engine's /metrics).",
+            [
+                target(
+                    f"max by (pod, collector) ({COLLECTOR_DURATION}{{{POD}}})",
+                    "{{pod}} {{collector}}",
+                )
+            ],
+            "s",
+            width=12,
+            min=0,
+        ),
     ]
 
 
@@ -533,6 +725,7 @@ def dashboard() -> Json:
         ("Errors and outcomes", errors_row()),
         ("Distributions", distribution_row()),
         ("GPU", gpu_row()),
+        ("Sidecar health", health_row()),
     ]
     return {
         "__requires": [
@@ -543,7 +736,7 @@ def dashboard() -> Json:
         "uid": "llmobs",
         "title": "llmobs: LLM serving",
         "description": "What users of an LLM inference server feel, measured by the llmobs "
-        "sidecar: TTFT, inter-token latency, stutter, queue, errors.",
+        "sidecar: TTFT, inter-token latency, stutter, queue, errors, GPU and MBU.",
         "tags": ["llmobs", "llm", "gen-ai", "inference"],
         "timezone": "browser",
         "editable": True,

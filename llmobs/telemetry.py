@@ -22,7 +22,7 @@ from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import MetricReader, PeriodicExportingMetricReader
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import ReadableSpan, Span, SpanProcessor, TracerProvider
-from opentelemetry.sdk.trace.export import SpanExporter
+from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 from opentelemetry.sdk.trace.sampling import (
     ALWAYS_OFF,
     ALWAYS_ON,
@@ -93,10 +93,17 @@ class BoundedSpanProcessor(SpanProcessor):
             return [self._queue.popleft() for _ in range(min(self._batch, len(self._queue)))]
 
     def _export(self, spans: Sequence[ReadableSpan]) -> None:
+        """Export a batch; a failed export loses its spans, which are counted as dropped."""
         try:
-            self._exporter.export(spans)
+            ok = self._exporter.export(spans) is SpanExportResult.SUCCESS
         except Exception:  # an exporter failing must not kill the worker
-            log.exception("span export failed; %d spans lost", len(spans))
+            log.exception("span export failed")
+            ok = False
+        if not ok:
+            log.warning("span export failed; %d spans lost", len(spans))
+            with self._lock:
+                self.dropped += len(spans)
+            self._on_drop(len(spans))
 
     def _run(self) -> None:
         while not self._stopped:

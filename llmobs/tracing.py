@@ -142,16 +142,17 @@ class Tracing:
     def inject(self, context: Context, carrier: MutableMapping[str, str]) -> None:
         self._propagator.inject(carrier, context=context)
 
-    def defer(self, job: Callable[[], None]) -> None:
-        """Run ``job`` on the tracing thread; drop it (counted) if the backlog is full."""
+    def defer(self, job: Callable[[], None], spans: int = 1) -> None:
+        """Run ``job`` on the tracing thread; if the backlog is full, drop it and count the
+        ``spans`` it would have written."""
         if self._worker is None:
             self._worker = threading.Thread(target=self._run, name="llmobs-traces", daemon=True)
             self._worker.start()
         try:
             self._jobs.put_nowait(job)
         except queue.Full:
-            self.dropped += 1
-            self._on_drop(1)
+            self.dropped += spans
+            self._on_drop(spans)
 
     def _run(self) -> None:
         while (job := self._jobs.get()) is not None:
@@ -209,7 +210,9 @@ class RequestTrace:
 
         ``times`` = (forwarded, first token, last token, end) on the relay's monotonic clock.
         """
-        self._tracing.defer(lambda: self._write(record, windows, times, details))
+        decoded = times[1] is not None and times[2] is not None
+        spans = 3 if decoded else 2  # the request span, queue+prefill, and decode if any
+        self._tracing.defer(lambda: self._write(record, windows, times, details), spans)
 
     def _write(
         self,

@@ -19,6 +19,7 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.parser import text_string_to_metric_families
 
 from llmobs.app import SINK, Sidecar
+from llmobs.collectors.nvml import NvmlBackend
 from llmobs.config import Settings
 from llmobs.metrics import MetricsSink
 from llmobs.sim import ENGINE_KEY, SimEngine, SimSettings, build_sim_app
@@ -110,18 +111,22 @@ async def start_sim(start_app: AppFactory) -> SimFactory:
 
 @pytest.fixture
 async def start_sidecar() -> AsyncIterator[SidecarFactory]:
-    """Start a sidecar in front of ``upstream``: ``await start_sidecar(url, stall_factor=...)``."""
+    """Start a sidecar in front of ``upstream``: ``await start_sidecar(url, stall_factor=...)``;
+    ``nvml=FakeNvml(...)`` gives it GPUs."""
     sidecars: list[Sidecar] = []
 
     async def start(
-        upstream: str, telemetry: Telemetry | None = None, **overrides: Any
+        upstream: str,
+        telemetry: Telemetry | None = None,
+        nvml: NvmlBackend | None = None,
+        **overrides: Any,
     ) -> SidecarHandle:
         settings = Settings(
             upstream=upstream, host="127.0.0.1", port=0, metrics_host="127.0.0.1",
             metrics_port=0, **overrides,
         )  # fmt: skip
         telemetry = telemetry or build_telemetry()
-        sidecar = Sidecar(settings, telemetry)
+        sidecar = Sidecar(settings, telemetry, nvml=nvml)
         await sidecar.start()
         sidecars.append(sidecar)
         return SidecarHandle(

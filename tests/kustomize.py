@@ -79,14 +79,17 @@ def merge(base: Any, patch: Any) -> Any:
 
 
 def _merge_list(base: list[Any], patch: list[Any], key: str) -> list[Any]:
+    """Items already in ``base`` are patched in place; new ones come first, in the patch's
+    order, as kubectl's strategic merge puts them."""
     out = list(base)
+    new = []
     for item in patch:
         index = [i for i, b in enumerate(out) if b.get(key) == item.get(key)]
         if index:
             out[index[0]] = merge(out[index[0]], item)
         else:
-            out.append(item)
-    return out
+            new.append(item)
+    return new + out
 
 
 def _id(doc: Doc) -> tuple[str, str]:

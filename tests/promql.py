@@ -34,12 +34,6 @@ _LABEL_VALUES = re.compile(r"^\s*label_values\((?:(?P<selector>.*),)?\s*(?P<labe
 
 # Names Prometheus itself writes for every scrape target.
 SYNTHETIC = frozenset({"up"})
-# The engine's own gauges, scraped directly from its /metrics (vLLM's names; the simulated
-# engine exports them too): the only names, besides the catalogue's, that the dashboard and the
-# alerts may use until the engine collector (issue 5) re-exports them.
-ENGINE_SCRAPED = frozenset(
-    {"vllm:num_requests_waiting", "vllm:num_requests_running", "vllm:kv_cache_usage_perc"}
-)
 
 
 def metric_names(expr: str) -> set[str]:

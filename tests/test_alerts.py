@@ -1,7 +1,8 @@
 """The Prometheus rules: promtool checks and unit tests, coverage of every alert by firing and
 quiet cases, names against the catalogue, runbook links and documented defaults, and a real
 Prometheus evaluating the shipped rules while a stalling and a steady engine stream through
-sidecars: the stutter alert fires for the first and nothing fires for the second."""
+sidecars (each with a healthy fake GPU and both collectors up): the stutter alert fires for the
+first and nothing fires for the second."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from typing import Any
 import yaml
 
 from tests.conftest import SidecarFactory, SimFactory
+from tests.fake_nvml import FakeGpu, FakeNvml
 from tests.prom import (
     ALERTS,
     PROMETHEUS_DIR,
@@ -28,7 +30,7 @@ from tests.prom import (
     needs_promtool,
     streaming_load,
 )
-from tests.promql import ENGINE_SCRAPED, SYNTHETIC, metric_names, unknown_metrics
+from tests.promql import SYNTHETIC, metric_names, unknown_metrics
 
 UNIT_TESTS = sorted((PROMETHEUS_DIR / "tests").glob("*.test.yml"))
 RUNBOOK = ROOT / "docs" / "runbook.md"
@@ -127,7 +129,7 @@ def test_every_recording_rule_is_tested() -> None:
 
 
 def test_rules_use_only_catalogue_metrics() -> None:
-    allowed = set(recorded()) | ENGINE_SCRAPED | SYNTHETIC
+    allowed = set(recorded()) | SYNTHETIC
     problems = {
         r.get("alert") or r["record"]: unknown_metrics(r["expr"], allowed)
         for r in rules(RULES) + rules(ALERTS)
@@ -187,6 +189,9 @@ ENGINE = {
     "decode_base": 0.02, "output_tokens_min": 24, "output_tokens_max": 64,
 }  # fmt: skip
 STUTTER = "LLMObsStreamStutter"
+# Collectors that poll at once and often: up from the first scrapes, so that the collector,
+# GPU memory and KV-cache alerts are evaluated on real series (and must stay quiet).
+COLLECTORS = {"gpu_sample_interval": 0.2, "engine_scrape_interval": 0.2}
 FIRING_TIMEOUT = 45.0
 MIN_TRAFFIC = 10.0  # seconds the steady engine streams while the alerts are watched
 
@@ -197,13 +202,12 @@ async def test_stutter_alert_fires_for_a_stalling_engine_only(
 ) -> None:
     stalled = await start_sim(**ENGINE, stall_every=8, stall_ms=100.0)
     steady = await start_sim(**ENGINE)
-    side_stalled = await start_sidecar(stalled.url)
-    side_steady = await start_sidecar(steady.url)
+    gpus = [FakeNvml([FakeGpu(f"GPU-{name}")]) for name in ("stalled", "steady")]
+    side_stalled = await start_sidecar(stalled.url, nvml=gpus[0], **COLLECTORS)
+    side_steady = await start_sidecar(steady.url, nvml=gpus[1], **COLLECTORS)
     targets = [
         Target("llmobs", side_stalled.metrics_url, {"namespace": "stalled", "pod": "llm-0"}),
         Target("llmobs", side_steady.metrics_url, {"namespace": "steady", "pod": "llm-0"}),
-        Target("llmobs-engine", stalled.url, {"namespace": "stalled", "pod": "llm-0"}),
-        Target("llmobs-engine", steady.url, {"namespace": "steady", "pod": "llm-0"}),
     ]
     rule_files = {"rules.yml": RULES.read_text(), "alerts.yml": fast_alerts("2s")}
     async with (
@@ -231,11 +235,18 @@ async def test_stutter_alert_fires_for_a_stalling_engine_only(
             'namespace_job_model:llmobs_smoothness:ratio5m{namespace="steady"}'
         )
         ever = await prom.query('max_over_time(ALERTS{namespace="steady"}[5m])')
+        watched = await prom.query(
+            'count by (__name__) ({__name__=~"llmobs_(collector_up|gpu_memory_used_bytes|'
+            'engine_kv_cache_usage)", namespace="steady"})'
+        )
         stutter = await prom.query(
             'namespace_job_model:llmobs_stalls:per_1k_tokens_rate5m{namespace="stalled"}'
         )
     assert smooth and all(v > 0.8 for _, v in smooth), smooth
     assert ever == [], [labels for labels, _ in ever]
+    assert {labels["__name__"] for labels, _ in watched} == {
+        "llmobs_collector_up", "llmobs_gpu_memory_used_bytes", "llmobs_engine_kv_cache_usage",
+    }  # fmt: skip
     assert stutter and all(v > 5 for _, v in stutter), stutter
 
 

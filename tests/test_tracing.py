@@ -365,3 +365,29 @@ async def test_metrics_are_also_pushed_over_otlp_when_asked(
     assert {"llmobs.requests", "gen_ai.server.request.duration", "llmobs.tokens"} <= names
     # and the same instruments still serve Prometheus
     assert side.value("gen_ai_server_time_to_first_token_seconds_count") == 1
+
+
+class FailingExporter(SpanExporter):
+    """A collector that answers every export with an error."""
+
+    def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
+        return SpanExportResult.FAILURE
+
+    def shutdown(self) -> None:
+        pass
+
+
+def test_failed_exports_count_their_spans_as_dropped() -> None:
+    drops: list[int] = []
+    processor = BoundedSpanProcessor(FailingExporter(), batch=4, delay_s=0.01, on_drop=drops.append)
+    telemetry = build_telemetry(span_exporter=InMemorySpanExporter())
+    assert telemetry.tracer_provider is not None
+    telemetry.tracer_provider.add_span_processor(processor)
+    tracer = telemetry.tracer
+    assert tracer is not None
+    for i in range(10):
+        tracer.start_span(f"s{i}").end()
+    processor.shutdown()
+    assert sum(drops) == 10
+    assert processor.dropped == 10
+    telemetry.shutdown()
