@@ -108,6 +108,17 @@ def test_compose_services_are_wired_as_documented() -> None:
     assert gpu_side["environment"]["LLMOBS_UPSTREAM"] == "http://127.0.0.1:8000"
     (device,) = services["vllm"]["deploy"]["resources"]["reservations"]["devices"]
     assert device["driver"] == "nvidia" and "gpu" in device["capabilities"]
+    # the cpu profile: llama.cpp as tests/integration runs it, its sidecar in its network
+    assert {n for n, s in services.items() if s.get("profiles") == ["cpu"]} == {
+        "llamacpp",
+        "llmobs-cpu",
+    }
+    engine = services["llamacpp"]["command"][0]
+    for flag in ("--chat_format gemma", "--interrupt_requests false", "--port 8000"):
+        assert flag in engine, flag
+    cpu_side = services["llmobs-cpu"]
+    assert cpu_side["network_mode"] == "service:llamacpp"
+    assert cpu_side["environment"]["LLMOBS_UPSTREAM"] == "http://127.0.0.1:8000"
     # traces go to Jaeger over OTLP
     assert services["jaeger"]["environment"]["COLLECTOR_OTLP_ENABLED"] == "true"
     assert "4317:4317" in services["jaeger"]["ports"]
