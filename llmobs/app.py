@@ -233,11 +233,15 @@ class Sidecar:
     async def _serve(self, app: web.Application, host: str, port: int) -> int:
         # aiohttp's own graceful shutdown waits a little longer than our grace, which ends
         # streams cleanly itself (stop()); only a stuck handler is ever cancelled by aiohttp.
+        # aiohttp has no header-read timeout, but its keep-alive timer runs from the accept
+        # (and from the end of each response) until a request's headers are complete: a client
+        # dribbling its headers (slowloris) is cut after --client-timeout, as an idle one is.
         runner = web.AppRunner(
             app,
             handler_cancellation=True,
             access_log=None,
             shutdown_timeout=self.settings.shutdown_grace + 5,
+            keepalive_timeout=self.settings.client_timeout,
         )
         await runner.setup()
         self._runners.append(runner)

@@ -120,6 +120,15 @@ OPTIONS: tuple[Option, ...] = (
         "SECONDS",
     ),
     Option(
+        "client_timeout",
+        "--client-timeout",
+        "LLMOBS_CLIENT_TIMEOUT",
+        float,
+        "seconds a client may take to send a request's headers, and in all to send its body "
+        "(then the connection is closed, or 408): slow clients cannot hold the sidecar",
+        "SECONDS",
+    ),
+    Option(
         "max_body_bytes",
         "--max-body-bytes",
         "LLMOBS_MAX_BODY_BYTES",
@@ -347,6 +356,7 @@ class Settings:
     metrics_port: int = 9464
     connect_timeout: float = 10.0
     read_timeout: float = 300.0
+    client_timeout: float = 60.0
     max_body_bytes: int = 16 * 1024**2
     max_models: int = 32
     stall_factor: float = 3.0
@@ -439,7 +449,7 @@ def _validate(s: Settings) -> None:
             raise ConfigError(f"{_source(name)}: port out of range: {value}")
     if s.shutdown_grace < 0:
         raise ConfigError(f"{_source('shutdown_grace')}: must be >= 0")
-    for name in ("connect_timeout", "read_timeout", "stall_factor"):
+    for name in ("connect_timeout", "read_timeout", "client_timeout", "stall_factor"):
         if getattr(s, name) <= 0:
             raise ConfigError(f"{_source(name)}: must be > 0, got {getattr(s, name)}")
     if s.stall_min_gap < 0:

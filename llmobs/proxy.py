@@ -13,7 +13,9 @@ Semantics, as a user of a reverse proxy expects them:
   which closes the upstream connection at once, so the engine stops generating for nobody;
 - an unreachable upstream gives a JSON error (502, or 504 on timeout) in the OpenAI error
   shape; upstream HTTP errors pass through unchanged; a failure after the response has started
-  closes the client connection without a clean end, as the engine itself would have.
+  closes the client connection without a clean end, as the engine itself would have;
+- a client that keeps the sidecar waiting for its body longer than ``--client-timeout`` in all
+  gets a JSON 408 (a slowloris body cannot hold a connection; headers: see ``app``).
 """
 
 from __future__ import annotations
@@ -104,6 +106,29 @@ class BodyTooLarge(Exception):
     """The request body exceeded the configured maximum while it was being forwarded."""
 
 
+class BodyTooSlow(Exception):
+    """The client kept the sidecar waiting for its request body longer than allowed."""
+
+
+async def client_chunks(request: web.Request, budget: float) -> AsyncIterator[bytes]:
+    """The request body as it arrives; ``BodyTooSlow`` once the client has kept the sidecar
+    waiting ``budget`` seconds in all (a slowloris body). Only waits on the client count:
+    time the upstream takes to accept what was already read does not."""
+    loop = asyncio.get_running_loop()
+    content = request.content
+    while True:
+        started = loop.time()
+        try:
+            async with asyncio.timeout(budget):
+                chunk = await content.readany()
+        except TimeoutError:
+            raise BodyTooSlow from None
+        if not chunk:
+            return
+        budget -= loop.time() - started
+        yield chunk
+
+
 def filter_headers(headers: CIMultiDictProxy[str]) -> CIMultiDict[str]:
     """Copy ``headers`` minus hop-by-hop ones, including those named in ``Connection``."""
     named = {
@@ -150,39 +175,47 @@ class RequestBody:
     """Streams the request body upstream, enforcing the size limit; keeps JSON for observation.
 
     The HTTP client wraps exceptions raised inside a body iterator, so exceeding the limit is
-    also recorded in ``too_large`` for the handler to recognise.
+    also recorded in ``too_large`` (``too_slow``) for the handler to recognise.
     """
 
-    __slots__ = ("_keep", "_limit", "_obs", "_request", "too_large")
+    __slots__ = ("_keep", "_limit", "_obs", "_request", "_timeout", "too_large", "too_slow")
 
-    def __init__(self, request: web.Request, obs: RequestObserver, limit: int, keep: bool) -> None:
+    def __init__(
+        self, request: web.Request, obs: RequestObserver, limit: int, keep: bool, timeout: float
+    ) -> None:
         self._request = request
         self._obs = obs
         self._limit = limit
         self._keep = keep  # JSON, or a known LLM path (curl -d sends no JSON content type)
+        self._timeout = timeout
         self.too_large = False
+        self.too_slow = False
 
     async def __aiter__(self) -> AsyncIterator[bytes]:
         request = self._request
         keep: list[bytes] | None = [] if self._keep else None
         size = 0
-        async for chunk in request.content.iter_any():
-            size += len(chunk)
-            if size > self._limit:
-                self.too_large = True
-                raise BodyTooLarge
-            if keep is not None:
-                keep.append(chunk)
-            yield chunk
+        try:
+            async for chunk in client_chunks(request, self._timeout):
+                size += len(chunk)
+                if size > self._limit:
+                    self.too_large = True
+                    raise BodyTooLarge
+                if keep is not None:
+                    keep.append(chunk)
+                yield chunk
+        except BodyTooSlow:
+            self.too_slow = True
+            raise
         if keep is not None:
             self._obs.request_body(b"".join(keep))
         self._obs.forwarded(time.perf_counter_ns())
 
 
-async def _read_limited(request: web.Request, limit: int) -> bytes:
+async def _read_limited(request: web.Request, limit: int, budget: float) -> bytes:
     parts: list[bytes] = []
     size = 0
-    async for chunk in request.content.iter_any():
+    async for chunk in client_chunks(request, budget):
         size += len(chunk)
         if size > limit:
             raise BodyTooLarge
@@ -222,7 +255,7 @@ class Relay:
         body = None
         if request.body_exists:
             keep = _is_json(request.content_type) or route.dialect is not Passthrough
-            body = RequestBody(request, obs, limit, keep)
+            body = RequestBody(request, obs, limit, keep, self._settings.client_timeout)
         headers = upstream_headers(request)
         obs.inject(headers)
         data: AsyncIterator[bytes] | bytes | None = body.__aiter__() if body else None
@@ -232,7 +265,8 @@ class Relay:
         relayed: aiohttp.ClientResponse | None = None
         try:
             if body is not None and self._settings.inject_usage and route.dialect is OpenAIStream:
-                data, stripper = await self._inject(request, obs, headers, limit)
+                budget = self._settings.client_timeout
+                data, stripper = await self._inject(request, obs, headers, limit, budget)
             elif body is None:
                 obs.forwarded(clock())
             async with self._session.request(
@@ -247,6 +281,8 @@ class Relay:
                 relayed = upstream
                 self._streams.add(upstream)
                 content_type = upstream.headers.get("Content-Type", "")
+                if upstream.headers.get("Content-Encoding", "").lower() not in ("", "identity"):
+                    content_type = ""  # compressed: relayed and timed, not parsed (not malformed)
                 obs.response(upstream.status, content_type)
                 response_headers = filter_headers(upstream.headers)
                 if stripper is not None and detect_stream(content_type) != "sse":
@@ -279,6 +315,9 @@ class Relay:
         except BodyTooLarge:
             outcome = Outcome.REJECTED
             return self._local(obs, 413, f"request body larger than {limit} bytes")
+        except BodyTooSlow:
+            outcome = Outcome.REJECTED
+            return self._too_slow(obs)
         except TimeoutError:
             outcome = Outcome.UPSTREAM_TIMEOUT
             return self._upstream_failed(request, obs, resp, 504, "upstream timed out", outcome)
@@ -291,6 +330,9 @@ class Relay:
             if body is not None and body.too_large:
                 outcome = Outcome.REJECTED
                 return self._local(obs, 413, f"request body larger than {limit} bytes")
+            if body is not None and body.too_slow:
+                outcome = Outcome.REJECTED
+                return self._too_slow(obs)
             if isinstance(exc, ConnectionError) and resp is not None and _client_gone(request):
                 outcome = Outcome.CLIENT_DISCONNECT
                 return resp
@@ -322,10 +364,14 @@ class Relay:
 
     @staticmethod
     async def _inject(
-        request: web.Request, obs: RequestObserver, headers: CIMultiDict[str], limit: int
+        request: web.Request,
+        obs: RequestObserver,
+        headers: CIMultiDict[str],
+        limit: int,
+        budget: float,
     ) -> tuple[bytes, UsageStripper | None]:
         """``--inject-usage``: the body, rewritten to ask for usage when it did not."""
-        raw = await _read_limited(request, limit)
+        raw = await _read_limited(request, limit, budget)
         obs.request_body(raw)
         obs.forwarded(time.perf_counter_ns())
         rewritten = inject_usage(raw)
@@ -350,8 +396,20 @@ class Relay:
     def _local(obs: RequestObserver, status: int, message: str) -> web.Response:
         """A response the sidecar produces itself (the observer records its status)."""
         obs.response(status, "")
-        kinds = {413: "request_too_large", 502: "upstream_error", 504: "upstream_timeout"}
+        kinds = {
+            408: "request_timeout",
+            413: "request_too_large",
+            502: "upstream_error",
+            504: "upstream_timeout",
+        }
         return json_error(status, message, kinds[status])
+
+    def _too_slow(self, obs: RequestObserver) -> web.Response:
+        """408 for a client that sent its body too slowly; the connection is not kept."""
+        timeout = self._settings.client_timeout
+        resp = self._local(obs, 408, f"request body not received within {timeout:g} s")
+        resp.force_close()
+        return resp
 
     def _upstream_failed(
         self,

@@ -55,7 +55,8 @@ async def test_ttft_itl_tpot_match_the_engine_schedule(
     assert itl_sum / itl_n == pytest.approx(0.020, abs=0.003)
     # 19 gaps of ~20 ms: all within the 20 ms bucket's neighbours, none beyond 30 ms
     assert side.value("llmobs_inter_token_latency_seconds_bucket", le="0.03") == 19
-    assert side.value("llmobs_inter_token_latency_seconds_bucket", le="0.0175") <= 2
+    # a late token (busy machine) makes the next gap short: a few may fall below 17.5 ms
+    assert side.value("llmobs_inter_token_latency_seconds_bucket", le="0.0175") <= 5
     assert side.value("llmobs_stalls_total") == 0
     assert single(side, "llmobs_smoothness") > 0.95
     assert side.value("gen_ai_client_token_usage_sum", gen_ai_token_type="output") == 20

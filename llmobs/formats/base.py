@@ -25,6 +25,7 @@ ABORTED = "aborted"  # the client went away before the end
 OTHER = "other"
 NONE = "none"  # the response named no reason (cut short, or a format without one)
 CAPTURE_LIMIT = 4096  # characters of output text kept per request with --capture-content
+MAX_FINISH_REASONS = 128  # one per choice (OpenAI allows n <= 128); more is a broken stream
 FINISH_REASONS = (STOP, LENGTH, TOOL_CALLS, CONTENT_FILTER, ERROR, ABORTED, OTHER, NONE)
 
 _FINISH_MAP = {
@@ -151,7 +152,7 @@ class Dialect:
             self._captured_chars += len(text)
 
     def finish(self, raw: Any) -> None:
-        if isinstance(raw, str) and raw:
+        if isinstance(raw, str) and raw and len(self.finish_reasons) < MAX_FINISH_REASONS:
             self.finish_reasons.append(normalize_finish(raw))
 
     @property

@@ -9,8 +9,9 @@ when a ``\\r\\n`` pair is split across chunks), a leading BOM is dropped, ``:`` 
 comments (keep-alive pings), ``data:`` lines accumulate and a blank line dispatches. Two
 deliberate departures, both for measuring rather than rendering: a stream that ends without the
 final blank line still dispatches its last event on ``flush()``, and a line longer than
-``max_line`` is not buffered (memory stays bounded) but discarded, with the event it belonged
-to, and counted in ``malformed``. The bytes themselves are relayed by the proxy regardless.
+``max_line``, or an event whose data lines add up to more, is not buffered (memory stays
+bounded) but discarded, with the event it belonged to, and counted in ``malformed``. The bytes
+themselves are relayed by the proxy regardless.
 """
 
 from __future__ import annotations
@@ -45,8 +46,10 @@ class SseDecoder:
     __slots__ = (
         "_broken",
         "_data",
+        "_data_len",
         "_discarding",
         "_event",
+        "_head",
         "_last_id",
         "_max_line",
         "_skip_lf",
@@ -64,7 +67,9 @@ class SseDecoder:
         self._skip_lf = False  # the previous chunk ended in "\r": a leading "\n" is its pair
         self._discarding = False  # inside an over-long line: drop bytes until its end
         self._started = False
+        self._head = b""  # the first bytes, while they may still be the start of a BOM
         self._data: list[bytes] = []
+        self._data_len = 0
         self._event = ""
         self._last_id: str | None = None
         self._broken = False  # the pending event lost a line: do not dispatch it
@@ -77,7 +82,12 @@ class SseDecoder:
         if not chunk:
             return events
         if not self._started:
+            chunk = self._head + chunk
+            if len(chunk) < len(_BOM) and _BOM.startswith(chunk):
+                self._head = chunk  # a BOM split across reads is still a BOM
+                return events
             self._started = True
+            self._head = b""
             if chunk.startswith(_BOM):
                 chunk = chunk[3:]
         if self._skip_lf:
@@ -127,6 +137,9 @@ class SseDecoder:
     def flush(self) -> list[SseEvent]:
         """End of stream: finish the last line and dispatch a pending event, if any."""
         events: list[SseEvent] = []
+        if self._head:  # the stream was only the start of a BOM: an unterminated line
+            self._tail.append(self._head)
+            self._head = b""
         if self._tail:
             self._line(b"".join(self._tail), events)
             self._tail.clear()
@@ -142,11 +155,12 @@ class SseDecoder:
             elif self._broken:
                 self._broken = False
             self._data = []
+            self._data_len = 0
             self._event = ""
             return
         if line.startswith(b"data:"):
             value = line[5:]
-            self._data.append(value[1:] if value[:1] == b" " else value)
+            self._append(value[1:] if value[:1] == b" " else value)
             return
         if line[:1] == b":":
             self.comments += 1
@@ -155,7 +169,7 @@ class SseDecoder:
         if colon and value[:1] == b" ":
             value = value[1:]
         if field == b"data":  # "data" with no colon: an empty data line
-            self._data.append(b"")
+            self._append(b"")
         elif field == b"event":
             self._event = value.decode("utf-8", "replace")
         elif field == b"id":
@@ -163,6 +177,18 @@ class SseDecoder:
                 self._last_id = value.decode("utf-8", "replace")
         elif field != b"retry":
             self.malformed += 1  # not an SSE field: e.g. a raw JSON line
+
+    def _append(self, value: bytes) -> None:
+        """Add a data line to the pending event, unless the event is broken or too large."""
+        if self._broken:
+            return  # it will not be dispatched: keep nothing of it
+        self._data_len += len(value) + 1
+        if self._data_len > self._max_line:  # endless data lines: bounded like one long line
+            self._broken = True
+            self.malformed += 1
+            self._data = []
+            return
+        self._data.append(value)
 
 
 class NdjsonDecoder:

@@ -22,6 +22,9 @@ from llmobs.formats.base import loads
 
 _BOUNDARY = re.compile(rb"\r\n\r\n|\n\n|\r\r")
 _SEPARATORS = (b"\r\n\r\n", b"\n\n", b"\r\r")
+# The usage event is a few hundred bytes: an event longer than this is never it, and is passed
+# on as it comes instead of being held until it ends (memory and latency stay bounded).
+MAX_EVENT = 64 * 1024
 
 
 def inject_usage(body: bytes) -> bytes | None:
@@ -64,35 +67,62 @@ class UsageStripper:
     """Passes SSE bytes through, minus the usage event the sidecar asked for.
 
     Complete events are released at once; only an event still incomplete at the end of a
-    read waits for the rest of its bytes (the client could not have used it anyway).
+    read waits for the rest of its bytes (the client could not have used it anyway), unless it
+    is longer than ``max_event``: then it is passed on as it comes, up to its end.
     """
 
-    __slots__ = ("_buffer", "stripped")
+    __slots__ = ("_buffer", "_max_event", "_passing", "stripped")
 
-    def __init__(self) -> None:
+    def __init__(self, max_event: int = MAX_EVENT) -> None:
+        self._max_event = max_event
         self._buffer = b""
+        self._passing: bytes | None = None  # inside a long event: its last bytes seen
         self.stripped = 0
 
     def feed(self, chunk: bytes) -> bytes:
+        if self._passing is not None:
+            return self._pass(chunk)
         data = self._buffer + chunk if self._buffer else chunk
         end = max((i + len(sep) for sep in _SEPARATORS if (i := data.rfind(sep)) >= 0), default=-1)
         if end < 0:
-            self._buffer = data
-            return b""
-        self._buffer = data[end:]
+            return self._hold(data)
         head = data[:end]
-        if b'"usage"' not in head:
-            return head
+        released = self._strip(head) if b'"usage"' in head else head
+        return released + self._hold(data[end:])
+
+    def _strip(self, head: bytes) -> bytes:
         out: list[bytes] = []
         start = 0
         for match in _BOUNDARY.finditer(head):
             block = head[start : match.end()]
             start = match.end()
-            if _is_usage_event(block):
+            if len(block) <= self._max_event and _is_usage_event(block):
                 self.stripped += 1
+                out.append(block[: len(block) - len(block.lstrip(b"\r\n"))])  # stray blank lines
             else:
                 out.append(block)
+        out.append(head[start:])  # "\n\n\n": the last separator found overlaps a match
         return b"".join(out)
+
+    def _hold(self, rest: bytes) -> bytes:
+        """Keep an incomplete event for the next read, or pass it on if it is too long."""
+        if len(rest) <= self._max_event:
+            self._buffer = rest
+            return b""
+        self._buffer = b""
+        self._passing = rest[-3:]  # a separator may begin in it and end in the next read
+        return rest
+
+    def _pass(self, chunk: bytes) -> bytes:
+        """Pass a long event's bytes on; after its end, strip as usual again."""
+        seen = self._passing or b""
+        found = _BOUNDARY.search(seen + chunk)
+        if found is None:
+            self._passing = (seen + chunk)[-3:]
+            return chunk
+        self._passing = None
+        end = found.end() - len(seen)
+        return chunk[:end] + self.feed(chunk[end:])
 
     def flush(self) -> bytes:
         """The rest, verbatim (an unterminated last event is passed on as it came)."""

@@ -33,6 +33,8 @@ class ResponsesStream(Dialect):
 
     def on_object(self, obj: dict[str, Any]) -> int:
         kind = obj.get("type")
+        if not isinstance(kind, str):
+            return 0  # not a typed event (a list here would not even hash)
         if kind in _TEXT or kind in _REASONING:
             delta = obj.get("delta")
             if not delta:

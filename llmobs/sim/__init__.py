@@ -2,8 +2,9 @@
 
 It is the default upstream of the demo, the tests and the benchmarks: continuous batching with
 prefill and decode steps whose durations come from ``SimSettings``, optional stalls and
-injected errors, all deterministic from a seed. See ``engine`` for the timing model and
-``dialects`` for the APIs it speaks (OpenAI, Ollama, TGI, Anthropic, OpenAI Responses).
+injected errors, all deterministic from a seed. See ``engine`` for the timing model,
+``dialects`` for the APIs it speaks (OpenAI, Ollama, TGI, Anthropic, OpenAI Responses) and
+``faults`` for the broken-engine mode (resets, stalls, truncated or odd bodies).
 """
 
 from llmobs.sim.config import SimSettings, add_sim_arguments, sim_settings_from_args

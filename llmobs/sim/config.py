@@ -20,6 +20,7 @@ from llmobs.config import (
     merge_sources,
     source_of,
 )
+from llmobs.sim.faults import FAULT_MODES
 
 # The APIs the sim can speak; ``all`` serves every one at once, each on its native paths.
 SIM_DIALECTS = ("all", "openai", "ollama", "tgi", "anthropic", "responses")
@@ -137,6 +138,15 @@ SIM_OPTIONS: tuple[Option, ...] = (
         f"API served: {', '.join(SIM_DIALECTS)} (one dialect keeps /health, /v1/models, /metrics)",
         "NAME",
     ),
+    Option(
+        "fault",
+        "--fault",
+        "LLMOBS_SIM_FAULT",
+        _parse_dialect,
+        "break every completion response this way (see llmobs/sim/faults.py), or 'header': "
+        "each request names its fault in X-Sim-Fault; 'none' (default): no faults",
+        "NAME",
+    ),
 )
 
 
@@ -160,6 +170,7 @@ class SimSettings:
     error_rate: float = 0.0
     tokens_per_chunk: int = 1
     dialect: str = "all"
+    fault: str = "none"
 
     def __post_init__(self) -> None:
         _validate(self)
@@ -205,6 +216,10 @@ def _validate(s: SimSettings) -> None:
     if s.dialect not in SIM_DIALECTS:
         raise ConfigError(
             f"{_source('dialect')}: expected one of {', '.join(SIM_DIALECTS)}, got {s.dialect!r}"
+        )
+    if s.fault not in FAULT_MODES:
+        raise ConfigError(
+            f"{_source('fault')}: expected one of {', '.join(FAULT_MODES)}, got {s.fault!r}"
         )
 
 

@@ -27,6 +27,7 @@ from llmobs.sim.config import SimSettings
 from llmobs.sim.dialects import BadRequest, Context, Endpoint, Exchange, endpoints_for
 from llmobs.sim.dialects.base import Chunk
 from llmobs.sim.engine import EngineStopped, SimEngine, SimRequest
+from llmobs.sim.faults import Faulted, Out, fault_of, serve_fault
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 ENGINE_KEY = web.AppKey("sim_engine", SimEngine)
@@ -95,9 +96,7 @@ class _ChunkReader:
         return chunk
 
 
-async def _relay(
-    resp: web.StreamResponse, exchange: Exchange, jobs: list[SimRequest], every: int
-) -> None:
+async def _relay(resp: Out, exchange: Exchange, jobs: list[SimRequest], every: int) -> None:
     """Write head, chunks and tail; the choices of one request take turns, chunk by chunk."""
     if head := exchange.head():
         await resp.write(head)
@@ -149,6 +148,12 @@ def _handler(endpoint: Endpoint) -> Handler:
             return _error(engine, endpoint, str(exc), endpoint.bad_request_status)
         if engine.injects_error(seq):
             return _error(engine, endpoint, "simulated engine failure", 500)
+        try:
+            fault = fault_of(engine.settings.fault, request.headers)
+        except ValueError as exc:
+            return _error(engine, endpoint, str(exc), 400)
+        if fault is not None:
+            return await serve_fault(request, fault, _faulted(engine, seq, exchange))
         plan = exchange.plan
         jobs = [
             engine.submit(
@@ -171,6 +176,40 @@ def _handler(endpoint: Endpoint) -> Handler:
         return _json(exchange.full(jobs))
 
     return handle
+
+
+def _faulted(engine: SimEngine, seq: int, exchange: Exchange) -> Faulted:
+    """The request as ``faults`` sees it: submit it, render its answer, cancel it."""
+    plan = exchange.plan
+    every = 1 if exchange.one_token_per_event else engine.settings.tokens_per_chunk
+
+    def submit() -> list[SimRequest]:
+        return [
+            engine.submit(
+                seq, plan.prompt_tokens, plan.max_tokens, plan.seed, plan.ignore_eos, i, plan.eos
+            )
+            for i in range(plan.n)
+        ]
+
+    async def render(out: Out, jobs: list[SimRequest]) -> None:
+        try:
+            if exchange.stream:
+                await _relay(out, exchange, jobs, every)
+                return
+            for job in jobs:
+                for _ in range(job.completion_tokens):
+                    await job.next_token()
+        except EngineStopped:
+            return  # shutting down: the answer ends unfinished, as a dying server's would
+        await out.write(exchange.full(jobs).encode())
+        await out.write_eof()
+
+    def cancel(jobs: list[SimRequest]) -> None:
+        for job in jobs:
+            engine.cancel(job)
+
+    media = exchange.media_type if exchange.stream else "application/json"
+    return Faulted(media, submit, render, cancel)
 
 
 async def _models(request: web.Request) -> web.Response:
