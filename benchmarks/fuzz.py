@@ -10,7 +10,7 @@ Not a test: run it by hand and record the result in docs/benchmarks.md.
    limit; the same properties are checked on the SSE and NDJSON decoders, every dialect fed
    what they decode, the request parser, ``inject_usage`` and the ``UsageStripper``.
 
-    python benchmarks/fuzz.py --examples 20000 --atheris-seconds 180
+    python benchmarks/fuzz.py --examples 4000 --atheris-seconds 240
 """
 
 from __future__ import annotations
@@ -146,7 +146,7 @@ def run(command: list[str], env: dict[str, str]) -> tuple[int, str, float]:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--examples", type=int, default=20_000, help="hypothesis, per property")
+    parser.add_argument("--examples", type=int, default=4000, help="per property; 0: skip")
     parser.add_argument("--atheris-seconds", type=int, default=180, help="0: skip atheris")
     parser.add_argument("--atheris-worker", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -155,13 +155,14 @@ def main() -> int:
         return 0
     env = {**os.environ, "PYTHONPATH": str(ROOT), "LLMOBS_FUZZ_EXAMPLES": str(args.examples)}
     failed = False
-    pytest = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/test_fuzz.py"]
-    code, out, took = run(pytest, env)
-    last = out.strip().splitlines()[-1] if out.strip() else ""
-    print(f"hypothesis: {args.examples} examples per property, {took:.0f} s: {last}")
-    failed |= code != 0
-    if code != 0:
-        print(out[-5000:])
+    if args.examples > 0:
+        pytest = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider"]
+        code, out, took = run([*pytest, "tests/test_fuzz.py"], env)
+        last = out.strip().splitlines()[-1] if out.strip() else ""
+        print(f"hypothesis: {args.examples} examples per property, {took:.0f} s: {last}")
+        failed |= code != 0
+        if code != 0:
+            print(out[-5000:])
     if args.atheris_seconds > 0:
         try:
             import atheris  # noqa: F401, PLC0415
