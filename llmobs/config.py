@@ -227,6 +227,14 @@ OPTIONS: tuple[Option, ...] = (
         "BOOL",
     ),
     Option(
+        "event_loop",
+        "--event-loop",
+        "LLMOBS_EVENT_LOOP",
+        str,
+        "event loop: auto (uvloop when installed, the 'fast' extra), uvloop, asyncio",
+        "LOOP",
+    ),
+    Option(
         "log_level",
         "--log-level",
         "LLMOBS_LOG_LEVEL",
@@ -343,6 +351,7 @@ OPTIONS: tuple[Option, ...] = (
 )
 
 _LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
+EVENT_LOOPS = ("auto", "uvloop", "asyncio")
 
 
 @dataclass(frozen=True)
@@ -369,6 +378,7 @@ class Settings:
     shutdown_grace: float = 60.0
     metrics_token: str = field(default="", repr=False)  # a secret: never printed
     instrument: bool = True
+    event_loop: str = "auto"
     log_level: str = "info"
     gpus: tuple[str, ...] = ()
     gpu_sample_interval: float = 1.0
@@ -457,6 +467,8 @@ def _validate(s: Settings) -> None:
     for name in ("max_body_bytes", "max_models", "max_line_bytes"):
         if getattr(s, name) < 1:
             raise ConfigError(f"{_source(name)}: must be >= 1, got {getattr(s, name)}")
+    if s.event_loop not in EVENT_LOOPS:
+        raise ConfigError(f"{_source('event_loop')}: expected one of {', '.join(EVENT_LOOPS)}")
     if s.log_level.lower() not in _LOG_LEVELS:
         raise ConfigError(f"{_source('log_level')}: expected one of {', '.join(_LOG_LEVELS)}")
     _validate_collectors(s)

@@ -28,18 +28,18 @@ import time
 from collections.abc import AsyncIterator, MutableMapping
 from typing import Protocol
 
-import aiohttp
 from aiohttp import web
 from multidict import CIMultiDict, CIMultiDictProxy
-from yarl import URL
 
 from llmobs.config import Settings
 from llmobs.formats import Route, detect_stream, route_for_path
 from llmobs.formats.base import Passthrough
 from llmobs.formats.inject import UsageStripper, inject_usage
 from llmobs.formats.openai import OpenAIStream
+from llmobs.http1 import ResponseHead
 from llmobs.timing import Outcome
 from llmobs.tracing import RequestMeta
+from llmobs.upstream import HIGH_WATER, LOW_WATER, Connection, Upstream, UpstreamClosed
 
 log = logging.getLogger("llmobs.proxy")
 
@@ -129,7 +129,7 @@ async def client_chunks(request: web.Request, budget: float) -> AsyncIterator[by
         yield chunk
 
 
-def filter_headers(headers: CIMultiDictProxy[str]) -> CIMultiDict[str]:
+def filter_headers(headers: CIMultiDictProxy[str] | CIMultiDict[str]) -> CIMultiDict[str]:
     """Copy ``headers`` minus hop-by-hop ones, including those named in ``Connection``."""
     named = {
         token.strip().lower()
@@ -171,48 +171,8 @@ def _is_json(content_type: str) -> bool:
     return media == "application/json" or media.endswith("+json")
 
 
-class RequestBody:
-    """Streams the request body upstream, enforcing the size limit; keeps JSON for observation.
-
-    The HTTP client wraps exceptions raised inside a body iterator, so exceeding the limit is
-    also recorded in ``too_large`` (``too_slow``) for the handler to recognise.
-    """
-
-    __slots__ = ("_keep", "_limit", "_obs", "_request", "_timeout", "too_large", "too_slow")
-
-    def __init__(
-        self, request: web.Request, obs: RequestObserver, limit: int, keep: bool, timeout: float
-    ) -> None:
-        self._request = request
-        self._obs = obs
-        self._limit = limit
-        self._keep = keep  # JSON, or a known LLM path (curl -d sends no JSON content type)
-        self._timeout = timeout
-        self.too_large = False
-        self.too_slow = False
-
-    async def __aiter__(self) -> AsyncIterator[bytes]:
-        request = self._request
-        keep: list[bytes] | None = [] if self._keep else None
-        size = 0
-        try:
-            async for chunk in client_chunks(request, self._timeout):
-                size += len(chunk)
-                if size > self._limit:
-                    self.too_large = True
-                    raise BodyTooLarge
-                if keep is not None:
-                    keep.append(chunk)
-                yield chunk
-        except BodyTooSlow:
-            self.too_slow = True
-            raise
-        if keep is not None:
-            self._obs.request_body(b"".join(keep))
-        self._obs.forwarded(time.perf_counter_ns())
-
-
 async def _read_limited(request: web.Request, limit: int, budget: float) -> bytes:
+    """The whole request body, within ``limit`` bytes and ``budget`` seconds of waiting."""
     parts: list[bytes] = []
     size = 0
     async for chunk in client_chunks(request, budget):
@@ -223,91 +183,153 @@ async def _read_limited(request: web.Request, limit: int, budget: float) -> byte
     return b"".join(parts)
 
 
+_FRAMING = frozenset({"host", "content-length", "transfer-encoding"})
+
+
+class _Stream:
+    """One response body on its way from the engine to the client, per read.
+
+    ``feed`` runs inside the upstream connection's ``data_received``: it writes the read to
+    the client's transport first (framed as the client's response needs), then observes it.
+    A slow client pauses upstream reads until its buffer drains.
+    """
+
+    __slots__ = ("_chunked", "_conn", "_draining", "_obs", "_stripper", "_transport", "gone")
+
+    def __init__(
+        self,
+        transport: asyncio.Transport,
+        chunked: bool,
+        conn: Connection,
+        obs: RequestObserver,
+        stripper: UsageStripper | None,
+    ) -> None:
+        self._transport = transport
+        self._chunked = chunked
+        self._conn = conn
+        self._obs = obs
+        self._stripper = stripper
+        self._draining: asyncio.Task[None] | None = None
+        self.gone = False  # the client went away mid-stream
+
+    def feed(self, data: bytes) -> None:
+        now = time.perf_counter_ns()
+        transport = self._transport
+        if transport.is_closing():
+            if not self.gone:
+                self.gone = True
+                self._conn.close()  # the engine stops generating for nobody
+            return
+        out = self._stripper.feed(data) if self._stripper is not None else data
+        if out:
+            if self._chunked:
+                transport.writelines((b"%x\r\n" % len(out), out, b"\r\n"))
+            else:
+                transport.write(out)
+        self._obs.chunk(now, data)
+        if transport.get_write_buffer_size() > HIGH_WATER and self._draining is None:
+            self._conn.pause_reading()
+            self._draining = asyncio.get_running_loop().create_task(self._drain())
+
+    async def _drain(self) -> None:
+        """Resume upstream reads once the client has taken most of what is buffered."""
+        transport = self._transport
+        delay = 0.001
+        while not transport.is_closing() and transport.get_write_buffer_size() > LOW_WATER:
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 0.05)
+        self._draining = None
+        self._conn.resume_reading()
+
+    def cancel(self) -> None:
+        if self._draining is not None:
+            self._draining.cancel()
+
+
 class Relay:
-    """The catch-all request handler, bound to a session, settings and an observer factory."""
+    """The catch-all request handler, bound to the upstream, settings and an observer factory."""
 
     def __init__(
         self,
         settings: Settings,
-        session: aiohttp.ClientSession,
+        upstream: Upstream,
         new_observer: ObserverFactory | None,
     ) -> None:
         self._settings = settings
-        self._session = session
+        self._upstream = upstream
         self._new_observer = new_observer
-        self._base = settings.upstream_base
-        self._streams: set[aiohttp.ClientResponse] = set()  # responses being relayed now
-        self._aborted: set[aiohttp.ClientResponse] = set()  # ended by a shutdown's grace
-        self._timeout = aiohttp.ClientTimeout(
-            total=None, sock_connect=settings.connect_timeout, sock_read=settings.read_timeout
-        )
+        self._streams: set[Connection] = set()  # connections whose response is being relayed
+        self._aborted: set[Connection] = set()  # ended by a shutdown's grace
 
     async def __call__(self, request: web.Request) -> web.StreamResponse:
         clock = time.perf_counter_ns
         start = clock()
         route = route_for_path(request.path)
         obs = self._observer(route, start, request)
-        limit = self._settings.max_body_bytes
+        settings = self._settings
+        limit = settings.max_body_bytes
         if request.content_length is not None and request.content_length > limit:
             rejected = self._local(obs, 413, f"request body larger than {limit} bytes")
             obs.finish(clock(), Outcome.REJECTED)
             return rejected
-        body = None
-        if request.body_exists:
-            keep = _is_json(request.content_type) or route.dialect is not Passthrough
-            body = RequestBody(request, obs, limit, keep, self._settings.client_timeout)
         headers = upstream_headers(request)
         obs.inject(headers)
-        data: AsyncIterator[bytes] | bytes | None = body.__aiter__() if body else None
         stripper: UsageStripper | None = None
         outcome = Outcome.OK
         resp: web.StreamResponse | None = None
-        relayed: aiohttp.ClientResponse | None = None
+        conn: Connection | None = None
+        stream: _Stream | None = None
         try:
-            if body is not None and self._settings.inject_usage and route.dialect is OpenAIStream:
-                budget = self._settings.client_timeout
-                data, stripper = await self._inject(request, obs, headers, limit, budget)
-            elif body is None:
-                obs.forwarded(clock())
-            async with self._session.request(
-                request.method,
-                URL(self._base + request.raw_path, encoded=True),
-                headers=headers,
-                data=data,
-                allow_redirects=False,
-                skip_auto_headers=_NO_AUTO_HEADERS,
-                timeout=self._timeout,
-            ) as upstream:
-                relayed = upstream
-                self._streams.add(upstream)
-                content_type = upstream.headers.get("Content-Type", "")
-                if upstream.headers.get("Content-Encoding", "").lower() not in ("", "identity"):
-                    content_type = ""  # compressed: relayed and timed, not parsed (not malformed)
-                obs.response(upstream.status, content_type)
-                response_headers = filter_headers(upstream.headers)
-                if stripper is not None and detect_stream(content_type) != "sse":
-                    stripper = None  # an error body, say: nothing to strip
-                if stripper is not None:
-                    response_headers.popall("Content-Length", None)
-                resp = web.StreamResponse(
-                    status=upstream.status, reason=upstream.reason, headers=response_headers
-                )
-                await resp.prepare(request)
-                async for chunk in upstream.content.iter_any():
-                    now = clock()
-                    try:
-                        await resp.write(stripper.feed(chunk) if stripper else chunk)
-                    except ConnectionError:
-                        outcome = Outcome.CLIENT_DISCONNECT
-                        upstream.close()
-                        break
-                    obs.chunk(now, chunk)
-                else:
-                    if stripper is not None:
-                        await resp.write(stripper.flush())
-                    await resp.write_eof()
-                    if upstream in self._aborted:
-                        outcome = Outcome.SHUTDOWN
+            body: bytes | None = None
+            if request.body_exists:
+                body = await _read_limited(request, limit, settings.client_timeout)
+                if _is_json(request.content_type) or route.dialect is not Passthrough:
+                    obs.request_body(body)
+                if settings.inject_usage and route.dialect is OpenAIStream:
+                    rewritten = inject_usage(body)
+                    if rewritten is not None:
+                        body, stripper = rewritten, UsageStripper()
+            elif request.method in ("POST", "PUT", "PATCH"):
+                body = b""
+            obs.forwarded(clock())
+            fields = [(k, v) for k, v in headers.items() if k.lower() not in _FRAMING]
+            raw_head = self._upstream.request_head(request.method, request.raw_path, fields, body)
+            conn, head = await self._exchange(request.method, raw_head, body or b"")
+            self._streams.add(conn)
+            content_type = head.headers.get("Content-Type", "")
+            if head.headers.get("Content-Encoding", "").lower() not in ("", "identity"):
+                content_type = ""  # compressed: relayed and timed, not parsed (not malformed)
+            obs.response(head.status, content_type)
+            response_headers = filter_headers(head.headers)
+            if stripper is not None and detect_stream(content_type) != "sse":
+                stripper = None  # an error body, say: nothing to strip
+            if stripper is not None:
+                response_headers.popall("Content-Length", None)
+            resp = web.StreamResponse(
+                status=head.status, reason=head.reason, headers=response_headers
+            )
+            await resp.prepare(request)  # a StreamResponse sends its headers at once
+            transport = request.transport
+            if transport is None:
+                raise ConnectionResetError("client gone")
+            chunked = "chunked" in resp.headers.get("Transfer-Encoding", "").lower()
+            stream = _Stream(transport, chunked, conn, obs, stripper)
+            conn.relay(stream.feed)
+            try:
+                await conn.body_done(settings.read_timeout)
+            except ConnectionError:
+                if stream.gone:
+                    outcome = Outcome.CLIENT_DISCONNECT
+                    return resp
+                raise
+            if stream.gone:
+                outcome = Outcome.CLIENT_DISCONNECT
+                return resp
+            if stripper is not None:
+                await resp.write(stripper.flush())
+            await resp.write_eof()
+            if conn in self._aborted:
+                outcome = Outcome.SHUTDOWN
             return resp
         except asyncio.CancelledError:
             outcome = Outcome.CLIENT_DISCONNECT
@@ -321,18 +343,12 @@ class Relay:
         except TimeoutError:
             outcome = Outcome.UPSTREAM_TIMEOUT
             return self._upstream_failed(request, obs, resp, 504, "upstream timed out", outcome)
-        except (aiohttp.ClientError, OSError) as exc:
-            if relayed is not None and relayed in self._aborted and resp is not None:
+        except OSError as exc:
+            if conn is not None and conn in self._aborted and resp is not None:
                 outcome = Outcome.SHUTDOWN  # the shutdown grace ran out: end the stream cleanly
                 with contextlib.suppress(ConnectionError):
                     await resp.write_eof()
                 return resp
-            if body is not None and body.too_large:
-                outcome = Outcome.REJECTED
-                return self._local(obs, 413, f"request body larger than {limit} bytes")
-            if body is not None and body.too_slow:
-                outcome = Outcome.REJECTED
-                return self._too_slow(obs)
             if isinstance(exc, ConnectionError) and resp is not None and _client_gone(request):
                 outcome = Outcome.CLIENT_DISCONNECT
                 return resp
@@ -340,10 +356,43 @@ class Relay:
             message = f"upstream unavailable: {type(exc).__name__}"
             return self._upstream_failed(request, obs, resp, 502, message, outcome)
         finally:
-            if relayed is not None:
-                self._streams.discard(relayed)
-                self._aborted.discard(relayed)
+            if stream is not None:
+                stream.cancel()
+            if conn is not None:
+                self._streams.discard(conn)
+                self._aborted.discard(conn)
+                if outcome is Outcome.OK:
+                    self._upstream.release(conn)
+                else:
+                    self._upstream.discard(conn)
             obs.finish(clock(), outcome)
+
+    async def _exchange(
+        self, method: str, raw_head: bytes, body: bytes
+    ) -> tuple[Connection, ResponseHead]:
+        """Send the request and wait for the response head.
+
+        A pooled connection the engine closed while it sat idle fails before any byte of a
+        response; such a request is sent once more on a fresh connection (the engine never
+        saw it: nginx's ``proxy_next_upstream error`` does the same).
+        """
+        upstream = self._upstream
+        read_timeout = self._settings.read_timeout
+        conn, reused = await upstream.acquire()
+        try:
+            await conn.send(method, raw_head, body)
+            return conn, await conn.head(read_timeout)
+        except UpstreamClosed:
+            upstream.discard(conn)
+            if not reused:
+                raise
+        conn, _ = await upstream.acquire()
+        try:
+            await conn.send(method, raw_head, body)
+            return conn, await conn.head(read_timeout)
+        except BaseException:
+            upstream.discard(conn)
+            raise
 
     @property
     def active(self) -> int:
@@ -357,28 +406,10 @@ class Relay:
         clean end (the final chunk), records the ``shutdown`` outcome and returns.
         """
         streams = list(self._streams)
-        for upstream in streams:
-            self._aborted.add(upstream)
-            upstream.close()
+        for conn in streams:
+            self._aborted.add(conn)
+            conn.close()
         return len(streams)
-
-    @staticmethod
-    async def _inject(
-        request: web.Request,
-        obs: RequestObserver,
-        headers: CIMultiDict[str],
-        limit: int,
-        budget: float,
-    ) -> tuple[bytes, UsageStripper | None]:
-        """``--inject-usage``: the body, rewritten to ask for usage when it did not."""
-        raw = await _read_limited(request, limit, budget)
-        obs.request_body(raw)
-        obs.forwarded(time.perf_counter_ns())
-        rewritten = inject_usage(raw)
-        if rewritten is None:
-            return raw, None
-        headers.popall("Content-Length", None)
-        return rewritten, UsageStripper()
 
     def _observer(self, route: Route, start: int, request: web.Request) -> RequestObserver:
         """A new observer, or the null one if there is none or it cannot be made."""

@@ -1,0 +1,317 @@
+"""The upstream leg: HTTP/1.1 to the engine at the protocol level, pooled connections.
+
+Why not an HTTP client library: with one, each chunk the engine writes wakes a task that
+reads it from a stream and awaits the write to the client: a future, a scheduler round and two
+coroutine calls per token, the larger part of a Python relay's cost per chunk. Here the
+response body is handed on inside ``data_received``: decoded (``http1``), written to the
+client's transport and given to the observer in the same callback, as a C proxy would. The
+request handler only waits for the head and for the end.
+
+What it does, as a reverse proxy's upstream leg should: one request per connection at a time,
+idle connections kept for reuse (LIFO, bounded) unless the response forbids it; a connection
+that went stale in the pool is never used; connect and read timeouts (the read timeout runs
+between reads, checked by one timer per request rather than one per chunk); the body relayed
+as it comes with back-pressure from a slow client (upstream reads pause until the client's
+buffer drains); no header added but ``Host`` and the body's framing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ssl
+from collections.abc import Callable, Iterable
+from typing import TypeVar
+from urllib.parse import urlsplit
+
+from llmobs.http1 import (
+    MAX_HEAD_BYTES,
+    BodyDecoder,
+    CloseBody,
+    ProtocolError,
+    ResponseHead,
+    body_decoder,
+    parse_head,
+)
+
+Sink = Callable[[bytes], None]
+_T = TypeVar("_T")
+
+HIGH_WATER = 256 * 1024  # client-side buffer above which upstream reads pause
+LOW_WATER = 64 * 1024
+MAX_IDLE = 256  # pooled idle connections kept
+
+
+class UpstreamClosed(ConnectionResetError):
+    """The upstream closed the connection before the response ended."""
+
+
+class UpstreamTimeout(TimeoutError):
+    """The upstream stayed silent longer than the read timeout, or did not accept in time."""
+
+
+class Connection(asyncio.Protocol):
+    """One connection to the upstream; carries one exchange at a time."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop
+        self.transport: asyncio.Transport | None = None
+        self.closed = False
+        self.reusable = False
+        self._method = "GET"
+        self._head_buf = b""
+        self._head: asyncio.Future[ResponseHead] | None = None
+        self._done: asyncio.Future[None] | None = None
+        self._decoder: BodyDecoder | None = None
+        self._early: list[bytes] = []  # body bytes that came with the head
+        self._sink: Sink | None = None
+        self._writable: asyncio.Future[None] | None = None
+        self.last_read = 0.0
+
+    # -- asyncio.Protocol -------------------------------------------------------------------
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]  # a TCP (or TLS) transport
+
+    def data_received(self, data: bytes) -> None:
+        self.last_read = self._loop.time()
+        decoder = self._decoder
+        if decoder is not None:
+            try:
+                payload = decoder.feed(data)
+            except ProtocolError as exc:
+                self._fail(exc)
+                return
+            if payload:
+                sink = self._sink
+                if sink is not None:
+                    sink(payload)
+                else:
+                    self._early.append(payload)
+            if decoder.done:
+                self._finish(decoder)
+            return
+        if self._head is None or self._head.done():
+            self._fail(ProtocolError("data from the upstream while no request was pending"))
+            return
+        self._read_head(data)
+
+    def eof_received(self) -> bool:
+        decoder = self._decoder
+        if decoder is not None and not decoder.done and decoder.eof():
+            self.reusable = False
+            self._finish(decoder)
+        return False  # close the transport
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.closed = True
+        self.reusable = False
+        error = UpstreamClosed("upstream closed the connection")
+        if exc is not None:
+            error.__cause__ = exc
+        for future in (self._head, self._done, self._writable):
+            if future is not None and not future.done():
+                future.set_exception(error)
+
+    def pause_writing(self) -> None:
+        self._writable = self._loop.create_future()
+
+    def resume_writing(self) -> None:
+        writable, self._writable = self._writable, None
+        if writable is not None and not writable.done():
+            writable.set_result(None)
+
+    # -- the exchange -----------------------------------------------------------------------
+    def _read_head(self, data: bytes) -> None:
+        buf = self._head_buf + data
+        while True:
+            end = buf.find(b"\r\n\r\n")
+            if end < 0:
+                if len(buf) > MAX_HEAD_BYTES:
+                    self._fail(ProtocolError("response head too large"))
+                    return
+                self._head_buf = buf
+                return
+            try:
+                head = parse_head(buf[:end])
+            except ProtocolError as exc:
+                self._fail(exc)
+                return
+            buf = buf[end + 4 :]
+            if 100 <= head.status < 200 and head.status != 101:
+                continue  # an interim response (100 Continue, 103 Early Hints): skip it
+            break
+        self._head_buf = b""
+        try:
+            decoder = body_decoder(head, self._method)
+        except ProtocolError as exc:
+            self._fail(exc)
+            return
+        self.reusable = head.keep_alive and not isinstance(decoder, CloseBody)
+        self._decoder = decoder
+        assert self._head is not None
+        self._head.set_result(head)
+        if buf:
+            self.data_received(buf)
+        elif decoder.done:
+            self._finish(decoder)
+
+    def _finish(self, decoder: BodyDecoder) -> None:
+        if decoder.extra:
+            self.reusable = False
+        self._decoder = None
+        if self._done is not None and not self._done.done():
+            self._done.set_result(None)
+
+    def _fail(self, exc: Exception) -> None:
+        self.reusable = False
+        for future in (self._head, self._done):
+            if future is not None and not future.done():
+                future.set_exception(exc)
+        if self.transport is not None:
+            self.transport.abort()
+
+    async def send(self, method: str, head: bytes, body: bytes) -> None:
+        """Write a request; its response head is then awaited with ``head()``."""
+        assert self.transport is not None
+        self._method = method
+        self._head = self._loop.create_future()
+        self._done = self._loop.create_future()
+        self._sink = None
+        self._early = []
+        self.last_read = self._loop.time()
+        self.reusable = False
+        if body:
+            self.transport.writelines((head, body))
+        else:
+            self.transport.write(head)
+        if self._writable is not None:
+            await self._writable
+
+    async def head(self, read_timeout: float) -> ResponseHead:
+        """The response head, once it has come (``UpstreamTimeout`` after ``read_timeout``)."""
+        assert self._head is not None
+        return await self._watch(self._head, read_timeout)
+
+    def relay(self, sink: Sink) -> None:
+        """From now on hand every piece of body to ``sink``, inside ``data_received``."""
+        self._sink = sink
+        early, self._early = self._early, []
+        for payload in early:
+            sink(payload)
+
+    async def body_done(self, read_timeout: float) -> None:
+        """Wait for the end of the body; the read timeout applies between reads."""
+        assert self._done is not None
+        await self._watch(self._done, read_timeout)
+        self._sink = None
+
+    async def _watch(self, future: asyncio.Future[_T], read_timeout: float) -> _T:
+        """Await ``future``; fail with ``UpstreamTimeout`` once no byte came for the timeout."""
+        loop = self._loop
+        timer: asyncio.TimerHandle | None = None
+
+        def check() -> None:
+            nonlocal timer
+            idle = loop.time() - self.last_read
+            if idle >= read_timeout:
+                if not future.done():
+                    future.set_exception(UpstreamTimeout("upstream read timed out"))
+                self.reusable = False
+            else:
+                timer = loop.call_at(self.last_read + read_timeout, check)
+
+        timer = loop.call_at(self.last_read + read_timeout, check)
+        try:
+            return await future
+        finally:
+            timer.cancel()
+
+    def pause_reading(self) -> None:
+        if self.transport is not None and not self.closed:
+            self.transport.pause_reading()
+
+    def resume_reading(self) -> None:
+        if self.transport is not None and not self.closed:
+            self.transport.resume_reading()
+
+    def close(self) -> None:
+        self.reusable = False
+        if self.transport is not None:
+            self.transport.close()
+
+
+class Upstream:
+    """The engine's address and a pool of idle connections to it."""
+
+    def __init__(self, base_url: str, connect_timeout: float) -> None:
+        parts = urlsplit(base_url)
+        self.https = parts.scheme == "https"
+        self.host = parts.hostname or "127.0.0.1"
+        self.port = parts.port or (443 if self.https else 80)
+        default = (443 if self.https else 80) == self.port and parts.port is None
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        self.host_header = host if default else f"{host}:{self.port}"
+        self.prefix = parts.path.rstrip("/")
+        self._connect_timeout = connect_timeout
+        self._ssl: ssl.SSLContext | None = ssl.create_default_context() if self.https else None
+        self._idle: list[Connection] = []
+        self._busy: set[Connection] = set()
+
+    async def acquire(self) -> tuple[Connection, bool]:
+        """A connection: a pooled one when there is a live one, else a new one.
+
+        Returns it and whether it was reused (a reused one may have been closed by the
+        engine an instant ago; the caller may retry such a failure once).
+        """
+        while self._idle:
+            conn = self._idle.pop()
+            if not conn.closed and conn.transport is not None and not conn.transport.is_closing():
+                self._busy.add(conn)
+                return conn, True
+        loop = asyncio.get_running_loop()
+        try:
+            async with asyncio.timeout(self._connect_timeout):
+                transport, conn = await loop.create_connection(
+                    lambda: Connection(loop),
+                    self.host,
+                    self.port,
+                    ssl=self._ssl,
+                    server_hostname=self.host if self._ssl else None,
+                )
+        except TimeoutError:
+            raise UpstreamTimeout("upstream connect timed out") from None
+        if conn.transport is None:  # uvloop may call connection_made after returning
+            conn.transport = transport
+        self._busy.add(conn)
+        return conn, False
+
+    def release(self, conn: Connection) -> None:
+        """Back to the pool if it may carry another request, else closed."""
+        self._busy.discard(conn)
+        if conn.reusable and not conn.closed and len(self._idle) < MAX_IDLE:
+            conn.resume_reading()
+            self._idle.append(conn)
+        else:
+            conn.close()
+
+    def discard(self, conn: Connection) -> None:
+        """Close a connection whose exchange did not end cleanly."""
+        self._busy.discard(conn)
+        conn.close()
+
+    def close(self) -> None:
+        """Close every connection, idle or in use."""
+        for conn in [*self._idle, *self._busy]:
+            conn.close()
+        self._idle.clear()
+        self._busy.clear()
+
+    def request_head(
+        self, method: str, target: str, headers: Iterable[tuple[str, str]], body: bytes | None
+    ) -> bytes:
+        """The request line and headers: the client's (already filtered), ``Host``, framing."""
+        lines = [f"{method} {self.prefix}{target} HTTP/1.1", f"Host: {self.host_header}"]
+        lines.extend(f"{k}: {v}" for k, v in headers)
+        if body is not None:
+            lines.append(f"Content-Length: {len(body)}")
+        lines.append("\r\n")
+        return "\r\n".join(lines).encode("latin-1")

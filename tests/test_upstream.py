@@ -1,0 +1,270 @@
+"""The protocol-level upstream leg against raw upstreams: pooling, stale connections, framing,
+back-pressure; and the sidecar under uvloop."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import importlib.util
+import socket
+import sys
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import aiohttp
+import pytest
+
+from tests.conftest import SidecarFactory, SimFactory
+
+QUIET = {"engine_scrape_interval": 0, "gpu_sample_interval": 0}
+ROOT = Path(__file__).resolve().parent.parent
+Respond = Callable[[asyncio.StreamWriter, int], Awaitable[bool]]  # -> keep the connection
+
+
+@dataclass
+class RawUpstream:
+    """An HTTP/1.1 server written by hand: each request gets ``respond``'s bytes."""
+
+    respond: Respond
+    connections: int = 0
+    requests: int = 0
+    heads: list[bytes] = field(default_factory=list)
+
+    async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.connections += 1
+        try:
+            while True:
+                head = await reader.readuntil(b"\r\n\r\n")
+                self.heads.append(head)
+                length = 0
+                for line in head.split(b"\r\n"):
+                    name, _, value = line.partition(b":")
+                    if name.strip().lower() == b"content-length":
+                        length = int(value)
+                await reader.readexactly(length)
+                self.requests += 1
+                if not await self.respond(writer, self.requests):
+                    break
+        except (asyncio.IncompleteReadError, ConnectionError):
+            pass
+        finally:
+            writer.close()
+
+
+@contextlib.asynccontextmanager
+async def raw_upstream(respond: Respond) -> AsyncIterator[tuple[RawUpstream, str]]:
+    upstream = RawUpstream(respond)
+    server = await asyncio.start_server(upstream.handle, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    try:
+        yield upstream, f"http://127.0.0.1:{port}"
+    finally:
+        server.close()
+
+
+def chunked_sse(n: int) -> bytes:
+    events = [
+        b'data: {"choices":[{"index":0,"delta":{"content":"t%d"}}]}\n\n' % i for i in range(n)
+    ]
+    events.append(b"data: [DONE]\n\n")
+    return b"".join(b"%x\r\n%s\r\n" % (len(e), e) for e in events) + b"0\r\n\r\n"
+
+
+SSE_HEAD = b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n"
+BODY = {"model": "m", "stream": True, "messages": [{"role": "user", "content": "hi"}]}
+
+
+async def keep_alive(writer: asyncio.StreamWriter, _: int) -> bool:
+    writer.write(SSE_HEAD + b"\r\n" + chunked_sse(3))
+    await writer.drain()
+    return True
+
+
+async def post(session: aiohttp.ClientSession, url: str) -> tuple[int, bytes]:
+    async with session.post(url + "/v1/chat/completions", json=BODY) as r:
+        return r.status, await r.read()
+
+
+async def test_sequential_requests_share_one_pooled_connection(
+    start_sidecar: SidecarFactory,
+) -> None:
+    async with raw_upstream(keep_alive) as (upstream, url):
+        side = await start_sidecar(url, **QUIET)
+        async with aiohttp.ClientSession() as session:
+            for _ in range(5):
+                status, body = await post(session, side.url)
+                assert status == 200
+                assert body.count(b"data: ") == 4
+        assert upstream.requests == 5
+        assert upstream.connections == 1
+        assert side.value("llmobs_requests_total", outcome="ok") == 5
+        head = upstream.heads[0].decode("latin-1")
+        assert head.startswith("POST /v1/chat/completions HTTP/1.1\r\n")
+        assert f"Host: 127.0.0.1:{url.rsplit(':', 1)[1]}\r\n" in head
+        assert "Content-Length: " in head
+        assert "transfer-encoding" not in head.lower()
+
+
+async def test_a_connection_the_engine_closed_after_a_response_is_not_reused_blindly(
+    start_sidecar: SidecarFactory,
+) -> None:
+    """The engine closes every connection after answering, without saying so (an idle
+    timeout racing the next request): no request may fail for it."""
+
+    async def close_after(writer: asyncio.StreamWriter, _: int) -> bool:
+        await keep_alive(writer, 0)
+        return False
+
+    async with raw_upstream(close_after) as (upstream, url):
+        side = await start_sidecar(url, **QUIET)
+        async with aiohttp.ClientSession() as session:
+            results = [await post(session, side.url) for _ in range(10)]
+        assert [s for s, _ in results] == [200] * 10
+        assert all(body.endswith(b"data: [DONE]\n\n") for _, body in results)
+        assert upstream.requests == 10
+        assert side.value("llmobs_requests_total", outcome="ok") == 10
+
+
+async def test_connection_close_and_unframed_bodies_are_relayed_whole(
+    start_sidecar: SidecarFactory,
+) -> None:
+    payload = b"x" * 100_000
+
+    async def until_close(writer: asyncio.StreamWriter, n: int) -> bool:
+        if n % 2:  # no length, no chunking: the body ends when the connection does
+            writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: application/octet-stream\r\n\r\n")
+        else:
+            writer.write(
+                b"HTTP/1.1 200 OK\r\nConnection: close\r\nContent-Length: %d\r\n\r\n" % len(payload)
+            )
+        writer.write(payload)
+        await writer.drain()
+        return False
+
+    async with raw_upstream(until_close) as (upstream, url):
+        side = await start_sidecar(url, **QUIET)
+        async with aiohttp.ClientSession() as session:
+            for _ in range(4):
+                async with session.get(side.url + "/blob") as r:
+                    assert r.status == 200
+                    assert await r.read() == payload
+        assert upstream.connections == 4
+        assert side.value("llmobs_requests_total", outcome="ok") == 4
+
+
+async def test_head_and_no_content_responses_have_no_body(start_sidecar: SidecarFactory) -> None:
+    async def no_body(writer: asyncio.StreamWriter, n: int) -> bool:
+        if n == 1:  # HEAD: a length, and no body follows
+            writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 1234\r\n\r\n")
+        else:
+            writer.write(b"HTTP/1.1 204 No Content\r\n\r\n")
+        await writer.drain()
+        return True
+
+    async with raw_upstream(no_body) as (upstream, url):
+        side = await start_sidecar(url, **QUIET)
+        async with aiohttp.ClientSession() as session:
+            async with session.head(side.url + "/v1/models") as r:
+                assert r.status == 200
+                assert r.headers["Content-Length"] == "1234"
+            async with session.delete(side.url + "/v1/files/1") as r:
+                assert r.status == 204
+                assert await r.read() == b""
+        assert upstream.connections == 1  # both on one connection: the framing was right
+
+
+async def test_garbage_from_the_engine_is_a_502(start_sidecar: SidecarFactory) -> None:
+    async def garbage(writer: asyncio.StreamWriter, _: int) -> bool:
+        writer.write(b"SSH-2.0-OpenSSH_9.0\r\n\r\n")
+        await writer.drain()
+        return False
+
+    async with raw_upstream(garbage) as (_, url):
+        side = await start_sidecar(url, **QUIET)
+        async with aiohttp.ClientSession() as session:
+            status, body = await post(session, side.url)
+        assert status == 502
+        assert b"upstream unavailable" in body
+        assert side.value("llmobs_requests_total", outcome="upstream_error") == 1
+
+
+async def test_a_client_that_does_not_read_pauses_the_engine(start_sidecar: SidecarFactory) -> None:
+    """Back-pressure: the sidecar does not buffer what the client cannot take."""
+    chunk = b"data: " + b"x" * 65_000 + b"\n\n"
+    total = 512  # 33 MB offered
+    sent = 0
+
+    async def flood(writer: asyncio.StreamWriter, _: int) -> bool:
+        nonlocal sent
+        writer.write(SSE_HEAD + b"\r\n")
+        for _ in range(total):
+            writer.write(b"%x\r\n%s\r\n" % (len(chunk), chunk))
+            await writer.drain()  # blocks while the sidecar does not read
+            sent += 1
+        writer.write(b"0\r\n\r\n")
+        await writer.drain()
+        return True
+
+    async with raw_upstream(flood) as (_, url):
+        side = await start_sidecar(url, **QUIET)
+        port = int(side.url.rsplit(":", 1)[1])
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        sock = writer.get_extra_info("socket")
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 64 * 1024)
+        writer.write(
+            b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n\r\n{}"
+        )
+        await asyncio.sleep(1.5)  # the client reads nothing meanwhile
+        held = sent
+        assert held < total / 2, f"the engine wrote {held} of {total} chunks to a stalled client"
+        received = 0
+        while True:
+            data = await reader.read(1 << 20)
+            if not data:
+                break
+            received += data.count(b"data: ")
+            if received == total:
+                break
+        assert received == total
+        writer.close()
+
+
+@pytest.mark.skipif(importlib.util.find_spec("uvloop") is None, reason="uvloop not installed")
+async def test_the_cli_serves_on_uvloop(start_sim: SimFactory) -> None:
+    sim = await start_sim()
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        mport = s.getsockname()[1]
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "llmobs", "serve", "--upstream", sim.url, "--host", "127.0.0.1",
+        "--port", str(port), "--metrics-host", "127.0.0.1", "--metrics-port", str(mport),
+        "--event-loop", "uvloop", "--log-level", "debug", "--engine-scrape-interval", "0",
+        "--gpu-sample-interval", "0", cwd=ROOT, stderr=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+    try:
+        async with aiohttp.ClientSession() as session:
+            for _ in range(100):
+                with contextlib.suppress(aiohttp.ClientError):
+                    async with session.get(f"http://127.0.0.1:{mport}/healthz") as r:
+                        if r.status == 200:
+                            break
+                await asyncio.sleep(0.1)
+            statuses = await asyncio.gather(
+                *(post(session, f"http://127.0.0.1:{port}") for _ in range(8))
+            )
+            assert all(s == 200 and b.endswith(b"data: [DONE]\n\n") for s, b in statuses)
+            async with session.get(f"http://127.0.0.1:{mport}/metrics") as r:
+                text = await r.text()
+        ok = [
+            line for line in text.splitlines()
+            if line.startswith("llmobs_requests_total{") and 'outcome="ok"' in line
+        ]  # fmt: skip
+        assert sum(float(line.rsplit(" ", 1)[1]) for line in ok) == 8
+    finally:
+        proc.terminate()
+        _, err = await asyncio.wait_for(proc.communicate(), 30)
+    assert b"event loop: uvloop" in err
