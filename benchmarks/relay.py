@@ -26,16 +26,24 @@ from pathlib import Path
 
 import aiohttp
 from aiohttp import web
-from prometheus_client import generate_latest
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import (  # noqa: E402
+    InMemorySpanExporter,
+)
+
+from llmobs.app import observer_factory, tracing_for  # noqa: E402
+from llmobs.collectors import Collectors  # noqa: E402
+from llmobs.config import Settings  # noqa: E402
 from llmobs.formats import OPENAI_CHAT, OPENAI_COMPLETIONS, UNKNOWN  # noqa: E402
 from llmobs.metrics import MetricsSink  # noqa: E402
 from llmobs.observer import ObserveConfig, Observer  # noqa: E402
+from llmobs.series import exposition, exposition_async  # noqa: E402
 from llmobs.telemetry import build_telemetry  # noqa: E402
 from llmobs.timing import Outcome  # noqa: E402
+from llmobs.tracing import RequestMeta  # noqa: E402
 
 CHUNK = (
     b'data: {"id":"chatcmpl-0123456789abcdef","object":"chat.completion.chunk",'
@@ -45,16 +53,27 @@ CHUNK = (
 USAGE = b'data: {"choices":[],"usage":{"prompt_tokens":100,"completion_tokens":%d}}\n\n'
 
 
-def micro(tokens: int, requests: int) -> dict[str, float]:
-    telemetry = build_telemetry()
-    sink = MetricsSink(telemetry.meter, 32)
+def micro(tokens: int, requests: int, tracing: bool = False) -> dict[str, float]:
+    """Observation as ``llmobs serve`` wires it (``app.observer_factory``, the collectors'
+    MBU/MFU hook on the sink, a model shape so that the hook does its work), per request:
+    start (factory, request body, forwarded, response headers), ``tokens`` chunks, finish.
+    With ``tracing`` the spans go to memory; their writing thread runs meanwhile, as in the
+    sidecar, and is drained after each run (not timed)."""
+    telemetry = build_telemetry(span_exporter=InMemorySpanExporter() if tracing else None)
+    settings = Settings(model_params=8e9, gpu_sample_interval=0, engine_scrape_interval=0)
+    collectors = Collectors(settings, telemetry.meter)
+    sink = MetricsSink(telemetry.meter, settings.max_models, collectors.on_request)
     telemetry.registry.register(sink.tokens)
-    config = ObserveConfig()
+    tracer = tracing_for(settings, telemetry)
+    new = observer_factory(settings, sink, tracer)
     body = b'{"model":"m","stream":true,"messages":[]}'
-    chunk_ns = finish_ns = 0
+    meta = RequestMeta("POST", "/v1/chat/completions", {}, 0)
+    start_ns = chunk_ns = finish_ns = 0
     for r in range(requests):
-        obs = Observer(sink, config, OPENAI_CHAT, 0)
+        a = time.perf_counter_ns()
+        obs = new(OPENAI_CHAT, 0, meta)
         obs.request_body(body)
+        obs.inject({})
         obs.forwarded(0)
         obs.response(200, "text/event-stream")
         t = 100_000_000
@@ -67,14 +86,25 @@ def micro(tokens: int, requests: int) -> dict[str, float]:
         obs.finish(t + 1, Outcome.OK)
         end = time.perf_counter_ns()
         if r:  # the first request warms up
+            start_ns += start - a
             chunk_ns += mid - start
             finish_ns += end - mid
+    if tracer is not None:
+        tracer.close()
+    telemetry.shutdown()
     n = requests - 1
-    return {"chunk_us": chunk_ns / n / tokens / 1000, "finish_us": finish_ns / n / 1000}
+    chunk_us = chunk_ns / n / tokens / 1000
+    finish_us = finish_ns / n / 1000
+    start_us = start_ns / n / 1000
+    return {"chunk_us": chunk_us, "finish_us": finish_us, "start_us": start_us,
+            "request_us": tokens * chunk_us + finish_us,
+            "request_with_start_us": start_us + tokens * chunk_us + finish_us}  # fmt: skip
 
 
 def scrape_lag(models: int, operations: int, interval: float) -> dict[str, float]:
-    """Event-loop lag while /metrics is rendered back to back in the render thread."""
+    """Event-loop lag while /metrics is rendered back to back the way the admin app's handler
+    renders it (``series.exposition_async``: the request series on the loop in parts, the
+    rest in the render thread). ``render_ms``: one render once every series' text is cached."""
     telemetry = build_telemetry()
     sink = MetricsSink(telemetry.meter, 32)
     telemetry.registry.register(sink.tokens)
@@ -87,20 +117,20 @@ def scrape_lag(models: int, operations: int, interval: float) -> dict[str, float
                 for i in range(5):
                     obs.chunk(i * 20_000_000, CHUNK)
                 obs.finish(10**9, Outcome.OK)
+    exposition(telemetry.registry)  # the first render builds each series' label text
     start = time.perf_counter()
-    size = len(generate_latest(telemetry.registry))
+    size = len(exposition(telemetry.registry))
     render_ms = (time.perf_counter() - start) * 1000
 
     async def measure() -> list[float]:
         previous = sys.getswitchinterval()
         sys.setswitchinterval(interval)
         pool = ThreadPoolExecutor(1)
-        loop = asyncio.get_running_loop()
         done = False
 
         async def scraper() -> None:
             while not done:
-                await loop.run_in_executor(pool, generate_latest, telemetry.registry)
+                await exposition_async(telemetry.registry, pool)
 
         task = asyncio.ensure_future(scraper())
         lags = []
@@ -228,15 +258,27 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, default=16)
     parser.add_argument("--requests", type=int, default=320)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--micro-only", action="store_true", help="skip scrapes, end to end")
+    parser.add_argument("--no-e2e", action="store_true", help="skip the end-to-end part")
     args = parser.parse_args()
     if args.upstream:
         upstream_main(args.upstream, args.tokens)
         return
     print("micro-benchmark (observation only, in process; median of 7 runs):")
-    runs = [micro(args.tokens, 100) for _ in range(7)]
-    m = {k: sorted(r[k] for r in runs)[3] for k in runs[0]}
-    print(f"  Observer.chunk  {m['chunk_us']:.2f} us per SSE event")
-    print(f"  Observer.finish {m['finish_us']:.1f} us per request ({args.tokens} tokens)")
+    results = {}
+    for tracing in (False, True):
+        runs = [micro(args.tokens, 100, tracing) for _ in range(7)]
+        m = {k: sorted(r[k] for r in runs)[3] for k in runs[0]}
+        results["tracing" if tracing else "micro"] = m
+        label = "on " if tracing else "off"
+        print(f"  tracing {label}: Observer.chunk {m['chunk_us']:.2f} us per SSE event, "
+              f"Observer.finish {m['finish_us']:.1f} us, per request {args.tokens} x chunk "
+              f"+ finish = {m['request_us']:.0f} us (+ start {m['start_us']:.1f} us = "
+              f"{m['request_with_start_us']:.0f} us)")  # fmt: skip
+    m = results["micro"]
+    if args.micro_only:
+        print(json.dumps(results))
+        return
     print("scrape: event-loop lag while /metrics renders back to back in its thread:")
     scrapes = []
     for models, ops in ((1, 2), (32, 3)):
@@ -247,6 +289,9 @@ def main() -> None:
                   f"{r['render_ms']:5.1f} ms), switch interval {interval * 1000:.0f} ms: "
                   f"lag p50 {r['lag_p50_ms']:.2f} p99 {r['lag_p99_ms']:.2f} "
                   f"max {r['lag_max_ms']:.2f} ms")  # fmt: skip
+    if args.no_e2e:
+        print(json.dumps({**results, "scrape": scrapes}))
+        return
     print(f"end to end: {args.concurrency} streams, {args.requests} requests x {args.tokens} "
           f"chunks, {args.rounds} rounds")  # fmt: skip
     rows = asyncio.run(end_to_end(args.tokens, args.concurrency, args.requests, args.rounds))
@@ -254,7 +299,7 @@ def main() -> None:
         cpu = row["sidecar_cpu_us_per_event"]
         print(f"  round {row['round']} {row['target']:30s} {row['events_per_s']:9.0f} events/s"
               + (f"  sidecar CPU {cpu:6.1f} us/event" if cpu is not None else ""))  # fmt: skip
-    print(json.dumps({"micro": m, "scrape": scrapes, "end_to_end": rows}))
+    print(json.dumps({**results, "scrape": scrapes, "end_to_end": rows}))
 
 
 if __name__ == "__main__":

@@ -1,4 +1,4 @@
-"""Command line: ``llmobs serve | sim | demo`` (also ``python -m llmobs ...``). Thin on purpose."""
+"""Command line: ``llmobs serve | sim | demo | bench`` (also ``python -m llmobs ...``). Thin."""
 
 from __future__ import annotations
 
@@ -12,8 +12,16 @@ import sys
 from collections.abc import Mapping, Sequence
 
 from llmobs import __version__
-from llmobs.app import Sidecar, run_until, tune_process
-from llmobs.config import ConfigError, add_arguments, otel_settings, settings_from_args
+from llmobs.app import Sidecar, loop_factory, run_until, tune_process
+from llmobs.bench import add_bench_arguments, run_bench_cli
+from llmobs.config import (
+    ConfigError,
+    OtelSettings,
+    Settings,
+    add_arguments,
+    otel_settings,
+    settings_from_args,
+)
 from llmobs.demo import add_demo_arguments, run_demo
 from llmobs.sim import add_sim_arguments, run_sim, sim_settings_from_args
 from llmobs.telemetry import build_telemetry
@@ -51,6 +59,16 @@ def _parser() -> argparse.ArgumentParser:
         "through it and print TTFT, ITL, smoothness, stalls and queue depth.",
     )
     add_demo_arguments(demo)
+
+    bench = sub.add_parser(
+        "bench",
+        help="measure the relay's added latency and cost against direct, nginx and LiteLLM",
+        description="Drive N streaming clients through each target (direct to the simulated "
+        "engine, nginx, llmobs, llmobs --instrument false, LiteLLM) in interleaved rounds and "
+        "report added TTFT, added per-chunk delay, jitter, chunks/s, CPU per chunk and per "
+        "request, memory per stream and the gap a /metrics scrape adds (docs/benchmarks.md).",
+    )
+    add_bench_arguments(bench)
     return parser
 
 
@@ -69,11 +87,10 @@ async def _until_signalled(main: asyncio.Event) -> None:
             loop.add_signal_handler(sig, main.set)
 
 
-async def _serve(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
-    settings = settings_from_args(args, environ)
-    otel = otel_settings(environ)
+async def _serve(settings: Settings, otel: OtelSettings) -> int:
     _configure_logging(settings.log_level)
     tune_process()
+    logging.getLogger("llmobs").debug("event loop: %s", type(asyncio.get_running_loop()).__module__)
     stop = asyncio.Event()
     await _until_signalled(stop)
 
@@ -112,9 +129,14 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
     env = os.environ if environ is None else environ
     try:
         if args.command == "serve":
-            return asyncio.run(_serve(args, env))
+            settings = settings_from_args(args, env)
+            otel = otel_settings(env)
+            with asyncio.Runner(loop_factory=loop_factory(settings.event_loop)) as runner:
+                return runner.run(_serve(settings, otel))
         if args.command == "sim":
             return asyncio.run(_sim(args, env))
+        if args.command == "bench":
+            return run_bench_cli(args)
         tune_process()
         return asyncio.run(run_demo(args, env))
     except ConfigError as exc:

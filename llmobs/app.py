@@ -11,6 +11,7 @@ scrape (tens of ms for a large exposition) does not hold up the relay's event lo
 from __future__ import annotations
 
 import asyncio
+import gc
 import hmac
 import logging
 import sys
@@ -21,7 +22,7 @@ from urllib.parse import urlsplit
 
 import aiohttp
 from aiohttp import web
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST
 
 from llmobs.collectors import Collectors, NvmlBackend
 from llmobs.config import ConfigError, Settings
@@ -29,6 +30,7 @@ from llmobs.formats import Route
 from llmobs.metrics import MetricsSink
 from llmobs.observer import ObserveConfig, Observer
 from llmobs.proxy import ObserverFactory, Relay
+from llmobs.series import exposition_async
 from llmobs.telemetry import Telemetry
 from llmobs.timing import StreamStats
 from llmobs.tracing import RequestMeta, Tracing
@@ -51,12 +53,16 @@ SWITCH_INTERVAL = 0.001
 def tune_process() -> None:
     """Process-wide settings for serving; called by the CLI, never on import.
 
-    /metrics is rendered in a worker thread, which holds the GIL while it formats. With
-    CPython's default 5 ms switch interval the relay's event loop then waits up to ~6 ms per
-    wake-up during a scrape (a delay users would see as ITL); at 1 ms it waits ~3 ms at most
-    for a typical exposition (measured: docs/benchmarks.md).
+    Part of /metrics (the OpenTelemetry reader's families) is rendered in a worker thread,
+    which holds the GIL while it formats: with CPython's default 5 ms switch interval the
+    relay's event loop would wait up to ~6 ms per wake-up during a scrape (a delay users see
+    as ITL), at 1 ms much less (docs/benchmarks.md). The request series are rendered on the
+    loop itself, in parts.
     """
     sys.setswitchinterval(SWITCH_INTERVAL)
+    # Everything imported so far lives as long as the process: keep it out of the collector's
+    # reach, so that collections triggered by per-request garbage stay short.
+    gc.freeze()
 
 
 def loop_factory(choice: str) -> Callable[[], asyncio.AbstractEventLoop] | None:
@@ -132,7 +138,6 @@ def build_app(
     """The proxy application: one catch-all route relaying to ``settings.upstream``."""
     app = web.Application(client_max_size=settings.max_body_bytes)
     sink = MetricsSink(telemetry.meter, settings.max_models, on_request)
-    telemetry.registry.register(sink.tokens)
     app[SETTINGS] = settings
     app[TELEMETRY] = telemetry
     app[SINK] = sink
@@ -191,7 +196,11 @@ def build_admin_app(
                     status=401,
                     headers={"WWW-Authenticate": 'Bearer realm="llmobs"'},
                 )
-        body = await asyncio.get_running_loop().run_in_executor(render, generate_latest, registry)
+        # The bytes generate_latest(registry) gives, but the request series are written by
+        # their own renderer on the event loop a few hundred microseconds at a time (no GIL
+        # contention with a thread, no garbage to collect: max loop lag at the label cap
+        # ~5 ms instead of 20-45 ms); other collectors render in the thread.
+        body = await exposition_async(registry, render)
         resp = web.Response(body=body)
         resp.headers["Content-Type"] = CONTENT_TYPE_LATEST
         return resp

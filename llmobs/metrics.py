@@ -10,26 +10,28 @@ Buckets are chosen for LLM latencies, never the SDK defaults: ITL needs resoluti
 (speculative decoding on an H100) to seconds (a stalled CPU engine); TTFT from 10 ms to minutes
 (a long queue).
 
-The per-token ITL histogram is the one instrument not recorded through the OpenTelemetry SDK:
-``Histogram.record`` costs ~9 us, once per token that would be most of the relay's budget.
-``TokenHistogram`` bins a whole window of ITLs with numpy in one call and is exposed from the
-same Prometheus registry, with the same naming, together with the sum of squares that makes
-ITL variance aggregable across pods.
+Recording does not go through the OpenTelemetry SDK: a ``Histogram.record`` costs ~9 us and a
+request needs ten, and the SDK's Prometheus exporter rebuilds every family at each scrape.
+``MetricsSink`` keeps each series in plain Python (``llmobs.series``) and exposes them from the
+sidecar's Prometheus registry with the exposition the exporter produced (names, types, labels,
+buckets); the per-token ITL histogram is binned with numpy a window at a time, together with
+the sum of squares that makes ITL variance aggregable across pods. When metrics are also pushed
+over OTLP, request-level metrics are recorded into OpenTelemetry instruments as well
+(``OtelInstruments``).
 """
 
 from __future__ import annotations
 
 import enum
-import threading
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
-from opentelemetry.metrics import Histogram, Meter
-from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily, Metric
-from prometheus_client.registry import Collector
+from opentelemetry.metrics import Counter, Histogram, Meter
+from prometheus_client import CollectorRegistry
 
 from llmobs.labels import BoundedLabel
+from llmobs.series import CounterFamily, HistogramFamily, Number, SeriesCollector
 from llmobs.stats import TokenWindow
 from llmobs.timing import StreamStats, TokenSource
 
@@ -306,62 +308,117 @@ def status_class(status: int) -> str:
     return f"{status // 100}xx" if 100 <= status <= 599 else "0xx"
 
 
-class TokenHistogram(Collector):
-    """Per-token ITL histogram recorded a window at a time; a prometheus_client collector."""
+_STATUS_CLASSES = {status: status_class(status) for status in range(600)}
+
+
+class TokenHistogram:
+    """Per-token ITL histogram recorded a window at a time, with its sum of squares.
+
+    The ITLs of a window are binned with numpy in one call; the counts are then added to the
+    series like any other histogram's (``SeriesCollector`` exposes both families).
+    """
 
     def __init__(self, metric: MetricDef, squares: MetricDef) -> None:
-        self._metric = metric
-        self._squares = squares
-        self._bounds = np.asarray(metric.buckets, dtype=np.float64)
-        self._series: dict[tuple[str, ...], tuple[np.ndarray, list[float]]] = {}
-        self._lock = threading.Lock()  # recording on the loop, scraping in a thread
+        self.histogram = HistogramFamily(metric)
+        self.squares = CounterFamily(squares)
+        self._bounds = np.asarray(self.histogram.bounds, dtype=np.float64)
 
     def record(self, labels: tuple[str, ...], window: TokenWindow) -> None:
-        """Add every ITL of ``window``, each ``weights[i]`` times."""
+        """Add every ITL of ``window``, each ``weights[i]`` times (hold the collector's lock)."""
         if window.itl.size == 0:
             return
         index = np.searchsorted(self._bounds, window.itl, side="left")
         counts = np.bincount(index, weights=window.weights, minlength=self._bounds.size + 1)
-        total, sumsq = window.itl_sum, window.itl_sumsq
-        with self._lock:
-            series = self._series.get(labels)
-            if series is None:
-                series = self._series[labels] = (np.zeros(self._bounds.size + 1), [0.0, 0.0])
-            series[0][:] += counts
-            series[1][0] += total
-            series[1][1] += sumsq
+        self.histogram.add_counts(labels, counts.tolist(), window.itl_sum)
+        self.squares.add(labels, window.itl_sumsq)
 
-    def collect(self) -> Iterator[Metric]:
-        names = list(self._metric.prometheus_labels)
-        with self._lock:
-            snapshot = [(k, v[0].copy(), list(v[1])) for k, v in self._series.items()]
-        hist = HistogramMetricFamily(
-            self._metric.prometheus, self._metric.description, labels=names, unit=""
-        )
-        squares = CounterMetricFamily(
-            self._squares.prometheus.removesuffix("_total"),
-            self._squares.description,
-            labels=names,
-        )
-        edges = [repr(float(b)) for b in self._bounds] + ["+Inf"]
-        for labels, counts, (total, sumsq) in snapshot:
-            cumulative = np.cumsum(counts)
-            buckets = [(edge, float(c)) for edge, c in zip(edges, cumulative, strict=True)]
-            hist.add_metric(list(labels), buckets, total)
-            squares.add_metric(list(labels), sumsq)
-        yield hist
-        yield squares
 
-    def describe(self) -> Iterable[Metric]:
-        return ()
+class OtelInstruments:
+    """The request-level metrics as OpenTelemetry instruments, for an OTLP push.
+
+    Only built when the telemetry pushes metrics over OTLP (``SidecarMeter.push``): then every
+    request pays the SDK's ~9 us per record (~100 us per request) on top of the Prometheus
+    series. Without OTLP nothing is recorded here at all.
+    """
+
+    def __init__(self, meter: Meter) -> None:
+        def hist(m: MetricDef) -> Histogram:
+            return meter.create_histogram(
+                m.name, unit=m.unit, description=m.description,
+                explicit_bucket_boundaries_advisory=list(m.buckets),
+            )  # fmt: skip
+
+        def counter(m: MetricDef) -> Counter:
+            return meter.create_counter(m.name, m.unit, m.description)
+
+        self.ttft = hist(TTFT)
+        self.tpot = hist(TPOT)
+        self.duration = hist(DURATION)
+        self.usage = hist(TOKEN_USAGE)
+        self.smooth = hist(SMOOTHNESS)
+        self.prompt_eval = hist(ENGINE_PROMPT_EVAL)
+        self.load = hist(ENGINE_LOAD)
+        self.tokens = counter(TOKENS)
+        self.stalls = counter(STALLS)
+        self.requests = counter(REQUESTS)
+        self.malformed = counter(MALFORMED)
+        self.errors = counter(OBSERVER_ERRORS)
+        self.active = meter.create_up_down_counter(ACTIVE.name, ACTIVE.unit, ACTIVE.description)
+        self.queue = meter.create_up_down_counter(
+            QUEUE_DEPTH.name, QUEUE_DEPTH.unit, QUEUE_DEPTH.description
+        )
+        for instrument in (self.active, self.queue, self.errors, self.malformed):
+            instrument.add(0)
+
+    def record_request(self, s: StreamStats, op: str, model: str, status: str) -> None:
+        attrs = {OPERATION: op, MODEL: model}
+        labels = {**attrs, OUTCOME: s.outcome.value, STATUS_CLASS: status}
+        self.requests.add(1, {**labels, FINISH_REASON: s.finish_reason})
+        self.duration.record(s.duration_s, attrs)
+        if s.ttft_s is not None:
+            self.ttft.record(s.ttft_s, attrs)
+        if s.tpot_s is not None:
+            self.tpot.record(s.tpot_s, attrs)
+        if s.smoothness is not None:
+            self.smooth.record(s.smoothness, attrs)
+        if s.stalls:
+            self.stalls.add(s.stalls, attrs)
+        if s.engine_prompt_eval_s is not None:
+            self.prompt_eval.record(s.engine_prompt_eval_s, attrs)
+        if s.engine_load_s is not None:
+            self.load.record(s.engine_load_s, attrs)
+        for kind, source, value in _token_counts(s):
+            if kind in ("input", "output"):
+                self.usage.record(value, {**attrs, TOKEN_TYPE: kind})
+            self.tokens.add(value, {**attrs, TOKEN_TYPE: kind, TOKEN_SOURCE: source})
+
+
+_USAGE = TokenSource.USAGE.value
+
+
+def _token_counts(s: StreamStats) -> list[tuple[str, str, int]]:
+    """(token type, count source, tokens) of a request, in the order they are recorded."""
+    out = []
+    if s.input_tokens is not None:
+        out.append(("input", _USAGE, s.input_tokens))
+    if s.output_tokens or s.ttft_s is not None:
+        out.append(("output", s.token_source.value, s.output_tokens))
+    if s.reasoning_tokens:
+        out.append(("reasoning", s.reasoning_source.value, s.reasoning_tokens))
+    if s.cached_tokens:
+        out.append(("cached_input", _USAGE, s.cached_tokens))
+    return out
 
 
 class MetricsSink:
-    """Records finished requests and token windows into the catalogue's instruments.
+    """Records finished requests and token windows into the catalogue's series.
 
-    Request-level numbers go through OpenTelemetry instruments (a handful of ``record`` calls
-    per request); per-token ITLs go through ``TokenHistogram``. Labels come from bounded sets:
-    the model passes through ``BoundedLabel`` so a client cannot explode the series count.
+    Every series is a plain-Python accumulator (``llmobs.series``) exposed by one
+    prometheus_client collector, ``collector``: a request costs a few microseconds, not the
+    ~100 us of ten OpenTelemetry records. When the meter says the metrics are also pushed over
+    OTLP (``SidecarMeter.push``), they are recorded there too.
+    Labels come from bounded sets: the model passes through ``BoundedLabel`` so a client cannot
+    explode the series count.
     """
 
     def __init__(
@@ -373,111 +430,115 @@ class MetricsSink:
         self.models = BoundedLabel(max_models)
         # Called once per finished request with its bounded model label (the MBU estimate).
         self._on_request = on_request
-        self.tokens = TokenHistogram(ITL, ITL_SQUARES)
-
-        def hist(m: MetricDef) -> Histogram:
-            return meter.create_histogram(
-                m.name, unit=m.unit, description=m.description,
-                explicit_bucket_boundaries_advisory=list(m.buckets),
-            )  # fmt: skip
-
-        self._ttft = hist(TTFT)
-        self._tpot = hist(TPOT)
-        self._duration = hist(DURATION)
-        self._usage = hist(TOKEN_USAGE)
-        self._smooth = hist(SMOOTHNESS)
-        self._prompt_eval = hist(ENGINE_PROMPT_EVAL)
-        self._load = hist(ENGINE_LOAD)
-        self._tokens = meter.create_counter(TOKENS.name, TOKENS.unit, TOKENS.description)
-        self._stalls = meter.create_counter(STALLS.name, STALLS.unit, STALLS.description)
-        self._requests = meter.create_counter(REQUESTS.name, REQUESTS.unit, REQUESTS.description)
-        self._malformed = meter.create_counter(
-            MALFORMED.name, MALFORMED.unit, MALFORMED.description
-        )
-        self._errors = meter.create_counter(
-            OBSERVER_ERRORS.name, OBSERVER_ERRORS.unit, OBSERVER_ERRORS.description
-        )
-        self._active = meter.create_up_down_counter(ACTIVE.name, ACTIVE.unit, ACTIVE.description)
-        self._queue = meter.create_up_down_counter(
-            QUEUE_DEPTH.name, QUEUE_DEPTH.unit, QUEUE_DEPTH.description
-        )
+        self._itl = TokenHistogram(ITL, ITL_SQUARES)
+        self._ttft = HistogramFamily(TTFT)
+        self._tpot = HistogramFamily(TPOT)
+        self._duration = HistogramFamily(DURATION)
+        self._usage = HistogramFamily(TOKEN_USAGE)
+        self._smooth = HistogramFamily(SMOOTHNESS)
+        self._prompt_eval = HistogramFamily(ENGINE_PROMPT_EVAL)
+        self._load = HistogramFamily(ENGINE_LOAD)
+        self._tokens = CounterFamily(TOKENS)
+        self._stalls = CounterFamily(STALLS)
+        self._requests = CounterFamily(REQUESTS)
         # Zero-valued series up front, so dashboards and alerts see 0 rather than no data.
-        self._active.add(0)
-        self._queue.add(0)
-        self._errors.add(0)
-        self._malformed.add(0)
+        self._active = CounterFamily(ACTIVE, gauge=True)
+        self._queue = CounterFamily(QUEUE_DEPTH, gauge=True)
+        self._errors = CounterFamily(OBSERVER_ERRORS)
+        self._malformed = CounterFamily(MALFORMED)
+        for family in (self._active, self._queue, self._errors, self._malformed):
+            family.series[()] = 0
+        self.collector = SeriesCollector(
+            (
+                self._active, self._queue, self._errors, self._malformed, self._requests,
+                self._duration, self._ttft, self._tpot, self._smooth, self._usage,
+                self._tokens, self._stalls, self._prompt_eval, self._load,
+                self._itl.histogram, self._itl.squares,
+            )
+        )  # fmt: skip
+        self._lock = self.collector.lock
+        # The sidecar's meter (``telemetry.SidecarMeter``) names the registry /metrics renders
+        # and the OTLP meter, if any; with any other meter the caller registers ``collector``.
+        registry = getattr(meter, "registry", None)
+        if isinstance(registry, CollectorRegistry):
+            registry.register(self.collector)
+        push = getattr(meter, "push", None)
+        self._otel = OtelInstruments(push) if isinstance(push, Meter) else None
+
+    @property
+    def tokens(self) -> SeriesCollector:
+        """``collector`` under its old name (it once held only the ITL histogram); registering
+        it again is harmless: a registry holds a collector once."""
+        return self.collector
 
     def labels(self, operation: str, model: str | None, admit: bool = True) -> tuple[str, str]:
         return operation, self.models.get(model, admit)
 
+    def _gauge(self, series: dict[tuple[str, ...], Number], delta: int) -> None:
+        with self._lock:
+            series[()] += delta
+
     def request_started(self) -> None:
-        self._active.add(1)
+        self._gauge(self._active.series, 1)
+        if self._otel is not None:
+            self._otel.active.add(1)
 
     def request_ended(self) -> None:
-        self._active.add(-1)
+        self._gauge(self._active.series, -1)
+        if self._otel is not None:
+            self._otel.active.add(-1)
 
     def queue_enter(self) -> None:
-        self._queue.add(1)
+        self._gauge(self._queue.series, 1)
+        if self._otel is not None:
+            self._otel.queue.add(1)
 
     def queue_leave(self) -> None:
-        self._queue.add(-1)
+        self._gauge(self._queue.series, -1)
+        if self._otel is not None:
+            self._otel.queue.add(-1)
 
     def observer_error(self) -> None:
-        self._errors.add(1)
+        self._gauge(self._errors.series, 1)
+        if self._otel is not None:
+            self._otel.errors.add(1)
 
     def malformed(self, count: int) -> None:
         if count:
-            self._malformed.add(count)
+            self._gauge(self._malformed.series, count)
+            if self._otel is not None:
+                self._otel.malformed.add(count)
 
     def record_tokens(self, operation: str, model: str | None, window: TokenWindow) -> None:
         """Add a window of ITLs. Labels admit no new model: ``record_request`` does that."""
         if window.itl.size:
-            self.tokens.record(self.labels(operation, model, admit=False), window)
+            labels = self.labels(operation, model, admit=False)
+            with self._lock:
+                self._itl.record(labels, window)
 
     def record_request(self, s: StreamStats) -> None:
-        op, model = self.labels(s.operation, s.model, admit=200 <= s.status < 400)
-        attrs = {OPERATION: op, MODEL: model}
-        self._requests.add(
-            1,
-            {
-                **attrs,
-                OUTCOME: s.outcome.value,
-                STATUS_CLASS: status_class(s.status),
-                FINISH_REASON: s.finish_reason,
-            },
-        )
-        self._duration.record(s.duration_s, attrs)
-        if s.ttft_s is not None:
-            self._ttft.record(s.ttft_s, attrs)
-        if s.tpot_s is not None:
-            self._tpot.record(s.tpot_s, attrs)
-        if s.smoothness is not None:
-            self._smooth.record(s.smoothness, attrs)
-        if s.stalls:
-            self._stalls.add(s.stalls, attrs)
-        if s.engine_prompt_eval_s is not None:
-            self._prompt_eval.record(s.engine_prompt_eval_s, attrs)
-        if s.engine_load_s is not None:
-            self._load.record(s.engine_load_s, attrs)
-        self._record_tokens(s, attrs)
+        key = op, model = self.labels(s.operation, s.model, admit=200 <= s.status < 400)
+        status = _STATUS_CLASSES.get(s.status) or status_class(s.status)
+        with self._lock:
+            self._requests.add((op, model, s.outcome.value, status, s.finish_reason), 1)
+            self._duration.observe(key, s.duration_s)
+            if s.ttft_s is not None:
+                self._ttft.observe(key, s.ttft_s)
+            if s.tpot_s is not None:
+                self._tpot.observe(key, s.tpot_s)
+            if s.smoothness is not None:
+                self._smooth.observe(key, s.smoothness)
+            if s.stalls:
+                self._stalls.add(key, s.stalls)
+            if s.engine_prompt_eval_s is not None:
+                self._prompt_eval.observe(key, s.engine_prompt_eval_s)
+            if s.engine_load_s is not None:
+                self._load.observe(key, s.engine_load_s)
+            for kind, source, value in _token_counts(s):
+                if kind in ("input", "output"):
+                    self._usage.observe((op, model, kind), value)
+                self._tokens.add((op, model, kind, source), value)
+        if self._otel is not None:
+            self._otel.record_request(s, op, model, status)
         if self._on_request is not None:
             self._on_request(model, s)
-
-    def _record_tokens(self, s: StreamStats, attrs: dict[str, str]) -> None:
-        usage = TokenSource.USAGE.value
-        if s.input_tokens is not None:
-            self._usage.record(s.input_tokens, {**attrs, TOKEN_TYPE: "input"})
-            self._tokens.add(s.input_tokens, {**attrs, TOKEN_TYPE: "input", TOKEN_SOURCE: usage})
-        if s.output_tokens or s.ttft_s is not None:
-            self._usage.record(s.output_tokens, {**attrs, TOKEN_TYPE: "output"})
-            source = s.token_source.value
-            self._tokens.add(s.output_tokens, {**attrs, TOKEN_TYPE: "output", TOKEN_SOURCE: source})
-        if s.reasoning_tokens:
-            source = s.reasoning_source.value
-            self._tokens.add(
-                s.reasoning_tokens, {**attrs, TOKEN_TYPE: "reasoning", TOKEN_SOURCE: source}
-            )
-        if s.cached_tokens:
-            self._tokens.add(
-                s.cached_tokens, {**attrs, TOKEN_TYPE: "cached_input", TOKEN_SOURCE: usage}
-            )

@@ -131,6 +131,8 @@ class Observer:
         "_finished",
         "_forwarded_ns",
         "_last_ns",
+        "_on_data",
+        "_pending",
         "_queued",
         "_sink",
         "_timer",
@@ -165,6 +167,8 @@ class Observer:
         self._dialect = route.dialect()
         if config.capture_content:
             self._dialect.captured = []
+        self._on_data = self._dialect.on_data  # bound once: called per event
+        self._pending = self._dialect.pending
         self._body: list[bytes] | None = None
         self._body_size = 0
         self._queued = False
@@ -225,7 +229,8 @@ class Observer:
             self._fail("response")
 
     def chunk(self, t_ns: int, data: bytes) -> None:
-        """A chunk of the response body was relayed at ``t_ns``. The hot path."""
+        """A chunk of the response body was relayed at ``t_ns``. The hot path: a few
+        microseconds per read, so no per-event objects or lookups that can be hoisted."""
         self._last_ns = t_ns
         decoder = self._decoder
         if decoder is None:
@@ -238,33 +243,39 @@ class Observer:
                     self._body = None
             return
         try:
-            on_data = self._dialect.on_data
-            tokens = 0
-            for payload in decoder.payloads(data):
-                tokens += on_data(payload)
+            payloads = decoder.payloads(data)
+            if len(payloads) == 1:
+                tokens = self._on_data(payloads[0])
+            else:
+                on_data = self._on_data
+                tokens = 0
+                for payload in payloads:
+                    tokens += on_data(payload)
             if tokens:
                 self._record(t_ns, tokens)
         except Exception:
             self._fail("chunk")
 
     def _record(self, t_ns: int, tokens: int) -> None:
-        """Attribute a read's output tokens to their choices' timers."""
+        """Attribute a read's output tokens to their choices' timers: choices other than 0
+        are in the dialect's ``pending``, the rest is choice 0's."""
         if self._queued:
             self._leave_queue()
-        pending = self._dialect.pending
-        if len(pending) == 1 and 0 in pending:
-            timer = self._timer
-            timer.output(t_ns, tokens)
-            if timer.window_full:
-                self._sink.record_tokens(self.operation, self.info.model, timer.take_window())
-        else:
+        pending = self._pending
+        if pending:
             for choice, count in pending.items():
-                timer = self._timer_for(choice)
-                timer.output(t_ns, count)
-                if timer.window_full:
-                    window = timer.take_window()
-                    self._sink.record_tokens(self.operation, self.info.model, window)
-        pending.clear()
+                tokens -= count
+                self._output(self._timer_for(choice), t_ns, count)
+            pending.clear()
+            if tokens <= 0:
+                return
+        timer = self._timer
+        if timer.output(t_ns, tokens):
+            self._sink.record_tokens(self.operation, self.info.model, timer.take_window())
+
+    def _output(self, timer: StreamTimer, t_ns: int, tokens: int) -> None:
+        if timer.output(t_ns, tokens):
+            self._sink.record_tokens(self.operation, self.info.model, timer.take_window())
 
     def _timer_for(self, choice: int) -> StreamTimer:
         if choice == 0:

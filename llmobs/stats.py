@@ -75,33 +75,49 @@ def token_window(
     factor: float,
     min_gap: float,
     baseline_median: float | None = None,
+    unit: bool = False,
 ) -> TokenWindow:
     """ITLs and stalls for chunks ``times_ns[1:]`` (``times_ns[0]`` is the previous chunk).
 
     ``tokens[i]`` is the number of tokens the chunk at ``times_ns[i + 1]`` carried; a chunk
     with zero tokens contributes its gap to nothing (it should not have been recorded).
     ``baseline_median`` is used when this window has too few gaps for its own median.
+    ``unit``: the caller knows every chunk counts as one token (``tokens`` is all ones), the
+    usual case, which spares the per-token division.
+
+    A request ends here once, so the numpy calls are few (each costs ~1 us whatever the
+    size): one sort gives the median, the largest gap and the stall count together.
     """
     if times_ns.size < 2:
         return TokenWindow(np.zeros(0), np.zeros(0), 0, baseline_median)
-    gaps = np.diff(times_ns).astype(np.float64) / 1e9
-    weights = np.maximum(tokens[: gaps.size], 1.0)
-    itl = gaps / weights
-    median = upper_median(gaps) if gaps.size >= MIN_GAPS else baseline_median
+    gaps = (times_ns[1:] - times_ns[:-1]) / 1e9
+    n = gaps.size
+    ordered = np.sort(gaps)
+    if unit:
+        weights = tokens
+        itl = gaps
+        count = float(n)
+        itl_max = float(ordered[-1])
+    else:
+        weights = np.maximum(tokens[:n], 1.0)
+        itl = gaps / weights
+        count = float(weights.sum())
+        itl_max = float(itl.max())
+    median = float(ordered[n // 2]) if n >= MIN_GAPS else baseline_median  # the upper median
     stalls = 0
     threshold = None
     if median is not None:
         threshold = max(factor * median, min_gap)
-        stalls = int(np.count_nonzero(gaps >= threshold))
+        stalls = n - int(np.searchsorted(ordered, threshold, side="left"))  # gaps >= threshold
     return TokenWindow(
         itl,
         weights,
         stalls,
         median,
-        tokens=float(weights.sum()),
+        tokens=count,
         itl_sum=float(gaps.sum()),  # sum over tokens of gap/k, k times each = the gaps
         itl_sumsq=float(np.dot(itl, gaps)),  # sum of k * (gap/k)^2
-        itl_max=float(itl.max()),
+        itl_max=itl_max,
         times_ns=times_ns,
         gaps=gaps,
         stall_threshold=threshold,

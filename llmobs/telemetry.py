@@ -17,7 +17,16 @@ from dataclasses import dataclass
 
 from opentelemetry.context import Context
 from opentelemetry.exporter.prometheus import PrometheusMetricReader
-from opentelemetry.metrics import Meter
+from opentelemetry.metrics import (
+    CallbackT,
+    Counter,
+    Histogram,
+    Meter,
+    ObservableCounter,
+    ObservableGauge,
+    ObservableUpDownCounter,
+    UpDownCounter,
+)
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import MetricReader, PeriodicExportingMetricReader
 from opentelemetry.sdk.resources import Resource
@@ -125,6 +134,74 @@ class BoundedSpanProcessor(SpanProcessor):
         self._exporter.shutdown()
 
 
+class SidecarMeter(Meter):
+    """The sidecar's meter: instruments go to ``inner``; it also says where metrics go.
+
+    Request metrics are not OpenTelemetry instruments on the Prometheus path (see
+    ``llmobs.metrics``): ``MetricsSink`` registers its series on ``registry``, the one /metrics
+    renders, and records into ``push`` only when metrics are also pushed over OTLP. ``push`` is
+    a meter of a provider whose only reader is the OTLP one, so nothing shows twice on
+    /metrics. Collectors' gauges and ``llmobs.spans.dropped`` stay on ``inner``, whose provider
+    feeds Prometheus and, when configured, OTLP as well.
+    """
+
+    def __init__(
+        self, inner: Meter, registry: CollectorRegistry, push: Meter | None = None
+    ) -> None:
+        super().__init__(SCOPE, __version__)
+        self.inner = inner
+        self.registry = registry
+        self.push = push
+
+    def create_counter(self, name: str, unit: str = "", description: str = "") -> Counter:
+        return self.inner.create_counter(name, unit, description)
+
+    def create_up_down_counter(
+        self, name: str, unit: str = "", description: str = ""
+    ) -> UpDownCounter:
+        return self.inner.create_up_down_counter(name, unit, description)
+
+    def create_observable_counter(
+        self,
+        name: str,
+        callbacks: Sequence[CallbackT] | None = None,
+        unit: str = "",
+        description: str = "",
+    ) -> ObservableCounter:
+        return self.inner.create_observable_counter(name, callbacks, unit, description)
+
+    def create_histogram(
+        self,
+        name: str,
+        unit: str = "",
+        description: str = "",
+        *,
+        explicit_bucket_boundaries_advisory: Sequence[float] | None = None,
+    ) -> Histogram:
+        return self.inner.create_histogram(
+            name, unit, description,
+            explicit_bucket_boundaries_advisory=explicit_bucket_boundaries_advisory,
+        )  # fmt: skip
+
+    def create_observable_gauge(
+        self,
+        name: str,
+        callbacks: Sequence[CallbackT] | None = None,
+        unit: str = "",
+        description: str = "",
+    ) -> ObservableGauge:
+        return self.inner.create_observable_gauge(name, callbacks, unit, description)
+
+    def create_observable_up_down_counter(
+        self,
+        name: str,
+        callbacks: Sequence[CallbackT] | None = None,
+        unit: str = "",
+        description: str = "",
+    ) -> ObservableUpDownCounter:
+        return self.inner.create_observable_up_down_counter(name, callbacks, unit, description)
+
+
 @dataclass(frozen=True)
 class Telemetry:
     """A registry to scrape, the meter provider that feeds it, and tracing when it is on."""
@@ -135,6 +212,7 @@ class Telemetry:
     tracer_provider: TracerProvider | None = None
     span_processor: BoundedSpanProcessor | None = None
     spans_dropped: Callable[[int], None] = lambda n: None  # counts into llmobs.spans.dropped
+    push_provider: MeterProvider | None = None  # request metrics pushed over OTLP, if asked
 
     @property
     def tracer(self) -> Tracer | None:
@@ -146,6 +224,8 @@ class Telemetry:
         if self.tracer_provider is not None:
             self.tracer_provider.shutdown()
         self.meter_provider.shutdown()
+        if self.push_provider is not None:
+            self.push_provider.shutdown()
 
 
 def _resource(otel: OtelSettings) -> Resource:
@@ -215,12 +295,17 @@ def build_telemetry(
             disable_target_info=True, scope_info_enabled=False, registry=registry
         )
     ]
+    push_provider = None
     if "otlp" in otel.metrics_exporters and otel.metrics_endpoint:
         readers.append(_otlp_metric_reader(otel))
+        push_provider = MeterProvider(
+            metric_readers=[_otlp_metric_reader(otel)], resource=resource, shutdown_on_exit=False
+        )
     provider = MeterProvider(metric_readers=readers, resource=resource, shutdown_on_exit=False)
-    meter = provider.get_meter(SCOPE, __version__)
+    push = push_provider.get_meter(SCOPE, __version__) if push_provider is not None else None
+    meter = SidecarMeter(provider.get_meter(SCOPE, __version__), registry, push)
     if span_exporter is None and not otel.tracing:
-        return Telemetry(registry, provider, meter)
+        return Telemetry(registry, provider, meter, push_provider=push_provider)
     dropped = meter.create_counter(
         SPANS_DROPPED.name, SPANS_DROPPED.unit, SPANS_DROPPED.description
     )
@@ -236,4 +321,6 @@ def build_telemetry(
         sampler=sampler_for(otel), resource=resource, shutdown_on_exit=False
     )
     tracer_provider.add_span_processor(processor)
-    return Telemetry(registry, provider, meter, tracer_provider, processor, dropped.add)
+    return Telemetry(
+        registry, provider, meter, tracer_provider, processor, dropped.add, push_provider
+    )

@@ -89,6 +89,7 @@ class StreamTimer:
         "_stalls",
         "_taken",
         "_times",
+        "_uneven",
         "chunks",
         "factor",
         "first_ns",
@@ -117,22 +118,26 @@ class StreamTimer:
         self._median: float | None = None
         self._stalls = 0
         self._taken = False  # a window was taken: the first chunk is accounted
+        self._uneven = False  # a chunk after the window's first carried other than one token
         self._itl_count = 0.0
         self._itl_sum = 0.0
         self._itl_sumsq = 0.0
         self._itl_max = 0.0
 
     def output(self, t_ns: int, tokens: int) -> bool:
-        """Record a chunk of ``tokens`` output tokens at ``t_ns``; True if it is the first."""
+        """Record a chunk of ``tokens`` output tokens at ``t_ns``; True when the window is full
+        (``take_window`` is due). Once per output chunk: kept to appends and counters."""
         self.tokens += tokens
         self.chunks += 1
         self.last_ns = t_ns
-        self._times.append(t_ns)
+        times = self._times
+        times.append(t_ns)
         self._counts.append(tokens)
         if self.first_ns is None:
             self.first_ns = t_ns
-            return True
-        return False
+        elif tokens != 1:
+            self._uneven = True
+        return len(times) > self.window
 
     @property
     def window_full(self) -> bool:
@@ -145,23 +150,33 @@ class StreamTimer:
         were only assumed (one per chunk); it is spread evenly over the chunks not yet taken.
         """
         times = self._times
-        if len(times) < 2:
+        chunks = len(times) - 1  # the first is the anchor (or the first chunk, not timed)
+        if chunks < 1:
             return stats.EMPTY_WINDOW
-        counts = np.frombuffer(self._counts, dtype=np.int64).astype(np.float64)
+        counts = self._counts
         first_window = not self._taken
         self._taken = True
+        head = counts[0] if first_window else 0  # the first chunk keeps its count
         if total_tokens is None:
-            pending = counts[1:]
-        elif first_window:  # the first chunk keeps its count (engines send the first token alone)
-            pending = stats.spread_tokens(total_tokens - int(counts[0]), counts.size - 1)
+            spread = self.tokens - self.flushed_tokens - head  # what counts[1:] add up to
+            unit = not self._uneven
+            if unit:
+                pending = np.ones(chunks)
+            else:
+                pending = np.frombuffer(counts, dtype=np.int64)[1:].astype(np.float64)
         else:
-            pending = stats.spread_tokens(total_tokens - self.flushed_tokens, counts.size - 1)
+            rest = max(total_tokens - (head if first_window else self.flushed_tokens), 0)
+            base, extra = divmod(rest, chunks)
+            spread = rest
+            unit = base == 0 or (base == 1 and extra == 0)  # weights max(count, 1) all ones
+            pending = np.ones(chunks) if unit else stats.spread_tokens(rest, chunks)
         window = stats.token_window(
             np.frombuffer(times, dtype=np.int64),
             pending,
             factor=self.factor,
             min_gap=self.min_gap,
             baseline_median=self._median,
+            unit=unit,
         )
         self._median = window.median_gap
         self._stalls += window.stalls
@@ -169,9 +184,10 @@ class StreamTimer:
         self._itl_sum += window.itl_sum
         self._itl_sumsq += window.itl_sumsq
         self._itl_max = max(self._itl_max, window.itl_max)
-        self.flushed_tokens += int(pending.sum()) + (int(counts[0]) if first_window else 0)
+        self.flushed_tokens += spread + head
         self._times = array("q", [times[-1]])
-        self._counts = array("q", [self._counts[-1]])
+        self._counts = array("q", [counts[-1]])
+        self._uneven = False
         return window
 
     def finish(self, end_ns: int, **meta: Any) -> StreamStats:

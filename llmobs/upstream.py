@@ -20,7 +20,7 @@ from __future__ import annotations
 import asyncio
 import ssl
 from collections.abc import Callable, Iterable
-from typing import TypeVar
+from typing import Any, TypeVar
 from urllib.parse import urlsplit
 
 from llmobs.http1 import (
@@ -39,6 +39,13 @@ _T = TypeVar("_T")
 HIGH_WATER = 256 * 1024  # client-side buffer above which upstream reads pause
 LOW_WATER = 64 * 1024
 MAX_IDLE = 256  # pooled idle connections kept
+
+
+def _fail_future(future: asyncio.Future[Any], exc: BaseException) -> None:
+    """Fail ``future``, marked as retrieved: a request that ended early never awaits its
+    ``done`` future, and asyncio would log the exception as lost (awaiting still raises)."""
+    future.set_exception(exc)
+    future.exception()
 
 
 class UpstreamClosed(ConnectionResetError):
@@ -109,7 +116,7 @@ class Connection(asyncio.Protocol):
             error.__cause__ = exc
         for future in (self._head, self._done, self._writable):
             if future is not None and not future.done():
-                future.set_exception(error)
+                _fail_future(future, error)
 
     def pause_writing(self) -> None:
         self._writable = self._loop.create_future()
@@ -165,13 +172,15 @@ class Connection(asyncio.Protocol):
         self.reusable = False
         for future in (self._head, self._done):
             if future is not None and not future.done():
-                future.set_exception(exc)
+                _fail_future(future, exc)
         if self.transport is not None:
             self.transport.abort()
 
     async def send(self, method: str, head: bytes, body: bytes) -> None:
         """Write a request; its response head is then awaited with ``head()``."""
         assert self.transport is not None
+        if self.closed or self.transport.is_closing():
+            raise UpstreamClosed("upstream closed the connection")
         self._method = method
         self._head = self._loop.create_future()
         self._done = self._loop.create_future()

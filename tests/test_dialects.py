@@ -39,8 +39,9 @@ def run(t: Transcript, pieces: list[bytes]) -> tuple[list[Event], Dialect]:
     def consume(payloads: list[bytes]) -> None:
         for payload in payloads:
             before = dialect.reasoning_chunks
-            if dialect.on_data(payload):
-                ((choice, tokens),) = dialect.pending.items()
+            tokens = dialect.on_data(payload)
+            if tokens:  # choice 0 unless the dialect put them in ``pending``
+                ((choice, tokens),) = dialect.pending.items() or [(0, tokens)]
                 dialect.pending.clear()
                 events.append([choice, tokens, "reasoning" if dialect.reasoning_chunks > before
                                else "text"])  # fmt: skip

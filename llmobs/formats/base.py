@@ -4,9 +4,11 @@ A dialect is a small state machine over the decoded events of one response (SSE 
 an NDJSON line): ``on_data`` answers how many output tokens the event carried and keeps, as
 state, what the end of the request needs. It is pure: no clock, no I/O, no telemetry.
 
-Per-choice accounting (OpenAI ``n > 1``): every output event adds its tokens to
-``pending[choice]``; the observer drains ``pending`` after each network read and times each
-choice separately. Dialects without parallel choices always use choice 0.
+Per-choice accounting (OpenAI ``n > 1``): ``on_data`` returns every output token of the event;
+those of a choice other than 0 are also added to ``pending[choice]``, so what ``pending`` does
+not hold belongs to choice 0. The observer drains ``pending`` after each network read and times
+each choice separately; for the usual single choice, ``pending`` stays empty and costs nothing
+per event. Dialects without parallel choices always use choice 0.
 """
 
 from __future__ import annotations
@@ -112,7 +114,7 @@ class Dialect:
         self.finish_reasons: list[str] = []  # normalized, in the order seen
         self.engine_prompt_eval_s: float | None = None
         self.engine_load_s: float | None = None
-        self.pending: dict[int, int] = {}  # output tokens per choice since the last drain
+        self.pending: dict[int, int] = {}  # output tokens per choice > 0 since the last drain
         self.captured: list[str] | None = None  # output text, only with --capture-content
         self._captured_chars = 0
 
@@ -137,9 +139,11 @@ class Dialect:
         self.on_object(obj)
 
     def output(self, tokens: int, choice: int = 0, reasoning: bool = False) -> int:
-        """Account ``tokens`` of output to ``choice``; returns ``tokens`` for convenience."""
+        """Account ``tokens`` of output to ``choice``; returns ``tokens``, which ``on_data``
+        returns (choice 0's share is what ``pending`` does not hold)."""
         if tokens > 0:
-            self.pending[choice] = self.pending.get(choice, 0) + tokens
+            if choice:
+                self.pending[choice] = self.pending.get(choice, 0) + tokens
             if reasoning:
                 self.reasoning_chunks += 1
         return tokens

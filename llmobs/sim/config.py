@@ -15,6 +15,7 @@ from typing import Any
 from llmobs.config import (
     ConfigError,
     Option,
+    _parse_bool,
     add_arguments,
     flags_of,
     merge_sources,
@@ -147,6 +148,15 @@ SIM_OPTIONS: tuple[Option, ...] = (
         "each request names its fault in X-Sim-Fault; 'none' (default): no faults",
         "NAME",
     ),
+    Option(
+        "stamp",
+        "--stamp",
+        "LLMOBS_SIM_STAMP",
+        _parse_bool,
+        "put the engine's CLOCK_MONOTONIC send time in every OpenAI chunk (llmobs_sent_ns) and "
+        "its receipt time in the first (llmobs_received_ns), for `llmobs bench`",
+        "BOOL",
+    ),
 )
 
 
@@ -171,6 +181,7 @@ class SimSettings:
     tokens_per_chunk: int = 1
     dialect: str = "all"
     fault: str = "none"
+    stamp: bool = False
 
     def __post_init__(self) -> None:
         _validate(self)

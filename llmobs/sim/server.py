@@ -16,6 +16,7 @@ the connection drops and the handler can cancel the request in the engine.
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 
 from aiohttp import web
@@ -142,8 +143,12 @@ def _handler(endpoint: Endpoint) -> Handler:
     async def handle(request: web.Request) -> web.StreamResponse:
         engine = request.app[ENGINE_KEY]
         seq = engine.receive(request.headers)
+        body = await request.read()
+        ctx = Context(engine.settings.model)
+        if engine.settings.stamp:  # the engine has the whole request now
+            ctx = Context(engine.settings.model, received_ns=time.monotonic_ns())
         try:
-            exchange = endpoint.parse(await request.read(), Context(engine.settings.model))
+            exchange = endpoint.parse(body, ctx)
         except BadRequest as exc:
             return _error(engine, endpoint, str(exc), endpoint.bad_request_status)
         if engine.injects_error(seq):

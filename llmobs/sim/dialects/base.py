@@ -94,10 +94,38 @@ def model_of(body: dict[str, Any], default: str) -> str:
 
 @dataclass(frozen=True)
 class Context:
-    """What a dialect takes from the server besides the body: its model and a wall clock."""
+    """What a dialect takes from the server besides the body: its model and a wall clock.
+
+    ``received_ns`` (CLOCK_MONOTONIC, set only with ``SimSettings.stamp``) turns stamping on:
+    see ``stamp_event``.
+    """
 
     model: str
     wall_clock: Callable[[], float] = field(default=time.time)
+    received_ns: int | None = None
+
+
+# Stamps ride in the token text itself, the one thing every OpenAI-compatible proxy passes on
+# (LiteLLM re-serialises chunks and drops unknown fields): ``" lorem llmobs_sent_ns=123"``.
+SENT_MARK = "llmobs_sent_ns="
+RECEIVED_MARK = "llmobs_received_ns="
+STAMP_SLOT = "\x00llmobs-stamp\x00"  # put at the end of a token's text, replaced at send time
+_SLOT_JSON = json.dumps(STAMP_SLOT)[1:-1]  # how compact JSON writes it
+
+
+def stamp_event(event_json: str, received_ns: int | None) -> bytes:
+    """``data: {...}`` with the slot in its text replaced by the send time, just before the write.
+
+    The stamp is ``time.monotonic_ns()`` read here, after the JSON is rendered, so it is the
+    moment just before the server writes the event: CLOCK_MONOTONIC is one clock for every
+    process on a Linux host, so a client subtracts it from its own arrival time and gets the
+    delivery delay of this very chunk, whatever proxy sits between. ``received_ns`` (when the
+    engine had the request; in the first token only) lets the client split its TTFT into the
+    request's path, the engine's wait and the first chunk's path.
+    """
+    first = f" {RECEIVED_MARK}{received_ns}" if received_ns is not None else ""
+    stamp = f"{first} {SENT_MARK}{time.monotonic_ns()}"
+    return f"data: {event_json.replace(_SLOT_JSON, stamp, 1)}\n\n".encode()
 
 
 @dataclass(frozen=True)

@@ -20,6 +20,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from llmobs.sim.dialects.base import (
+    STAMP_SLOT,
     BadRequest,
     Chunk,
     Context,
@@ -33,6 +34,7 @@ from llmobs.sim.dialects.base import (
     model_of,
     optional_int,
     optional_object,
+    stamp_event,
 )
 from llmobs.sim.engine import SimRequest
 
@@ -101,6 +103,8 @@ class Completion(Exchange):
         self.include_usage = bool(options.get("include_usage"))
         self.continuous_usage = bool(options.get("continuous_usage_stats"))
         self.reasoning = chat and "reasoning_effort" in body
+        self._stamp = ctx.received_ns is not None
+        self._received_ns = ctx.received_ns  # sent once, in the first event
         self._head = {
             "id": f"{'chatcmpl' if chat else 'cmpl'}-{secrets.token_hex(16)}",
             "object": "chat.completion.chunk" if chat else "text_completion",
@@ -108,10 +112,15 @@ class Completion(Exchange):
             "model": model_of(body, ctx.model),
         }
 
-    def _event(self, choices: list[dict[str, Any]], usage_: dict[str, Any] | None) -> bytes:
+    def _event(
+        self, choices: list[dict[str, Any]], usage_: dict[str, Any] | None, stamp: bool = False
+    ) -> bytes:
         chunk: dict[str, Any] = {**self._head, "choices": choices}
         if usage_ is not None:
             chunk["usage"] = usage_
+        if stamp:
+            received, self._received_ns = self._received_ns, None
+            return stamp_event(dumps(chunk), received)
         return f"data: {dumps(chunk)}\n\n".encode()
 
     def _running_usage(self, completion_tokens: int) -> dict[str, Any] | None:
@@ -132,15 +141,22 @@ class Completion(Exchange):
             out += self._event([choice], self._running_usage(0))
         return out
 
+    def _text(self, chunk: Chunk) -> str:
+        """The chunk's text; with ``--stamp`` it ends in the slot ``stamp_event`` fills."""
+        return chunk.text + STAMP_SLOT if self._stamp else chunk.text
+
     def _delta(self, chunk: Chunk, job: SimRequest) -> dict[str, str]:
         if not self.reasoning:
-            return {"content": chunk.text}
+            return {"content": self._text(chunk)}
         split = max(0, min(len(chunk.tokens), reasoning_tokens(job) - chunk.start))
         delta: dict[str, str] = {}
         if split < len(chunk.tokens):
             delta["content"] = "".join(chunk.tokens[split:])
         if split > 0:
             delta["reasoning_content"] = "".join(chunk.tokens[:split])
+        if self._stamp:  # in the last text field present
+            key = "content" if "content" in delta else "reasoning_content"
+            delta[key] += STAMP_SLOT
         return delta
 
     def chunk(self, index: int, chunk: Chunk, job: SimRequest) -> bytes:
@@ -150,12 +166,13 @@ class Completion(Exchange):
         if self.chat:
             choice["delta"] = self._delta(chunk, job)
         else:
-            choice["text"] = chunk.text
+            choice["text"] = self._text(chunk)
         choice["logprobs"] = None
         choice["finish_reason"] = finish_reason
         if finish_reason is not None or not self.chat:
             choice["stop_reason"] = None
-        return roles + self._event([choice], self._running_usage(chunk.end))
+        # Stamped (``--stamp``): token events only, so stamps counted = chunks with tokens.
+        return roles + self._event([choice], self._running_usage(chunk.end), self._stamp)
 
     def _usage(self, jobs: Sequence[SimRequest]) -> dict[str, Any]:
         reasoning = sum(reasoning_tokens(j) for j in jobs) if self.reasoning else None

@@ -1,0 +1,157 @@
+"""The hot path's shortcuts against the full paths they skip (hypothesis).
+
+``OpenAIStream``'s template fast path must leave a dialect in exactly the state the full JSON
+parse would, event after event, whatever arrives: the common shape with any content (escaped
+quotes, ``"content":""``, keys inside values, unicode, control characters), the template's
+bytes around arbitrary bytes (invalid escapes, lone surrogates, invalid UTF-8), other choices,
+finish reasons, usage, errors, nested objects. ``SseDecoder.payloads``'s fast path must give
+the events ``feed`` gives, under any chunking.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from llmobs.formats.framing import SseDecoder
+from llmobs.formats.openai import OpenAIStream, json_string_body
+from tests.test_fuzz import FAST, PIECES, cut_lists, json_values, payloads, split_at
+
+STATE = ("pending", "finish_reasons", "error", "malformed", "done", "response_id",
+         "response_model", "input_tokens", "output_tokens", "reasoning_tokens",
+         "reasoning_chunks", "cached_tokens", "per_chunk_usage")  # fmt: skip
+
+texts = st.text(max_size=8) | st.sampled_from(
+    ['"', '\\', '\\"', '"content":"', '","usage":{"completion_tokens":9},"x":"', "\x00", "\n",
+     "\ud7ff", "\U0001f600", "é", "", "index\":1", "\x7f", "null}]}"]
+)  # fmt: skip
+extra = st.dictionaries(
+    st.sampled_from(["system_fingerprint", "usage", "error", "service_tier", "content", "x"]),
+    json_values,
+    max_size=2,
+)
+choice_extra = st.dictionaries(
+    st.sampled_from(["logprobs", "finish_reason", "stop_reason", "index", "message", "text"]),
+    json_values | st.sampled_from([None, 0, 1, "stop"]),
+    max_size=2,
+)
+delta_extra = st.dictionaries(
+    st.sampled_from(["role", "reasoning_content", "tool_calls", "refusal", "content"]),
+    json_values | st.sampled_from(["assistant", None, ""]),
+    max_size=2,
+)
+
+
+@st.composite
+def chunk_objects(draw: st.DrawFn) -> dict[str, Any]:
+    """Mostly the common shape (vLLM's key order), with drawn departures from it."""
+    delta: dict[str, Any] = {"content": draw(texts), **draw(delta_extra)}
+    choice: dict[str, Any] = {"index": draw(st.sampled_from([0, 0, 0, 1, 70, -1, None]))}
+    choice.update(delta=delta, logprobs=None, finish_reason=None)
+    choice.update(draw(choice_extra))
+    obj: dict[str, Any] = {"id": "chatcmpl-1", "object": "chat.completion.chunk",
+                           "created": 1700000000, "model": "m"}  # fmt: skip
+    obj["choices"] = draw(st.sampled_from([[choice], [choice], [choice, choice], [], [{}]]))
+    obj.update(draw(extra))
+    return obj
+
+
+def dumps(obj: Any, compact: bool, ascii_only: bool) -> bytes:
+    separators = (",", ":") if compact else (", ", ": ")
+    text = json.dumps(obj, separators=separators, ensure_ascii=ascii_only)
+    return text.encode("utf-8", "replace")
+
+
+@st.composite
+def events(draw: st.DrawFn) -> list[bytes]:
+    """A stream: a template-shaped event first, then a mix of every kind of event."""
+    compact = draw(st.booleans())
+    ascii_only = draw(st.booleans())
+    base = draw(chunk_objects())
+    out = [dumps(base, compact, ascii_only)]
+    for _ in range(draw(st.integers(1, 12))):
+        kind = draw(st.integers(0, 4))
+        if kind == 0:  # the same event with other content
+            content = draw(texts)
+            obj = json.loads(out[0])
+            for choice in obj.get("choices") or []:
+                if isinstance(choice, dict) and isinstance(choice.get("delta"), dict):
+                    choice["delta"]["content"] = content
+            out.append(dumps(obj, compact, ascii_only))
+        elif kind == 1:  # the bytes around the content, around arbitrary bytes
+            head, sep, _ = out[0].partition(b'"content":"')
+            body = draw(st.binary(max_size=12) | st.sampled_from(
+                [b"\\ud800", b"\\u00e9", b"\\ud83d\\ude00", b'\\"', b"\\x", b"\xed\xa0\x80",
+                 b"\xc3\xa9", b"\xff", b"\x1f", b'a"', b"\\\\", b"\\"]
+            ))  # fmt: skip
+            tail = out[0].partition(b'"content":"')[2].partition(b'"')[2]
+            out.append(head + sep + body + b'"' + tail if sep else body)
+        elif kind == 2:
+            out.append(dumps(draw(chunk_objects()), compact, ascii_only))
+        elif kind == 3:
+            out.append(draw(payloads))
+        else:
+            out.append(out[-1])
+    return out
+
+
+def state(dialect: OpenAIStream) -> dict[str, Any]:
+    return {name: getattr(dialect, name) for name in STATE}
+
+
+@FAST
+@given(events())
+def test_openai_fast_path_gives_the_full_parse_state(stream: list[bytes]) -> None:
+    fast, slow = OpenAIStream(), OpenAIStream()
+    slow.fast = False
+    for data in stream:
+        assert fast.on_data(data) == slow.on_data(data), data
+        assert state(fast) == state(slow), data
+        fast.pending.clear()
+        slow.pending.clear()
+
+
+def test_the_fast_path_is_taken_for_the_common_shape() -> None:
+    head = b'{"id":"c","object":"chat.completion.chunk","model":"m","choices":[{"index":0,'
+    dialect = OpenAIStream()
+    tail = b'"},"finish_reason":null}]}'
+    for word in (b"a", b"b", b'\\"q\\"', "é".encode()):
+        assert dialect.on_data(head + b'"delta":{"content":"' + word + tail)
+    assert dialect._template is not None
+    assert dialect.pending == {}  # choice 0 is what pending does not hold
+    assert dialect.malformed == 0
+
+
+def test_json_string_body() -> None:
+    assert json_string_body(b"token")
+    assert json_string_body(b'\\"x\\" \\u00e9 \\n')
+    assert json_string_body("é".encode())
+    for bad in (b"", b'a"b', b"\\x", b"\\ud800", b"\x01", b"\xff", b"\xed\xa0\x80", b"\\"):
+        assert not json_string_body(bad), bad
+
+
+sse_streams = st.lists(
+    st.sampled_from([*PIECES, b'data: {"a":1}\n\n', b"data:x\n\n", b"data: \n\n"])
+    | st.binary(max_size=20),
+    max_size=40,
+).map(b"".join)
+
+
+@FAST
+@given(sse_streams, cut_lists, st.sampled_from([8, 64, 1 << 20]))
+def test_sse_payloads_fast_path_gives_the_events_of_feed(
+    data: bytes, cuts: list[int], limit: int
+) -> None:
+    fast, slow = SseDecoder(limit), SseDecoder(limit)
+    got: list[bytes] = []
+    want: list[bytes] = []
+    for chunk in split_at(data, cuts):
+        got.extend(fast.payloads(chunk))
+        want.extend(e.data for e in slow.feed(chunk))
+    got.extend(fast.flush_payloads())
+    want.extend(e.data for e in slow.flush())
+    assert got == want
+    assert (fast.malformed, fast.comments) == (slow.malformed, slow.comments)
