@@ -5,10 +5,12 @@ the data path: once per chunk, when the chunk arrives. Each chunk is written to 
 first and observed second, so telemetry can neither delay nor alter what the client receives.
 
 Semantics, as a user of a reverse proxy expects them:
-- every method and path is forwarded, the body streamed as it arrives, headers passed except
-  hop-by-hop ones; ``X-Forwarded-For`` / ``-Proto`` added; no header the client did not send
-  (the HTTP client's automatic ``Accept-Encoding`` etc. are suppressed) and no decompression,
-  so the engine and the client see what they would see without the sidecar;
+- every method and path is forwarded, the request body read whole (bounded, as nginx buffers
+  it) and sent with its length, headers passed except hop-by-hop ones; ``X-Forwarded-For`` /
+  ``-Proto`` added; no other header added (``upstream`` writes only ``Host`` and the length)
+  and no decompression, so the engine and the client see what they would see without it;
+- the response body is written to the client from the upstream socket's read callback
+  (``upstream``), chunk by chunk as it comes;
 - the client going away cancels the handler (the server runs with ``handler_cancellation``),
   which closes the upstream connection at once, so the engine stops generating for nobody;
 - an unreachable upstream gives a JSON error (502, or 504 on timeout) in the OpenAI error
@@ -57,7 +59,6 @@ HOP_BY_HOP = frozenset(
         "upgrade",
     }
 )
-_NO_AUTO_HEADERS = frozenset({"User-Agent", "Accept", "Accept-Encoding", "Content-Type"})
 
 
 class RequestObserver(Protocol):
@@ -378,21 +379,19 @@ class Relay:
         """
         upstream = self._upstream
         read_timeout = self._settings.read_timeout
-        conn, reused = await upstream.acquire()
-        try:
-            await conn.send(method, raw_head, body)
-            return conn, await conn.head(read_timeout)
-        except UpstreamClosed:
-            upstream.discard(conn)
-            if not reused:
+        for attempt in (0, 1):
+            conn, reused = await upstream.acquire()
+            try:
+                await conn.send(method, raw_head, body)
+                return conn, await conn.head(read_timeout)
+            except UpstreamClosed:
+                upstream.discard(conn)
+                if not reused or attempt:
+                    raise
+            except BaseException:
+                upstream.discard(conn)
                 raise
-        conn, _ = await upstream.acquire()
-        try:
-            await conn.send(method, raw_head, body)
-            return conn, await conn.head(read_timeout)
-        except BaseException:
-            upstream.discard(conn)
-            raise
+        raise AssertionError("unreachable")  # the second attempt returns or raises
 
     @property
     def active(self) -> int:
