@@ -1,7 +1,9 @@
-"""Assembly: the proxy application, the admin (metrics/health) application, and serving them.
+"""Assembly: the proxy (the relay on its own HTTP/1.1 server), the admin (metrics/health)
+application, and serving them.
 
-Dependencies go in through the builders (settings, telemetry); state lives under ``web.AppKey``
-and lifecycles in ``cleanup_ctx``, so tests build as many independent sidecars as they like.
+Dependencies go in through the builders (settings, telemetry); the admin app's state lives
+under ``web.AppKey`` and its lifecycles in ``cleanup_ctx``, the proxy's in ``Proxy.start`` and
+``stop``, so tests build as many independent sidecars as they like.
 
 The sidecar's own metrics are on the admin port only; the proxy port forwards every path,
 ``/metrics`` included, to the engine. Rendering /metrics runs in a worker thread so that a
@@ -31,6 +33,7 @@ from llmobs.metrics import MetricsSink
 from llmobs.observer import ObserveConfig, Observer
 from llmobs.proxy import ObserverFactory, Relay
 from llmobs.series import exposition_async
+from llmobs.server import ProxyServer
 from llmobs.telemetry import Telemetry
 from llmobs.timing import StreamStats
 from llmobs.tracing import RequestMeta, Tracing
@@ -40,11 +43,8 @@ log = logging.getLogger("llmobs")
 
 SETTINGS = web.AppKey("settings", Settings)
 TELEMETRY = web.AppKey("telemetry", Telemetry)
-SINK = web.AppKey("sink", MetricsSink)
 SESSION = web.AppKey("session", aiohttp.ClientSession)
-RELAY = web.AppKey("relay", Relay)
 COLLECTORS = web.AppKey("collectors", Collectors)
-TRACING = web.AppKey("tracing", Tracing)
 
 READY_TIMEOUT = 2.0
 SWITCH_INTERVAL = 0.001
@@ -130,38 +130,55 @@ def tracing_for(settings: Settings, telemetry: Telemetry) -> Tracing | None:
     )
 
 
-def build_app(
-    settings: Settings,
-    telemetry: Telemetry,
-    on_request: Callable[[str, StreamStats], None] | None = None,
-) -> web.Application:
-    """The proxy application: one catch-all route relaying to ``settings.upstream``."""
-    app = web.Application(client_max_size=settings.max_body_bytes)
-    sink = MetricsSink(telemetry.meter, settings.max_models, on_request)
-    app[SETTINGS] = settings
-    app[TELEMETRY] = telemetry
-    app[SINK] = sink
+class Proxy:
+    """The proxy port: one relay to ``settings.upstream`` for every method and path.
 
-    async def session_ctx(app: web.Application) -> AsyncIterator[None]:
-        upstream = Upstream(settings.upstream_base, settings.connect_timeout)
-        tracing = tracing_for(settings, telemetry)
+    Served by ``server.ProxyServer`` (HTTP/1.1 at the protocol level), not by aiohttp's web
+    server: the relay is the hot path, and a framework's per-request objects cost more than
+    the relaying itself (docs/benchmarks.md). Owns the upstream connection pool and the
+    request tracer; ``start`` and ``stop`` bracket their lives.
+    """
+
+    def __init__(
+        self,
+        settings: Settings,
+        telemetry: Telemetry,
+        on_request: Callable[[str, StreamStats], None] | None = None,
+    ) -> None:
+        self.settings = settings
+        self.telemetry = telemetry
+        self.sink = MetricsSink(telemetry.meter, settings.max_models, on_request)
+        self.tracing: Tracing | None = None
+        self.relay: Relay | None = None
+        self._upstream: Upstream | None = None
+        self._server: ProxyServer | None = None
+
+    async def start(self, host: str, port: int) -> int:
+        """Listen; returns the port bound."""
+        settings = self.settings
+        self._upstream = Upstream(settings.upstream_base, settings.connect_timeout)
+        self.tracing = tracing_for(settings, self.telemetry)
+        factory = (
+            observer_factory(settings, self.sink, self.tracing) if settings.instrument else None
+        )
+        self.relay = Relay(settings, self._upstream, factory)
+        self._server = ProxyServer(
+            self.relay, client_timeout=settings.client_timeout, max_body=settings.max_body_bytes
+        )
+        return await self._server.listen(host, port)
+
+    async def stop(self, grace: float) -> None:
+        """Stop accepting; wait up to ``grace`` seconds for requests in flight; close the
+        pool; write the last traces before the exporter shuts down."""
+        if self._server is not None:
+            await self._server.shutdown(grace)
+            self._server = None
+        if self._upstream is not None:
+            self._upstream.close()
+            self._upstream = None
+        tracing, self.tracing = self.tracing, None
         if tracing is not None:
-            app[TRACING] = tracing
-        factory = observer_factory(settings, sink, tracing) if settings.instrument else None
-        app[RELAY] = Relay(settings, upstream, factory)
-        try:
-            yield
-        finally:
-            upstream.close()
-        if tracing is not None:  # write the last traces before the exporter shuts down
             await asyncio.to_thread(tracing.close)
-
-    async def relay(request: web.Request) -> web.StreamResponse:
-        return await request.app[RELAY](request)
-
-    app.cleanup_ctx.append(session_ctx)
-    app.router.add_route("*", "/{path:.*}", relay)
-    return app
 
 
 @dataclass
@@ -250,7 +267,7 @@ class Sidecar:
         self.telemetry = telemetry
         self.collectors = Collectors(settings, telemetry.meter, nvml)
         self.lifecycle = Lifecycle()
-        self.app = build_app(settings, telemetry, self.collectors.on_request)
+        self.proxy = Proxy(settings, telemetry, self.collectors.on_request)
         self.admin = build_admin_app(settings, telemetry, self.collectors, self.lifecycle)
         self._runners: list[web.AppRunner] = []
         self.port = 0
@@ -258,20 +275,16 @@ class Sidecar:
 
     async def start(self) -> None:
         s = self.settings
-        self.port = await self._serve(self.app, s.host, s.port)
+        self.port = await self.proxy.start(s.host, s.port)
         self.metrics_port = await self._serve(self.admin, s.metrics_host, s.metrics_port)
 
     async def _serve(self, app: web.Application, host: str, port: int) -> int:
-        # aiohttp's own graceful shutdown waits a little longer than our grace, which ends
-        # streams cleanly itself (stop()); only a stuck handler is ever cancelled by aiohttp.
-        # aiohttp has no header-read timeout, but its keep-alive timer runs from the accept
-        # (and from the end of each response) until a request's headers are complete: a client
-        # dribbling its headers (slowloris) is cut after --client-timeout, as an idle one is.
+        # The admin port: aiohttp, with the proxy port's client timeout for idle connections.
         runner = web.AppRunner(
             app,
             handler_cancellation=True,
             access_log=None,
-            shutdown_timeout=self.settings.shutdown_grace + 5,
+            shutdown_timeout=5,
             keepalive_timeout=self.settings.client_timeout,
         )
         await runner.setup()
@@ -283,7 +296,7 @@ class Sidecar:
 
     def flush_traces(self) -> None:
         """Write every pending trace and export it now (blocking: tests, shutdown)."""
-        tracing = self.app.get(TRACING)
+        tracing = self.proxy.tracing
         if tracing is not None:
             tracing.drain()
         if self.telemetry.span_processor is not None:
@@ -295,13 +308,16 @@ class Sidecar:
         if self.lifecycle.draining:
             return  # stopped already
         self.lifecycle.draining = True
-        relay = self.app.get(RELAY)
-        loop = asyncio.get_running_loop()
+        relay = self.proxy.relay
+        grace = self.settings.shutdown_grace
         ending = None
         if relay is not None:
-            ending = loop.call_later(self.settings.shutdown_grace, relay.abort_streams)
+            ending = asyncio.get_running_loop().call_later(grace, relay.abort_streams)
         try:
-            for runner in self._runners:  # the proxy first: the admin port stays up meanwhile
+            # The proxy first: the admin port stays up meanwhile. Streams the grace ended
+            # finish cleanly at once; only a stuck handler waits the extra 5 s to be cancelled.
+            await self.proxy.stop(grace + 5)
+            for runner in self._runners:
                 await runner.cleanup()
         finally:
             if ending is not None:

@@ -1,26 +1,42 @@
-"""HTTP/1.1 responses, sans I/O: the head parser and the body decoders of the upstream leg.
+"""HTTP/1.1 sans I/O: heads and bodies, for both legs of the relay.
 
-The relay reads the engine's response at the protocol level (``upstream``) so that each
-network read is handled inside ``data_received``, with no task switch per chunk. These are the
-pure parts: bytes in, payload bytes out, no clock, no sockets, property-tested under every
-chunking. A body decoder's ``feed`` returns the payload a read carried as one ``bytes`` (the
-observer times reads, and an SSE event split over chunks is the framing layer's business), and
-sets ``done`` at the end of the body; bytes after it are kept in ``extra``, which makes the
-connection unfit for reuse.
+The relay speaks HTTP at the protocol level on both sides (``server`` to clients, ``upstream``
+to the engine) so that each network read is handled inside ``data_received``, with no task
+switch per chunk and no framework objects per request. These are the pure parts: bytes in,
+heads and payload bytes out, no clock, no sockets, property-tested under every chunking. A
+body decoder's ``feed`` returns the payload a read carried as one ``bytes`` (the observer
+times reads, and an SSE event split over chunks is the framing layer's business), and sets
+``done`` at the end of the body; bytes after it are kept in ``extra`` (a response's make the
+connection unfit for reuse; a request's are the next pipelined request).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from urllib.parse import unquote
 
 from multidict import CIMultiDict
 
 MAX_HEAD_BYTES = 64 * 1024  # status line and headers; more is not an engine talking
+MAX_REQUEST_HEAD_BYTES = 32 * 1024  # a client's request line and headers (then 431)
+MAX_REQUEST_HEADERS = 128
 MAX_CHUNK_LINE = 4096  # a chunk-size line with extensions
+
+# RFC 9110 token characters (methods, field names): ``x.translate(None, _TOKEN)`` is empty
+# exactly when every byte of ``x`` is one.
+_TOKEN = b"!#$%&'*+-.^_`|~0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"
 
 
 class ProtocolError(ConnectionError):
-    """The upstream sent something that is not HTTP/1.x (the connection is then dropped)."""
+    """The peer sent something that is not HTTP/1.x (the connection is then dropped)."""
+
+
+class BadRequest(ProtocolError):
+    """A client's request the server answers with ``status`` (400, 431, 501, 505) and closes."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,12 +51,7 @@ class ResponseHead:
     @property
     def keep_alive(self) -> bool:
         """Whether the connection may carry another request after this response."""
-        tokens = {
-            t.strip().lower() for v in self.headers.getall("Connection", ()) for t in v.split(",")
-        }
-        if self.version >= (1, 1):
-            return "close" not in tokens
-        return "keep-alive" in tokens
+        return _keep_alive(self.version, self.headers)
 
 
 def parse_head(raw: bytes) -> ResponseHead:
@@ -64,6 +75,79 @@ def parse_head(raw: bytes) -> ResponseHead:
         headers.add(name.decode("latin-1"), value.strip().decode("latin-1"))
     reason = parts[2].decode("latin-1") if len(parts) > 2 else ""
     return ResponseHead((1, int(minor)), int(parts[1]), reason, headers)
+
+
+@dataclass(frozen=True, slots=True)
+class RequestHead:
+    """A parsed request line and header block, as a client sent it."""
+
+    method: str
+    target: str  # origin form: path and query, as sent (never decoded)
+    version: tuple[int, int]
+    headers: CIMultiDict[str]
+
+    @property
+    def path(self) -> str:
+        """The target's path, percent-decoded, without the query."""
+        path = self.target.split("?", 1)[0]
+        return unquote(path) if "%" in path else path
+
+    @property
+    def keep_alive(self) -> bool:
+        """Whether the client asks to keep the connection after this exchange."""
+        return _keep_alive(self.version, self.headers)
+
+
+def _keep_alive(version: tuple[int, int], headers: CIMultiDict[str]) -> bool:
+    values = headers.getall("Connection", ())
+    if not values:
+        return version >= (1, 1)
+    tokens = {t.strip().lower() for v in values for t in v.split(",")}
+    if version >= (1, 1):
+        return "close" not in tokens
+    return "keep-alive" in tokens
+
+
+def parse_request_head(raw: bytes) -> RequestHead:
+    """Parse ``raw`` (request line and headers, without the blank line that ends them).
+
+    Strict where leniency lets two parsers disagree about a message (RFC 9112 sections 2.2,
+    3, 5 and 11: lines end with CRLF, no whitespace before a colon, no obsolete line folding,
+    no CR, LF or NUL inside a value): the relay re-frames every request it forwards, but
+    headers pass on as sent.
+    """
+    lines = raw.split(b"\r\n")
+    parts = lines[0].split(b" ")
+    if len(parts) != 3 or not parts[1] or not parts[0] or parts[0].translate(None, _TOKEN):
+        raise BadRequest(400, "malformed request line")
+    version = parts[2]
+    if len(version) != 8 or not version.startswith(b"HTTP/") or version[6:7] != b".":
+        raise BadRequest(400, "malformed request line")
+    if version[5:6] != b"1" or version[7:8] not in (b"0", b"1"):
+        raise BadRequest(505, "HTTP version not supported")
+    target = parts[1]
+    if target[:1] != b"/":
+        scheme, sep, rest = target.partition(b"://")
+        if not sep or scheme.lower() not in (b"http", b"https"):
+            raise BadRequest(400, "request target not in origin or absolute form")
+        target = b"/" + rest.partition(b"/")[2]  # absolute form: the authority is ours
+    if len(lines) > MAX_REQUEST_HEADERS + 1:
+        raise BadRequest(431, "too many header fields")
+    fields: list[tuple[str, str]] = []
+    for line in lines[1:]:
+        name, sep, value = line.partition(b":")
+        if not sep or not name or name.translate(None, _TOKEN):
+            raise BadRequest(400, "malformed header field")
+        value = value.strip(b" \t")
+        if b"\r" in value or b"\n" in value or b"\x00" in value:
+            raise BadRequest(400, "invalid character in a header field")
+        fields.append((name.decode("ascii"), value.decode("latin-1")))
+    return RequestHead(
+        parts[0].decode("ascii"),
+        target.decode("latin-1"),
+        (1, version[7] - 48),
+        CIMultiDict(fields),
+    )
 
 
 class BodyDecoder:
@@ -231,3 +315,32 @@ def body_decoder(head: ResponseHead, method: str) -> BodyDecoder:
             raise ProtocolError(f"bad Content-Length: {lengths!r}")
         return LengthBody(int(value))
     return CloseBody()
+
+
+def request_body_decoder(head: RequestHead) -> BodyDecoder | None:
+    """The decoder of a request's body (RFC 9112 section 6.3); None when it has none.
+
+    A request that carries both framings, or whose last transfer coding is not chunked, is
+    refused with 400 (section 6.1: the usual smuggling vector), as are conflicting lengths;
+    one with another coding before chunked gets 501 (section 6.1, not implemented).
+    """
+    headers = head.headers
+    encoding = headers.get("Transfer-Encoding")
+    lengths = headers.getall("Content-Length", ())
+    if encoding is not None:
+        if lengths:
+            raise BadRequest(400, "both Transfer-Encoding and Content-Length")
+        codings = ",".join(headers.getall("Transfer-Encoding")).replace(" ", "").lower()
+        if codings.rsplit(",", 1)[-1] != "chunked":
+            raise BadRequest(400, "chunked is not the final transfer coding")
+        if codings != "chunked":
+            raise BadRequest(501, "transfer coding not implemented")
+        return ChunkedBody()
+    if not lengths:
+        return None
+    values = {v.strip() for line in lengths for v in line.split(",")}
+    value = values.pop()
+    if values or not value.isdigit() or len(value) > 18:
+        raise BadRequest(400, "invalid Content-Length")
+    length = int(value)
+    return LengthBody(length) if length else None

@@ -23,25 +23,23 @@ Semantics, as a user of a reverse proxy expects them:
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import json
 import logging
 import time
-from collections.abc import AsyncIterator, MutableMapping
+from collections.abc import MutableMapping
 from typing import Protocol
 
-from aiohttp import web
-from multidict import CIMultiDict, CIMultiDictProxy
+from multidict import CIMultiDict
 
 from llmobs.config import Settings
 from llmobs.formats import Route, detect_stream, route_for_path
 from llmobs.formats.base import Passthrough
 from llmobs.formats.inject import UsageStripper, inject_usage
 from llmobs.formats.openai import OpenAIStream
-from llmobs.http1 import ResponseHead
+from llmobs.http1 import BadRequest, ResponseHead
+from llmobs.server import BodyTooLarge, BodyTooSlow, Request
 from llmobs.timing import Outcome
 from llmobs.tracing import RequestMeta
-from llmobs.upstream import HIGH_WATER, LOW_WATER, Connection, Upstream, UpstreamClosed
+from llmobs.upstream import Connection, Upstream, UpstreamClosed
 
 log = logging.getLogger("llmobs.proxy")
 
@@ -103,68 +101,38 @@ class NullObserver:
 NULL_OBSERVER = NullObserver()
 
 
-class BodyTooLarge(Exception):
-    """The request body exceeded the configured maximum while it was being forwarded."""
-
-
-class BodyTooSlow(Exception):
-    """The client kept the sidecar waiting for its request body longer than allowed."""
-
-
-async def client_chunks(request: web.Request, budget: float) -> AsyncIterator[bytes]:
-    """The request body as it arrives; ``BodyTooSlow`` once the client has kept the sidecar
-    waiting ``budget`` seconds in all (a slowloris body). Only waits on the client count:
-    time the upstream takes to accept what was already read does not."""
-    loop = asyncio.get_running_loop()
-    content = request.content
-    while True:
-        started = loop.time()
-        try:
-            async with asyncio.timeout(budget):
-                chunk = await content.readany()
-        except TimeoutError:
-            raise BodyTooSlow from None
-        if not chunk:
-            return
-        budget -= loop.time() - started
-        yield chunk
-
-
-def filter_headers(headers: CIMultiDictProxy[str] | CIMultiDict[str]) -> CIMultiDict[str]:
-    """Copy ``headers`` minus hop-by-hop ones, including those named in ``Connection``."""
+def filter_headers(headers: CIMultiDict[str]) -> list[tuple[str, str]]:
+    """``headers`` minus hop-by-hop ones, including those named in ``Connection``."""
     named = {
         token.strip().lower()
         for value in headers.getall("Connection", ())
         for token in value.split(",")
     }
-    out: CIMultiDict[str] = CIMultiDict()
-    for key, value in headers.items():
-        lower = key.lower()
-        if lower not in HOP_BY_HOP and lower not in named:
-            out.add(key, value)
-    return out
+    return [
+        (key, value)
+        for key, value in headers.items()
+        if (lower := key.lower()) not in HOP_BY_HOP and lower not in named
+    ]
 
 
-def upstream_headers(request: web.Request) -> CIMultiDict[str]:
-    """Headers to send upstream: the client's, minus hop-by-hop and Host, plus X-Forwarded-*."""
-    headers = filter_headers(request.headers)
-    headers.popall("Host", None)
-    headers.popall("Expect", None)  # the sidecar's server already answered 100-continue
-    chain = [v for v in request.headers.getall("X-Forwarded-For", ()) if v.strip()]
+_NOT_FORWARDED = frozenset({"host", "content-length", "expect", "x-forwarded-for"})
+
+
+def upstream_headers(request: Request) -> CIMultiDict[str]:
+    """Headers to send upstream: the client's, minus hop-by-hop ones, ``Host``, ``Expect``
+    (the sidecar answered it) and the framing, plus ``X-Forwarded-For``/``-Proto``."""
+    headers = request.headers
+    out: CIMultiDict[str] = CIMultiDict(
+        (k, v) for k, v in filter_headers(headers) if k.lower() not in _NOT_FORWARDED
+    )
+    chain = [v for v in headers.getall("X-Forwarded-For", ()) if v.strip()]
     if request.remote:
         chain.append(request.remote)
-    headers.popall("X-Forwarded-For", None)
     if chain:
-        headers["X-Forwarded-For"] = ", ".join(chain)
-    if "X-Forwarded-Proto" not in headers:
-        headers["X-Forwarded-Proto"] = request.scheme
-    return headers
-
-
-def json_error(status: int, message: str, kind: str) -> web.Response:
-    """An error the sidecar itself produced, in the OpenAI error shape."""
-    body = {"error": {"message": message, "type": kind, "code": status}}
-    return web.Response(status=status, text=json.dumps(body), content_type="application/json")
+        out["X-Forwarded-For"] = ", ".join(chain)
+    if "X-Forwarded-Proto" not in out:
+        out["X-Forwarded-Proto"] = request.scheme
+    return out
 
 
 def _is_json(content_type: str) -> bool:
@@ -172,19 +140,7 @@ def _is_json(content_type: str) -> bool:
     return media == "application/json" or media.endswith("+json")
 
 
-async def _read_limited(request: web.Request, limit: int, budget: float) -> bytes:
-    """The whole request body, within ``limit`` bytes and ``budget`` seconds of waiting."""
-    parts: list[bytes] = []
-    size = 0
-    async for chunk in client_chunks(request, budget):
-        size += len(chunk)
-        if size > limit:
-            raise BodyTooLarge
-        parts.append(chunk)
-    return b"".join(parts)
-
-
-_FRAMING = frozenset({"host", "content-length", "transfer-encoding"})
+_LENGTH = frozenset({"content-length"})
 
 
 class _Stream:
@@ -192,25 +148,24 @@ class _Stream:
 
     ``feed`` runs inside the upstream connection's ``data_received``: it writes the read to
     the client's transport first (framed as the client's response needs), then observes it.
-    A slow client pauses upstream reads until its buffer drains.
+    A slow client pauses upstream reads until its buffer drains (the client transport's
+    write-buffer limits call back, see ``server``), at no cost per chunk.
     """
 
-    __slots__ = ("_chunked", "_conn", "_draining", "_obs", "_stripper", "_transport", "gone")
+    __slots__ = ("_chunked", "_conn", "_obs", "_stripper", "_transport", "gone")
 
     def __init__(
         self,
-        transport: asyncio.Transport,
-        chunked: bool,
+        request: Request,
         conn: Connection,
         obs: RequestObserver,
         stripper: UsageStripper | None,
     ) -> None:
-        self._transport = transport
-        self._chunked = chunked
+        self._transport = request.transport
+        self._chunked = request.chunked
         self._conn = conn
         self._obs = obs
         self._stripper = stripper
-        self._draining: asyncio.Task[None] | None = None
         self.gone = False  # the client went away mid-stream
 
     def feed(self, data: bytes) -> None:
@@ -228,27 +183,10 @@ class _Stream:
             else:
                 transport.write(out)
         self._obs.chunk(now, data)
-        if transport.get_write_buffer_size() > HIGH_WATER and self._draining is None:
-            self._conn.pause_reading()
-            self._draining = asyncio.get_running_loop().create_task(self._drain())
-
-    async def _drain(self) -> None:
-        """Resume upstream reads once the client has taken most of what is buffered."""
-        transport = self._transport
-        delay = 0.001
-        while not transport.is_closing() and transport.get_write_buffer_size() > LOW_WATER:
-            await asyncio.sleep(delay)
-            delay = min(delay * 2, 0.05)
-        self._draining = None
-        self._conn.resume_reading()
-
-    def cancel(self) -> None:
-        if self._draining is not None:
-            self._draining.cancel()
 
 
 class Relay:
-    """The catch-all request handler, bound to the upstream, settings and an observer factory."""
+    """The request handler, bound to the upstream, settings and an observer factory."""
 
     def __init__(
         self,
@@ -262,29 +200,30 @@ class Relay:
         self._streams: set[Connection] = set()  # connections whose response is being relayed
         self._aborted: set[Connection] = set()  # ended by a shutdown's grace
 
-    async def __call__(self, request: web.Request) -> web.StreamResponse:
+    async def __call__(self, request: Request) -> None:
         clock = time.perf_counter_ns
         start = clock()
         route = route_for_path(request.path)
         obs = self._observer(route, start, request)
         settings = self._settings
         limit = settings.max_body_bytes
-        if request.content_length is not None and request.content_length > limit:
-            rejected = self._local(obs, 413, f"request body larger than {limit} bytes")
+        length = request.content_length
+        if length is not None and length > limit:
+            self._local(request, obs, 413, f"request body larger than {limit} bytes", close=True)
             obs.finish(clock(), Outcome.REJECTED)
-            return rejected
+            return
         headers = upstream_headers(request)
         obs.inject(headers)
         stripper: UsageStripper | None = None
         outcome = Outcome.OK
-        resp: web.StreamResponse | None = None
         conn: Connection | None = None
-        stream: _Stream | None = None
         try:
             body: bytes | None = None
-            if request.body_exists:
-                body = await _read_limited(request, limit, settings.client_timeout)
-                if _is_json(request.content_type) or route.dialect is not Passthrough:
+            if request.has_body:
+                body = await request.read_body(settings.client_timeout)
+                if _is_json(request.headers.get("Content-Type", "")) or (
+                    route.dialect is not Passthrough
+                ):
                     obs.request_body(body)
                 if settings.inject_usage and route.dialect is OpenAIStream:
                     rewritten = inject_usage(body)
@@ -293,72 +232,66 @@ class Relay:
             elif request.method in ("POST", "PUT", "PATCH"):
                 body = b""
             obs.forwarded(clock())
-            fields = [(k, v) for k, v in headers.items() if k.lower() not in _FRAMING]
-            raw_head = self._upstream.request_head(request.method, request.raw_path, fields, body)
+            raw_head = self._upstream.request_head(
+                request.method, request.target, headers.items(), body
+            )
             conn, head = await self._exchange(request.method, raw_head, body or b"")
             self._streams.add(conn)
-            content_type = head.headers.get("Content-Type", "")
-            if head.headers.get("Content-Encoding", "").lower() not in ("", "identity"):
+            response_headers = head.headers
+            content_type = response_headers.get("Content-Type", "")
+            if response_headers.get("Content-Encoding", "").lower() not in ("", "identity"):
                 content_type = ""  # compressed: relayed and timed, not parsed (not malformed)
             obs.response(head.status, content_type)
-            response_headers = filter_headers(head.headers)
             if stripper is not None and detect_stream(content_type) != "sse":
                 stripper = None  # an error body, say: nothing to strip
-            if stripper is not None:
-                response_headers.popall("Content-Length", None)
-            resp = web.StreamResponse(
-                status=head.status, reason=head.reason, headers=response_headers
-            )
-            await resp.prepare(request)  # a StreamResponse sends its headers at once
-            transport = request.transport
-            if transport is None:
-                raise ConnectionResetError("client gone")
-            chunked = "chunked" in resp.headers.get("Transfer-Encoding", "").lower()
-            stream = _Stream(transport, chunked, conn, obs, stripper)
+            fields = [
+                (k, v) for k, v in filter_headers(response_headers) if k.lower() not in _LENGTH
+            ]
+            request.begin(head.status, head.reason, fields, _length(head, stripper))
+            stream = _Stream(request, conn, obs, stripper)
+            request.on_flow(conn.pause_reading, conn.resume_reading)
             conn.relay(stream.feed)
             try:
                 await conn.body_done(settings.read_timeout)
             except ConnectionError:
-                if stream.gone:
-                    outcome = Outcome.CLIENT_DISCONNECT
-                    return resp
-                raise
+                if not stream.gone:
+                    raise
             if stream.gone:
                 outcome = Outcome.CLIENT_DISCONNECT
-                return resp
+                return
             if stripper is not None:
-                await resp.write(stripper.flush())
-            await resp.write_eof()
+                request.write(stripper.flush())
+            request.end()
             if conn in self._aborted:
                 outcome = Outcome.SHUTDOWN
-            return resp
         except asyncio.CancelledError:
             outcome = Outcome.CLIENT_DISCONNECT
             raise
         except BodyTooLarge:
             outcome = Outcome.REJECTED
-            return self._local(obs, 413, f"request body larger than {limit} bytes")
+            self._local(request, obs, 413, f"request body larger than {limit} bytes", close=True)
         except BodyTooSlow:
             outcome = Outcome.REJECTED
-            return self._too_slow(obs)
+            message = f"request body not received within {settings.client_timeout:g} s"
+            self._local(request, obs, 408, message, close=True)
+        except BadRequest as exc:
+            outcome = Outcome.REJECTED
+            self._local(request, obs, exc.status, str(exc), close=True)
         except TimeoutError:
             outcome = Outcome.UPSTREAM_TIMEOUT
-            return self._upstream_failed(request, obs, resp, 504, "upstream timed out", outcome)
+            self._upstream_failed(request, obs, 504, "upstream timed out", outcome)
         except OSError as exc:
-            if conn is not None and conn in self._aborted and resp is not None:
+            if conn is not None and conn in self._aborted and request.started:
                 outcome = Outcome.SHUTDOWN  # the shutdown grace ran out: end the stream cleanly
-                with contextlib.suppress(ConnectionError):
-                    await resp.write_eof()
-                return resp
-            if isinstance(exc, ConnectionError) and resp is not None and _client_gone(request):
+                request.end()
+            elif isinstance(exc, ConnectionError) and request.started and _client_gone(request):
                 outcome = Outcome.CLIENT_DISCONNECT
-                return resp
-            outcome = Outcome.UPSTREAM_ERROR
-            message = f"upstream unavailable: {type(exc).__name__}"
-            return self._upstream_failed(request, obs, resp, 502, message, outcome)
+            else:
+                outcome = Outcome.UPSTREAM_ERROR
+                message = f"upstream unavailable: {type(exc).__name__}"
+                self._upstream_failed(request, obs, 502, message, outcome)
         finally:
-            if stream is not None:
-                stream.cancel()
+            request.on_flow(None, None)
             if conn is not None:
                 self._streams.discard(conn)
                 self._aborted.discard(conn)
@@ -410,7 +343,7 @@ class Relay:
             conn.close()
         return len(streams)
 
-    def _observer(self, route: Route, start: int, request: web.Request) -> RequestObserver:
+    def _observer(self, route: Route, start: int, request: Request) -> RequestObserver:
         """A new observer, or the null one if there is none or it cannot be made."""
         factory = self._new_observer
         if factory is None:
@@ -423,42 +356,35 @@ class Relay:
             return NULL_OBSERVER
 
     @staticmethod
-    def _local(obs: RequestObserver, status: int, message: str) -> web.Response:
+    def _local(
+        request: Request, obs: RequestObserver, status: int, message: str, close: bool = False
+    ) -> None:
         """A response the sidecar produces itself (the observer records its status)."""
         obs.response(status, "")
-        kinds = {
-            408: "request_timeout",
-            413: "request_too_large",
-            502: "upstream_error",
-            504: "upstream_timeout",
-        }
-        return json_error(status, message, kinds[status])
-
-    def _too_slow(self, obs: RequestObserver) -> web.Response:
-        """408 for a client that sent its body too slowly; the connection is not kept."""
-        timeout = self._settings.client_timeout
-        resp = self._local(obs, 408, f"request body not received within {timeout:g} s")
-        resp.force_close()
-        return resp
+        request.respond_error(status, message, close=close)
 
     def _upstream_failed(
         self,
-        request: web.Request,
+        request: Request,
         obs: RequestObserver,
-        resp: web.StreamResponse | None,
         status: int,
         message: str,
         outcome: Outcome,
-    ) -> web.StreamResponse:
+    ) -> None:
         log.warning("%s %s: %s (%s)", request.method, request.path, message, outcome.value)
-        if resp is None or not resp.prepared:
-            return self._local(obs, status, f"llmobs: {message}")
-        # The response has started: end it the way a broken engine would, without a clean end.
-        if request.transport is not None:
-            request.transport.close()
-        return resp
+        if not request.started:
+            self._local(request, obs, status, f"llmobs: {message}")
+        else:  # the response has started: end it the way a broken engine would, uncleanly
+            request.abort()
 
 
-def _client_gone(request: web.Request) -> bool:
-    transport = request.transport
-    return transport is None or transport.is_closing()
+def _length(head: ResponseHead, stripper: UsageStripper | None) -> int | None:
+    """The response's Content-Length to pass on: the engine's, unless the body is rewritten."""
+    if stripper is not None:
+        return None
+    value = head.headers.get("Content-Length")
+    return int(value) if value is not None and value.strip().isdigit() else None
+
+
+def _client_gone(request: Request) -> bool:
+    return request.transport.is_closing()

@@ -36,8 +36,6 @@ from llmobs.http1 import (
 Sink = Callable[[bytes], None]
 _T = TypeVar("_T")
 
-HIGH_WATER = 256 * 1024  # client-side buffer above which upstream reads pause
-LOW_WATER = 64 * 1024
 MAX_IDLE = 256  # pooled idle connections kept
 
 

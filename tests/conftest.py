@@ -18,7 +18,7 @@ from aiohttp import web
 from prometheus_client import CollectorRegistry
 from prometheus_client.parser import text_string_to_metric_families
 
-from llmobs.app import SINK, Sidecar
+from llmobs.app import Sidecar
 from llmobs.collectors.nvml import NvmlBackend
 from llmobs.config import Settings
 from llmobs.metrics import MetricsSink
@@ -51,7 +51,7 @@ class SidecarHandle:
 
     @property
     def sink(self) -> MetricsSink:
-        return self.sidecar.app[SINK]
+        return self.sidecar.proxy.sink
 
     def value(self, name: str, **labels: str) -> float:
         """Sum of the samples named ``name`` whose labels include ``labels`` (0 if none)."""

@@ -1,0 +1,521 @@
+"""The client leg: a lean HTTP/1.1 server for the relay, at the protocol level.
+
+Why not a web framework's server: per request it builds a request object, a payload stream,
+a router match, a response object and its header writer, and wakes a task between each read
+of the request and the handler. For a relay that adds up to a few hundred microseconds of CPU
+per request and a scheduler round or two of latency before the request reaches the engine
+(docs/benchmarks.md). Here the head is parsed (``http1``) inside ``data_received`` and the
+handler task starts at once; a body that came with the head is there when the handler runs.
+
+What it does, as a reverse proxy's client side should:
+- keep-alive and pipelining: requests on a connection are answered one at a time, in order;
+- a request's headers must be complete ``client_timeout`` after the accept or the end of the
+  previous response, else the connection is closed (an idle or slowloris client);
+- the body is buffered up to ``max_body`` bytes, read whole by the handler within
+  ``client_timeout`` (``BodyTooSlow``, ``BodyTooLarge``); ``Expect: 100-continue`` is
+  answered when the handler asks for the body, so a request refused on its head alone (413)
+  never makes the client send it;
+- a malformed request gets a JSON 400, 431, 501 or 505 and the connection is closed;
+- a client going away (reset or close) cancels its handler, which stops the upstream work;
+- shutdown stops accepting, closes idle connections and lets handlers finish (``shutdown``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import socket
+from collections.abc import Awaitable, Callable, Iterable
+from email.utils import formatdate
+
+from llmobs.http1 import (
+    MAX_REQUEST_HEAD_BYTES,
+    BadRequest,
+    BodyDecoder,
+    ProtocolError,
+    RequestHead,
+    parse_request_head,
+    request_body_decoder,
+)
+
+log = logging.getLogger("llmobs.server")
+
+MAX_PIPELINED = 256 * 1024  # bytes of later requests buffered while one is handled
+HIGH_WATER = 256 * 1024  # bytes buffered for a client above which its upstream is paused
+LOW_WATER = 64 * 1024  # ... and below which it is resumed
+
+REASONS = {
+    100: "Continue",
+    400: "Bad Request",
+    408: "Request Timeout",
+    413: "Content Too Large",
+    431: "Request Header Fields Too Large",
+    500: "Internal Server Error",
+    501: "Not Implemented",
+    502: "Bad Gateway",
+    504: "Gateway Timeout",
+    505: "HTTP Version Not Supported",
+}
+ERROR_TYPES = {
+    400: "bad_request",
+    408: "request_timeout",
+    413: "request_too_large",
+    431: "request_too_large",
+    500: "internal_error",
+    501: "not_implemented",
+    502: "upstream_error",
+    504: "upstream_timeout",
+    505: "bad_request",
+}
+
+
+class BodyTooLarge(Exception):
+    """The request body exceeded the configured maximum."""
+
+
+class BodyTooSlow(Exception):
+    """The client kept the server waiting for its request body longer than allowed."""
+
+
+def error_body(status: int, message: str) -> bytes:
+    """An error the sidecar itself produced, in the OpenAI error shape."""
+    kind = ERROR_TYPES.get(status, "error")
+    return json.dumps({"error": {"message": message, "type": kind, "code": status}}).encode()
+
+
+Handler = Callable[["Request"], Awaitable[None]]
+
+
+class Request:
+    """One request on a connection, and the writing of its response.
+
+    The handler writes the response through ``begin`` (the head), then either the transport
+    directly (the relay's hot path, framed as ``chunked`` says) or ``write``, and ``end``; or
+    all at once with ``respond``. A handler that returns with a response begun but not ended
+    has the connection closed under it (the client sees a cut response).
+    """
+
+    __slots__ = (
+        "_conn",
+        "_decoder",
+        "_expect_continue",
+        "_flow",
+        "_limit",
+        "_parts",
+        "_size",
+        "_waiter",
+        "body_complete",
+        "chunked",
+        "ended",
+        "error",
+        "head",
+        "headers",
+        "keep_alive",
+        "method",
+        "remote",
+        "started",
+        "target",
+        "too_large",
+        "transport",
+    )
+
+    scheme = "http"
+
+    def __init__(
+        self,
+        conn: ServerConnection,
+        head: RequestHead,
+        decoder: BodyDecoder | None,
+        limit: int,
+    ) -> None:
+        self._conn = conn
+        self.transport = conn.transport
+        self.head = head
+        self.method = head.method
+        self.target = head.target
+        self.headers = head.headers
+        self.remote = conn.remote
+        self.keep_alive = head.keep_alive
+        self._decoder = decoder
+        self._limit = limit
+        self._parts: list[bytes] = []
+        self._size = 0
+        self._waiter: asyncio.Future[None] | None = None
+        self._flow: tuple[Callable[[], None], Callable[[], None]] | None = None
+        expect = head.headers.get("Expect", "")
+        self._expect_continue = head.version >= (1, 1) and expect.lower() == "100-continue"
+        self.body_complete = decoder is None
+        self.too_large = False
+        self.error: BadRequest | None = None
+        self.started = False
+        self.ended = False
+        self.chunked = False
+
+    # -- the request ------------------------------------------------------------------------
+    @property
+    def path(self) -> str:
+        return self.head.path
+
+    @property
+    def has_body(self) -> bool:
+        """Whether the request declares a body (a length above zero, or chunked)."""
+        return self._decoder is not None
+
+    @property
+    def content_length(self) -> int | None:
+        value = self.headers.get("Content-Length")
+        return int(value) if value is not None and value.strip().isdigit() else None
+
+    def _feed(self, data: bytes) -> bytes:
+        """Body bytes off the wire; returns what follows the body (a pipelined request)."""
+        decoder = self._decoder
+        assert decoder is not None
+        try:
+            payload = decoder.feed(data)
+        except ProtocolError as exc:
+            self.error = BadRequest(400, f"malformed request body: {exc}")
+            self._complete()
+            return b""
+        if payload and not self.too_large:
+            self._size += len(payload)
+            if self._size > self._limit:
+                self.too_large = True
+                self._parts.clear()
+                self._complete()
+            else:
+                self._parts.append(payload)
+        if decoder.done and not self.body_complete:
+            self._complete()
+            return decoder.extra
+        return b""
+
+    def _complete(self) -> None:
+        self.body_complete = True
+        waiter = self._waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+    async def read_body(self, budget: float) -> bytes:
+        """The whole body; ``BodyTooSlow`` if it takes longer than ``budget`` seconds,
+        ``BodyTooLarge`` past the limit, ``BadRequest`` if its framing is broken."""
+        if not self.body_complete:
+            if self._expect_continue:
+                self._expect_continue = False
+                self.transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+            self._waiter = asyncio.get_running_loop().create_future()
+            try:
+                async with asyncio.timeout(budget):
+                    await self._waiter
+            except TimeoutError:
+                raise BodyTooSlow from None
+            finally:
+                self._waiter = None
+        if self.too_large:
+            raise BodyTooLarge
+        if self.error is not None:
+            raise self.error
+        parts = self._parts
+        return parts[0] if len(parts) == 1 else b"".join(parts)
+
+    # -- the response -----------------------------------------------------------------------
+    def begin(
+        self,
+        status: int,
+        reason: str,
+        headers: Iterable[tuple[str, str]],
+        length: int | None,
+    ) -> None:
+        """Write the response head: ``headers`` as given (no framing headers among them),
+        then the framing: ``length`` bytes, else chunked (HTTP/1.1) or until close."""
+        keep = self.keep_alive and not self._conn.closing
+        lines = [f"HTTP/1.1 {status} {reason}"]
+        lines.extend(f"{k}: {v}" for k, v in headers)
+        if self.method == "HEAD" or status in (204, 304) or status < 200:
+            if length is not None and status != 204:
+                lines.append(f"Content-Length: {length}")  # what a GET would have had
+        elif length is not None:
+            lines.append(f"Content-Length: {length}")
+        elif self.head.version >= (1, 1):
+            lines.append("Transfer-Encoding: chunked")
+            self.chunked = True
+        else:
+            keep = False  # HTTP/1.0 and no length: the body ends with the connection
+        if not keep:
+            lines.append("Connection: close")
+        elif self.head.version < (1, 1):
+            lines.append("Connection: keep-alive")
+        self.keep_alive = keep
+        lines.append("\r\n")
+        self.started = True
+        self.transport.write("\r\n".join(lines).encode("latin-1"))
+
+    def write(self, data: bytes) -> None:
+        """Body bytes, framed as the head said."""
+        if not data:
+            return
+        if self.chunked:
+            self.transport.writelines((b"%x\r\n" % len(data), data, b"\r\n"))
+        else:
+            self.transport.write(data)
+
+    def end(self) -> None:
+        """The end of the response (the last chunk, when chunked)."""
+        if self.chunked and not self.transport.is_closing():
+            self.transport.write(b"0\r\n\r\n")
+        self.ended = True
+
+    def respond(
+        self,
+        status: int,
+        body: bytes,
+        content_type: str = "application/json",
+        *,
+        close: bool = False,
+    ) -> None:
+        """A whole response the server produces itself (errors)."""
+        if close:
+            self.keep_alive = False
+        headers = [("Content-Type", content_type), ("Date", formatdate(usegmt=True))]
+        self.begin(status, REASONS.get(status, "Error"), headers, len(body))
+        self.write(body)
+        self.end()
+
+    def respond_error(self, status: int, message: str, *, close: bool = False) -> None:
+        self.respond(status, error_body(status, message), close=close)
+
+    def on_flow(self, pause: Callable[[], None] | None, resume: Callable[[], None] | None) -> None:
+        """Call ``pause`` when the client's write buffer passes ``HIGH_WATER`` and ``resume``
+        when it is back under ``LOW_WATER`` (the relay pauses the engine's connection);
+        ``None`` stops it."""
+        self._flow = (pause, resume) if pause is not None and resume is not None else None
+        if self._flow is not None and self._conn.paused_writing:
+            pause()  # type: ignore[misc]  # not None, checked above
+
+    def _pause(self) -> None:
+        if self._flow is not None:
+            self._flow[0]()
+
+    def _resume(self) -> None:
+        if self._flow is not None:
+            self._flow[1]()
+
+    def abort(self) -> None:
+        """Close the connection now, without the response's clean end."""
+        self.transport.close()
+
+
+class ServerConnection(asyncio.Protocol):
+    """One client connection: parses requests, runs the handler for one at a time."""
+
+    def __init__(self, server: ProxyServer) -> None:
+        self._server = server
+        self._loop = server.loop
+        self.transport: asyncio.Transport = None  # type: ignore[assignment]  # set on connect
+        self.remote = ""
+        self.closing = False  # close once the current response has ended
+        self._buf = b""
+        self._request: Request | None = None
+        self._task: asyncio.Task[None] | None = None
+        self._idle: asyncio.TimerHandle | None = None
+        self._paused = False
+        self.paused_writing = False
+
+    # -- asyncio.Protocol -------------------------------------------------------------------
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]  # a TCP transport
+        sock = transport.get_extra_info("socket")
+        if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
+            with contextlib.suppress(OSError):
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self.transport.set_write_buffer_limits(high=HIGH_WATER, low=LOW_WATER)
+        peer = transport.get_extra_info("peername")
+        self.remote = str(peer[0]) if isinstance(peer, tuple) and peer else ""
+        self._server.connections.add(self)
+        if self._server.closing:
+            self.transport.close()
+            return
+        self._arm_idle()
+
+    def data_received(self, data: bytes) -> None:
+        request = self._request
+        if request is not None:
+            if not request.body_complete:
+                data = request._feed(data)
+                if not data:
+                    return
+            self._buf += data  # a pipelined request: handled after this one
+            if len(self._buf) > MAX_PIPELINED and not self._paused:
+                self._paused = True
+                self.transport.pause_reading()
+            return
+        self._buf = self._buf + data if self._buf else data
+        self._next()
+
+    def pause_writing(self) -> None:
+        self.paused_writing = True
+        if self._request is not None:
+            self._request._pause()
+
+    def resume_writing(self) -> None:
+        self.paused_writing = False
+        if self._request is not None:
+            self._request._resume()
+
+    def eof_received(self) -> bool:
+        return False  # the client is gone: close (and cancel its handler)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._server.connections.discard(self)
+        if self._idle is not None:
+            self._idle.cancel()
+        task = self._task
+        if task is not None and not task.done():
+            task.cancel()
+
+    # -- requests ---------------------------------------------------------------------------
+    def _arm_idle(self) -> None:
+        self._idle = self._loop.call_later(self._server.client_timeout, self._idle_timeout)
+
+    def _idle_timeout(self) -> None:
+        if self._request is None:  # no complete head in time: idle, or a slowloris
+            self.transport.close()
+
+    def _next(self) -> None:
+        """Start the next request if its head is complete."""
+        buf = self._buf
+        if buf[:2] == b"\r\n":  # RFC 9112 2.2: a stray CRLF before a request is ignored
+            buf = buf.lstrip(b"\r\n")
+        end = buf.find(b"\r\n\r\n")
+        if end < 0 or end > MAX_REQUEST_HEAD_BYTES:
+            self._buf = buf
+            if len(buf) > MAX_REQUEST_HEAD_BYTES:
+                self._reject(BadRequest(431, "request head too large"))
+            return
+        try:
+            head = parse_request_head(buf[:end])
+            decoder = request_body_decoder(head)
+        except BadRequest as exc:
+            self._reject(exc)
+            return
+        if self._idle is not None:
+            self._idle.cancel()
+            self._idle = None
+        request = Request(self, head, decoder, self._server.max_body)
+        self._request = request
+        rest = buf[end + 4 :]
+        if rest and decoder is not None:
+            rest = request._feed(rest)
+        self._buf = rest
+        self._task = self._loop.create_task(self._run(request))
+
+    def _reject(self, exc: BadRequest) -> None:
+        """Answer a request that cannot be parsed, and close (the stream is out of sync)."""
+        self._buf = b""
+        log.debug("rejected a request: %s", exc)
+        body = error_body(exc.status, f"llmobs: {exc}")
+        head = (
+            f"HTTP/1.1 {exc.status} {REASONS.get(exc.status, 'Error')}\r\n"
+            f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n"
+            "Connection: close\r\n\r\n"
+        )
+        self.transport.write(head.encode() + body)
+        self.transport.close()
+
+    async def _run(self, request: Request) -> None:
+        try:
+            await self._server.handler(request)
+        except asyncio.CancelledError:
+            pass  # the client went away (or shutdown gave up waiting): the transport is closed
+        except Exception:
+            log.exception("%s %s: the request handler failed", request.method, request.path)
+            if not request.started and not self.transport.is_closing():
+                request.respond_error(500, "llmobs: internal error", close=True)
+        finally:
+            self._done(request)
+
+    def _done(self, request: Request) -> None:
+        self._request = None
+        self._task = None
+        transport = self.transport
+        if transport.is_closing():
+            return
+        if not request.started:
+            request.respond_error(500, "llmobs: no response", close=True)
+        elif not request.ended:
+            transport.close()  # cut short: the client must not take it for a whole response
+            return
+        if not request.keep_alive or self.closing or not request.body_complete:
+            transport.close()
+            return
+        if self._paused:
+            self._paused = False
+            transport.resume_reading()
+        self._arm_idle()
+        if self._buf:
+            self._next()
+
+    @property
+    def task(self) -> asyncio.Task[None] | None:
+        """The handler running for the current request."""
+        return self._task
+
+    def shut(self) -> None:
+        """Shutdown: close now if idle, else once the current response has ended."""
+        self.closing = True
+        if self._request is None:
+            self.transport.close()
+
+    def cancel(self) -> None:
+        """Shutdown gave up waiting: cancel the handler and close."""
+        if self._task is not None and not self._task.done():
+            self._task.cancel()
+        self.transport.close()
+
+
+class ProxyServer:
+    """Listens, and runs ``handler`` for each request on each connection."""
+
+    def __init__(
+        self,
+        handler: Handler,
+        *,
+        client_timeout: float,
+        max_body: int,
+        loop: asyncio.AbstractEventLoop | None = None,
+    ) -> None:
+        self.handler = handler
+        self.client_timeout = client_timeout
+        self.max_body = max_body
+        self.loop = loop or asyncio.get_running_loop()
+        self.connections: set[ServerConnection] = set()
+        self.closing = False
+        self._servers: list[asyncio.Server] = []
+
+    async def listen(self, host: str, port: int) -> int:
+        """Listen on ``host``:``port`` (0: any free port); returns the port bound."""
+        server = await self.loop.create_server(
+            lambda: ServerConnection(self), host, port, reuse_address=True, backlog=1024
+        )
+        self._servers.append(server)
+        return int(server.sockets[0].getsockname()[1]) if server.sockets else port
+
+    async def shutdown(self, grace: float) -> None:
+        """Stop accepting, close idle connections, wait up to ``grace`` seconds for the
+        requests in flight, then cancel what is left."""
+        self.closing = True
+        for server in self._servers:
+            server.close()
+        for conn in list(self.connections):
+            conn.shut()
+        tasks = [c.task for c in self.connections if c.task is not None]
+        if tasks:  # no new ones start: each connection closes after its current response
+            await asyncio.wait(tasks, timeout=grace)
+        for conn in list(self.connections):
+            conn.cancel()
+        await asyncio.sleep(0)  # let the cancelled handlers run their cleanup
+        for server in self._servers:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(server.wait_closed(), 1.0)
+        self._servers.clear()
