@@ -176,6 +176,8 @@ class Proxy:
         if self._upstream is not None:
             self._upstream.close()
             self._upstream = None
+        if self.relay is not None:
+            self.relay.flush()
         tracing, self.tracing = self.tracing, None
         if tracing is not None:
             await asyncio.to_thread(tracing.close)
@@ -296,6 +298,8 @@ class Sidecar:
 
     def flush_traces(self) -> None:
         """Write every pending trace and export it now (blocking: tests, shutdown)."""
+        if self.proxy.relay is not None:
+            self.proxy.relay.flush()
         tracing = self.proxy.tracing
         if tracing is not None:
             tracing.drain()

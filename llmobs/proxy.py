@@ -36,6 +36,7 @@ from llmobs.formats.base import Passthrough
 from llmobs.formats.inject import UsageStripper, inject_usage
 from llmobs.formats.openai import OpenAIStream
 from llmobs.http1 import BadRequest, ResponseHead
+from llmobs.later import Later
 from llmobs.server import BodyTooLarge, BodyTooSlow, Request
 from llmobs.timing import Outcome
 from llmobs.tracing import RequestMeta
@@ -199,6 +200,7 @@ class Relay:
         self._new_observer = new_observer
         self._streams: set[Connection] = set()  # connections whose response is being relayed
         self._aborted: set[Connection] = set()  # ended by a shutdown's grace
+        self._later = Later()  # each request's bookkeeping, once the pending I/O is served
 
     async def __call__(self, request: Request) -> None:
         clock = time.perf_counter_ns
@@ -210,7 +212,7 @@ class Relay:
         length = request.content_length
         if length is not None and length > limit:
             self._local(request, obs, 413, f"request body larger than {limit} bytes", close=True)
-            obs.finish(clock(), Outcome.REJECTED)
+            self._finish(obs, clock(), Outcome.REJECTED)
             return
         headers = upstream_headers(request)
         obs.inject(headers)
@@ -299,7 +301,7 @@ class Relay:
                     self._upstream.release(conn)
                 else:
                     self._upstream.discard(conn)
-            obs.finish(clock(), outcome)
+            self._finish(obs, clock(), outcome)
 
     async def _exchange(
         self, method: str, raw_head: bytes, body: bytes
@@ -325,6 +327,16 @@ class Relay:
                 upstream.discard(conn)
                 raise
         raise AssertionError("unreachable")  # the second attempt returns or raises
+
+    def _finish(self, obs: RequestObserver, t_ns: int, outcome: Outcome) -> None:
+        """Record the request's end (stamped now) once the loop has served the sockets that
+        are ready: new requests go upstream before the bookkeeping of finished ones."""
+        if obs is not NULL_OBSERVER:
+            self._later.call(obs.finish, t_ns, outcome)
+
+    def flush(self) -> None:
+        """Record every finished request now (shutdown, tests)."""
+        self._later.drain()
 
     @property
     def active(self) -> int:
