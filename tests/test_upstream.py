@@ -15,7 +15,7 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from tests.conftest import SidecarFactory, SimFactory
+from tests.conftest import SidecarFactory, SimFactory, eventually
 
 QUIET = {"engine_scrape_interval": 0, "gpu_sample_interval": 0}
 ROOT = Path(__file__).resolve().parent.parent
@@ -124,6 +124,48 @@ async def test_a_connection_the_engine_closed_after_a_response_is_not_reused_bli
         assert all(body.endswith(b"data: [DONE]\n\n") for _, body in results)
         assert upstream.requests == 10
         assert side.value("llmobs_requests_total", outcome="ok") == 10
+
+
+async def test_a_pooled_connection_closed_as_a_request_arrives_is_retried_once(
+    start_sidecar: SidecarFactory,
+) -> None:
+    """The race itself: the engine takes the second request on the pooled connection and
+    closes it without a byte of response (its idle timeout fired as the request came). The
+    engine never answered it, so the sidecar sends it again on a new connection."""
+
+    async def drop_second(writer: asyncio.StreamWriter, n: int) -> bool:
+        if n == 2:
+            return False  # closed with no response
+        return await keep_alive(writer, n)
+
+    async with raw_upstream(drop_second) as (upstream, url):
+        side = await start_sidecar(url, **QUIET)
+        async with aiohttp.ClientSession() as session:
+            results = [await post(session, side.url) for _ in range(2)]
+        assert [s for s, _ in results] == [200, 200]
+        assert results[1][1].endswith(b"data: [DONE]\n\n")
+        assert upstream.requests == 3  # the second request twice: dropped, then answered
+        assert upstream.connections == 2
+        assert side.value("llmobs_requests_total", outcome="ok") == 2
+
+
+async def test_a_new_connection_closed_without_a_response_is_a_502_not_a_retry(
+    start_sidecar: SidecarFactory,
+) -> None:
+    """On a fresh connection the engine did see the request: sending it again could run it
+    twice, so it is an upstream error."""
+
+    async def drop(writer: asyncio.StreamWriter, n: int) -> bool:
+        return False
+
+    async with raw_upstream(drop) as (upstream, url):
+        side = await start_sidecar(url, **QUIET)
+        async with aiohttp.ClientSession() as session:
+            status, body = await post(session, side.url)
+        assert status == 502
+        assert b"upstream unavailable" in body
+        assert upstream.requests == 1
+        await eventually(lambda: side.value("llmobs_requests_total", outcome="upstream_error") == 1)
 
 
 async def test_connection_close_and_unframed_bodies_are_relayed_whole(
