@@ -5,7 +5,9 @@ docs/benchmarks.md with the machine they came from.
 
 Two measurements:
 1. in-process micro-benchmark of the observation path alone: ``Observer.chunk`` per SSE event
-   (vLLM-shaped chunks) and ``Observer.finish`` per request (statistics + metric records);
+   (vLLM-shaped chunks), ``Observer.finish`` per request (statistics + metric records) and the
+   start (``observer_factory``, request body, forwarded, response headers), for ``--tokens``
+   chunks and for short requests (``--short-tokens``, where fixed costs per request dominate);
 2. end to end over loopback, each party in its own process: a fast upstream that streams
    vLLM-shaped chunks with no delay, then the same load direct, through ``llmobs serve`` with
    instrumentation, and through it with ``--instrument false``. Reports relayed events/s and
@@ -255,6 +257,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--upstream", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--tokens", type=int, default=256, help="chunks per response [256]")
+    parser.add_argument(
+        "--short-tokens", type=int, default=8, help="chunks per response, short requests [8]"
+    )
     parser.add_argument("--concurrency", type=int, default=16)
     parser.add_argument("--requests", type=int, default=320)
     parser.add_argument("--rounds", type=int, default=3)
@@ -266,16 +271,16 @@ def main() -> None:
         return
     print("micro-benchmark (observation only, in process; median of 7 runs):")
     results = {}
-    for tracing in (False, True):
-        runs = [micro(args.tokens, 100, tracing) for _ in range(7)]
-        m = {k: sorted(r[k] for r in runs)[3] for k in runs[0]}
-        results["tracing" if tracing else "micro"] = m
-        label = "on " if tracing else "off"
-        print(f"  tracing {label}: Observer.chunk {m['chunk_us']:.2f} us per SSE event, "
-              f"Observer.finish {m['finish_us']:.1f} us, per request {args.tokens} x chunk "
-              f"+ finish = {m['request_us']:.0f} us (+ start {m['start_us']:.1f} us = "
-              f"{m['request_with_start_us']:.0f} us)")  # fmt: skip
-    m = results["micro"]
+    for tokens, short in ((args.tokens, False), (args.short_tokens, True)):
+        for tracing in (False, True):
+            runs = [micro(tokens, 100, tracing) for _ in range(7)]
+            m = {k: sorted(r[k] for r in runs)[3] for k in runs[0]}
+            results[("short_" if short else "") + ("tracing" if tracing else "micro")] = m
+            label = "on " if tracing else "off"
+            print(f"  {tokens:4d} tokens, tracing {label}: Observer.chunk {m['chunk_us']:.2f} us "
+                  f"per SSE event, Observer.finish {m['finish_us']:.1f} us, per request "
+                  f"{tokens} x chunk + finish = {m['request_us']:.0f} us (+ start "
+                  f"{m['start_us']:.1f} us = {m['request_with_start_us']:.0f} us)")  # fmt: skip
     if args.micro_only:
         print(json.dumps(results))
         return

@@ -14,8 +14,10 @@ Recording does not go through the OpenTelemetry SDK: a ``Histogram.record`` cost
 request needs ten, and the SDK's Prometheus exporter rebuilds every family at each scrape.
 ``MetricsSink`` keeps each series in plain Python (``llmobs.series``) and exposes them from the
 sidecar's Prometheus registry with the exposition the exporter produced (names, types, labels,
-buckets); the per-token ITL histogram is binned with numpy a window at a time, together with
-the sum of squares that makes ITL variance aggregable across pods. When metrics are also pushed
+buckets); the per-token ITL histogram is binned a window at a time (``TokenHistogram``),
+together with the sum of squares that makes ITL variance aggregable across pods. A request's
+series are found once per label set (``_LabelSet``), so recording one is a few list updates
+under one lock. When metrics are also pushed
 over OTLP, request-level metrics are recorded into OpenTelemetry instruments as well
 (``OtelInstruments``).
 """
@@ -23,6 +25,7 @@ over OTLP, request-level metrics are recorded into OpenTelemetry instruments as 
 from __future__ import annotations
 
 import enum
+from bisect import bisect_left, bisect_right
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -30,7 +33,7 @@ import numpy as np
 from opentelemetry.metrics import Counter, Histogram, Meter
 from prometheus_client import CollectorRegistry
 
-from llmobs.labels import BoundedLabel
+from llmobs.labels import UNKNOWN, BoundedLabel
 from llmobs.series import CounterFamily, HistogramFamily, Number, SeriesCollector
 from llmobs.stats import TokenWindow
 from llmobs.timing import StreamStats, TokenSource
@@ -314,8 +317,11 @@ _STATUS_CLASSES = {status: status_class(status) for status in range(600)}
 class TokenHistogram:
     """Per-token ITL histogram recorded a window at a time, with its sum of squares.
 
-    The ITLs of a window are binned with numpy in one call; the counts are then added to the
-    series like any other histogram's (``SeriesCollector`` exposes both families).
+    The counts of a window are added to the series like any other histogram's
+    (``SeriesCollector`` exposes both families). Whole numbers of tokens as floats, as numpy's
+    ``bincount`` gives them, whichever way they are binned: a large window with numpy in one
+    call; a window whose ITLs are sorted (one token per chunk) a bucket at a time, by bisection,
+    which is a few steps for a steady stream; a small unsorted one value by value.
     """
 
     def __init__(self, metric: MetricDef, squares: MetricDef) -> None:
@@ -325,11 +331,49 @@ class TokenHistogram:
 
     def record(self, labels: tuple[str, ...], window: TokenWindow) -> None:
         """Add every ITL of ``window``, each ``weights[i]`` times (hold the collector's lock)."""
-        if window.itl.size == 0:
+        values = window.values
+        n = len(values)
+        if n == 0:
             return
-        index = np.searchsorted(self._bounds, window.itl, side="left")
-        counts = np.bincount(index, weights=window.weights, minlength=self._bounds.size + 1)
-        self.histogram.add_counts(labels, counts.tolist(), window.itl_sum)
+        series = self.histogram.series_for(labels)
+        bounds = self.histogram.bounds
+        ordered = window.ordered
+        if ordered is not None:  # ascending, one token each
+            top = len(bounds)
+            if isinstance(ordered, list):
+                i = 0
+                while i < n:  # a run of values in one bucket at a time
+                    b = bisect_left(bounds, ordered[i])
+                    j = bisect_right(ordered, bounds[b], i) if b < top else n
+                    series[b] += float(j - i)
+                    i = j
+            else:
+                lo = bisect_left(bounds, float(ordered[0]))
+                hi = bisect_left(bounds, float(ordered[-1]))
+                done = 0
+                if hi > lo:  # values at or below each bound in between
+                    below = np.searchsorted(ordered, self._bounds[lo:hi], side="right").tolist()
+                    for b, count in enumerate(below, lo):
+                        if count != done:
+                            series[b] += float(count - done)
+                            done = count
+                if n != done:
+                    series[hi] += float(n - done)
+        elif isinstance(values, list):
+            counts = window.counts
+            if counts is None:
+                for value in values:
+                    series[bisect_left(bounds, value)] += 1.0
+            else:
+                for value, count in zip(values, counts, strict=True):
+                    series[bisect_left(bounds, value)] += count
+        else:
+            index = np.searchsorted(self._bounds, values, side="left")
+            binned = np.bincount(index, weights=window.weights, minlength=self._bounds.size + 1)
+            for i, count in enumerate(binned.tolist()):
+                if count:
+                    series[i] += count
+        series[-1] += window.itl_sum
         self.squares.add(labels, window.itl_sumsq)
 
 
@@ -410,6 +454,24 @@ def _token_counts(s: StreamStats) -> list[tuple[str, str, int]]:
     return out
 
 
+class _LabelSet:
+    """The request series of one (operation, model) label set, found once: recording a request
+    then updates lists it holds, with no label tuple built and no dict lookup. A histogram's
+    series is made at its first observation, as before, so series still appear on /metrics in
+    the order they were first recorded."""
+
+    __slots__ = ("duration", "key", "smooth", "tpot", "ttft", "usage_in", "usage_out")
+
+    def __init__(self, operation: str, model: str) -> None:
+        self.key = (operation, model)
+        self.duration: list[Number] | None = None
+        self.ttft: list[Number] | None = None
+        self.tpot: list[Number] | None = None
+        self.smooth: list[Number] | None = None
+        self.usage_in: list[Number] | None = None
+        self.usage_out: list[Number] | None = None
+
+
 class MetricsSink:
     """Records finished requests and token windows into the catalogue's series.
 
@@ -428,6 +490,10 @@ class MetricsSink:
         on_request: Callable[[str, StreamStats], None] | None = None,
     ) -> None:
         self.models = BoundedLabel(max_models)
+        # (operation, model as sent) -> its label set, for models whose label cannot change
+        # (known, or none): bounded by the label cap; and (operation, label) -> label set
+        self._sets: dict[tuple[str, str | None], _LabelSet] = {}
+        self._by_label: dict[tuple[str, str], _LabelSet] = {}
         # Called once per finished request with its bounded model label (the MBU estimate).
         self._on_request = on_request
         self._itl = TokenHistogram(ITL, ITL_SQUARES)
@@ -472,7 +538,20 @@ class MetricsSink:
         return self.collector
 
     def labels(self, operation: str, model: str | None, admit: bool = True) -> tuple[str, str]:
-        return operation, self.models.get(model, admit)
+        return self._label_set(operation, model, admit).key
+
+    def _label_set(self, operation: str, model: str | None, admit: bool) -> _LabelSet:
+        """The label set of a request; a new model takes a slot only when ``admit``."""
+        found = self._sets.get((operation, model))
+        if found is not None:
+            return found
+        label = self.models.get(model, admit)
+        found = self._by_label.get((operation, label))
+        if found is None:
+            found = self._by_label[(operation, label)] = _LabelSet(operation, label)
+        if label == model or (label == UNKNOWN and not model):  # final: the model's own label
+            self._sets[(operation, model)] = found
+        return found
 
     def _gauge(self, series: dict[tuple[str, ...], Number], delta: int) -> None:
         with self._lock:
@@ -511,33 +590,82 @@ class MetricsSink:
 
     def record_tokens(self, operation: str, model: str | None, window: TokenWindow) -> None:
         """Add a window of ITLs. Labels admit no new model: ``record_request`` does that."""
-        if window.itl.size:
-            labels = self.labels(operation, model, admit=False)
+        if window.size:
+            key = self._label_set(operation, model, False).key
             with self._lock:
-                self._itl.record(labels, window)
+                self._itl.record(key, window)
 
     def record_request(self, s: StreamStats) -> None:
-        key = op, model = self.labels(s.operation, s.model, admit=200 <= s.status < 400)
+        """A finished request into every request series: under one lock, list updates on
+        series its label set keeps (``HistogramFamily.observe``, inlined)."""
+        labels = self._sets.get((s.operation, s.model))
+        if labels is None:
+            labels = self._label_set(s.operation, s.model, 200 <= s.status < 400)
+        key = labels.key
+        op, model = key
         status = _STATUS_CLASSES.get(s.status) or status_class(s.status)
         with self._lock:
-            self._requests.add((op, model, s.outcome.value, status, s.finish_reason), 1)
-            self._duration.observe(key, s.duration_s)
-            if s.ttft_s is not None:
-                self._ttft.observe(key, s.ttft_s)
-            if s.tpot_s is not None:
-                self._tpot.observe(key, s.tpot_s)
-            if s.smoothness is not None:
-                self._smooth.observe(key, s.smoothness)
+            counts = self._requests.series
+            # an enum's ``_value_`` is a plain attribute; ``.value`` is a Python-level property
+            request = (op, model, s.outcome._value_, status, s.finish_reason)
+            counts[request] = counts.get(request, 0) + 1
+            series = labels.duration
+            if series is None:
+                series = labels.duration = self._duration.series_for(key)
+            series[bisect_left(self._duration.bounds, s.duration_s)] += 1
+            series[-1] += s.duration_s
+            ttft = s.ttft_s
+            if ttft is not None:
+                series = labels.ttft
+                if series is None:
+                    series = labels.ttft = self._ttft.series_for(key)
+                series[bisect_left(self._ttft.bounds, ttft)] += 1
+                series[-1] += ttft
+            tpot = s.tpot_s
+            if tpot is not None:
+                series = labels.tpot
+                if series is None:
+                    series = labels.tpot = self._tpot.series_for(key)
+                series[bisect_left(self._tpot.bounds, tpot)] += 1
+                series[-1] += tpot
+            smooth = s.smoothness
+            if smooth is not None:
+                series = labels.smooth
+                if series is None:
+                    series = labels.smooth = self._smooth.series_for(key)
+                series[bisect_left(self._smooth.bounds, smooth)] += 1
+                series[-1] += smooth
             if s.stalls:
                 self._stalls.add(key, s.stalls)
             if s.engine_prompt_eval_s is not None:
                 self._prompt_eval.observe(key, s.engine_prompt_eval_s)
             if s.engine_load_s is not None:
                 self._load.observe(key, s.engine_load_s)
-            for kind, source, value in _token_counts(s):
-                if kind in ("input", "output"):
-                    self._usage.observe((op, model, kind), value)
-                self._tokens.add((op, model, kind, source), value)
+            # the token counts, in _token_counts' order: input, output, reasoning, cached
+            tokens = self._tokens
+            counts = tokens.series
+            count = s.input_tokens
+            if count is not None:
+                series = labels.usage_in
+                if series is None:
+                    series = labels.usage_in = self._usage.series_for((op, model, "input"))
+                series[bisect_left(self._usage.bounds, count)] += 1
+                series[-1] += count
+                kind = (op, model, "input", _USAGE)
+                counts[kind] = counts.get(kind, 0) + count
+            count = s.output_tokens
+            if count or ttft is not None:
+                series = labels.usage_out
+                if series is None:
+                    series = labels.usage_out = self._usage.series_for((op, model, "output"))
+                series[bisect_left(self._usage.bounds, count)] += 1
+                series[-1] += count
+                kind = (op, model, "output", s.token_source._value_)
+                counts[kind] = counts.get(kind, 0) + count
+            if s.reasoning_tokens:
+                tokens.add((op, model, "reasoning", s.reasoning_source.value), s.reasoning_tokens)
+            if s.cached_tokens:
+                tokens.add((op, model, "cached_input", _USAGE), s.cached_tokens)
         if self._otel is not None:
             self._otel.record_request(s, op, model, status)
         if self._on_request is not None:

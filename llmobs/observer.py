@@ -15,11 +15,12 @@ import logging
 import re
 from collections.abc import Callable, MutableMapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from llmobs.formats import UNKNOWN, Route, detect_stream
 from llmobs.formats.base import ABORTED, ERROR, NONE, loads
 from llmobs.formats.framing import Framing, NdjsonDecoder, SseDecoder
+from llmobs.formats.openai import PLAIN, OpenAIStream, Template, WholeEvent
 from llmobs.metrics import MetricsSink
 from llmobs.stats import TokenWindow
 from llmobs.timing import Outcome, StreamStats, StreamTimer, TokenSource, finish_request
@@ -41,9 +42,9 @@ class ObserveConfig:
     capture_content: bool = False
 
 
-@dataclass(frozen=True, slots=True)
-class RequestInfo:
-    """What the request body says that telemetry may use (no prompt text)."""
+class RequestInfo(NamedTuple):
+    """What the request body says that telemetry may use (no prompt text). A named tuple,
+    immutable as a frozen dataclass and cheaper to make: one per request."""
 
     model: str | None = None
     stream: bool = False
@@ -76,26 +77,27 @@ def parse_request(body: bytes, route: Route = UNKNOWN, capture: bool = False) ->
     try:
         obj: Any = loads(body)
     except ValueError:
-        return RequestInfo(stream=route.always_streams)
+        return _NO_BODY[route.always_streams]
     if not isinstance(obj, dict):
-        return RequestInfo(stream=route.always_streams)
-    model = obj.get("model")
-    options = obj.get("stream_options")
+        return _NO_BODY[route.always_streams]
+    get = obj.get
+    model = get("model")
+    options = get("stream_options")
     include = isinstance(options, dict) and options.get("include_usage") is True
-    nested = obj.get("options") or obj.get("parameters")  # Ollama options, TGI parameters
+    nested = get("options") or get("parameters")  # Ollama options, TGI parameters
     nested = nested if isinstance(nested, dict) else {}
     max_tokens = _first_int(
-        obj.get("max_tokens"), obj.get("max_completion_tokens"), obj.get("max_output_tokens"),
+        get("max_tokens"), get("max_completion_tokens"), get("max_output_tokens"),
         nested.get("num_predict"), nested.get("max_new_tokens"),
     )  # fmt: skip
-    temperature = obj.get("temperature", nested.get("temperature"))
+    temperature = get("temperature", nested.get("temperature"))
     prompt = None
     if capture:
         text = next((obj[k] for k in _PROMPT_KEYS if k in obj), None)
         prompt = truncate(text if isinstance(text, str) else json_text(text))
     return RequestInfo(
         model if isinstance(model, str) else None,
-        route.streams(obj.get("stream")),
+        route.streams(get("stream")),
         include,
         max_tokens,
         float(temperature) if isinstance(temperature, int | float) else None,
@@ -104,10 +106,17 @@ def parse_request(body: bytes, route: Route = UNKNOWN, capture: bool = False) ->
 
 
 _PROMPT_KEYS = ("messages", "prompt", "input", "inputs")
+# What is known of a request before its body is read, by whether its path always streams
+# (made once and shared: immutable, and one fewer record made per request).
+_NO_BODY = (RequestInfo(stream=False), RequestInfo(stream=True))
 
 
 def _first_int(*values: Any) -> int | None:
-    return next((v for v in values if isinstance(v, int) and not isinstance(v, bool)), None)
+    """The first int (not bool) among ``values``: a loop, cheaper than a generator here."""
+    for value in values:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+    return None
 
 
 def json_text(value: Any) -> str:
@@ -132,11 +141,16 @@ class Observer:
         "_forwarded_ns",
         "_last_ns",
         "_on_data",
+        "_openai",
+        "_output",
         "_pending",
         "_queued",
         "_sink",
+        "_sse",
         "_timer",
         "_trace",
+        "_whole",
+        "_whole_of",
         "info",
         "operation",
         "route",
@@ -157,7 +171,7 @@ class Observer:
         self._config = config
         self.route = route
         self.operation = route.operation
-        self.info = RequestInfo(stream=route.always_streams)
+        self.info = _NO_BODY[route.always_streams]
         self.status = 0
         self._timer = StreamTimer(
             start_ns, factor=config.stall_factor, min_gap=config.stall_min_gap
@@ -168,6 +182,12 @@ class Observer:
         if config.capture_content:
             self._dialect.captured = []
         self._on_data = self._dialect.on_data  # bound once: called per event
+        self._output = self._timer.output  # bound once: called per output chunk
+        dialect = self._dialect
+        self._openai = dialect if isinstance(dialect, OpenAIStream) else None
+        self._sse: SseDecoder | None = None
+        self._whole: WholeEvent | None = None  # see WholeEvent
+        self._whole_of: Template | None = None  # the dialect's template it was made from
         self._pending = self._dialect.pending
         self._body: list[bytes] | None = None
         self._body_size = 0
@@ -182,6 +202,7 @@ class Observer:
         if not self._failed:
             self._failed = True
             self._decoder = None
+            self._whole = self._openai = None
             self._body = None
             log.exception("observation failed in %s; the relay continues", where)
         with contextlib.suppress(Exception):  # a broken sink must not break the relay
@@ -217,10 +238,11 @@ class Observer:
     def response(self, status: int, content_type: str) -> None:
         """Response headers arrived: choose how to read the body."""
         self.status = status
+        self._sse = self._whole = self._whole_of = None  # whole reads: this body's decoder only
         try:
             kind = detect_stream(content_type)
             if kind == "sse":
-                self._decoder = SseDecoder(self._config.max_line_bytes)
+                self._decoder = self._sse = SseDecoder(self._config.max_line_bytes)
             elif kind == "ndjson":
                 self._decoder = NdjsonDecoder(self._config.max_line_bytes)
             elif kind == "json":
@@ -230,8 +252,27 @@ class Observer:
 
     def chunk(self, t_ns: int, data: bytes) -> None:
         """A chunk of the response body was relayed at ``t_ns``. The hot path: a few
-        microseconds per read, so no per-event objects or lookups that can be hoisted."""
+        microseconds per read, so no per-event objects or lookups that can be hoisted; the
+        usual read, one plain token event, is recognised whole (``WholeEvent``)."""
         self._last_ns = t_ns
+        whole = self._whole
+        if whole is not None:
+            size = len(data)
+            if (
+                whole.size < size <= whole.limit
+                and data.startswith(whole.head)
+                and data.endswith(whole.tail)
+                and whole.decoder.idle
+                and PLAIN.search(data, whole.start, size - whole.tail_size) is None
+            ):
+                try:
+                    if self._queued or self._pending:
+                        self._record(t_ns, 1)
+                    elif self._output(t_ns, 1):
+                        self._take(self._timer)
+                except Exception:
+                    self._fail("chunk")
+                return
         decoder = self._decoder
         if decoder is None:
             body = self._body
@@ -252,7 +293,17 @@ class Observer:
                 for payload in payloads:
                     tokens += on_data(payload)
             if tokens:
-                self._record(t_ns, tokens)
+                if self._queued or self._pending:
+                    self._record(t_ns, tokens)
+                elif self._output(t_ns, tokens):  # choice 0's timer, bound: _record inlined
+                    self._take(self._timer)
+            openai = self._openai
+            if openai is not None and openai.template is not self._whole_of:
+                self._whole_of = openai.template
+                if self._sse is not None:
+                    self._whole = WholeEvent.of(
+                        openai.template, self._sse, self._config.max_line_bytes
+                    )
         except Exception:
             self._fail("chunk")
 
@@ -265,17 +316,18 @@ class Observer:
         if pending:
             for choice, count in pending.items():
                 tokens -= count
-                self._output(self._timer_for(choice), t_ns, count)
+                timer = self._timer_for(choice)
+                if timer.output(t_ns, count):
+                    self._take(timer)
             pending.clear()
             if tokens <= 0:
                 return
-        timer = self._timer
-        if timer.output(t_ns, tokens):
-            self._sink.record_tokens(self.operation, self.info.model, timer.take_window())
+        if self._output(t_ns, tokens):
+            self._take(self._timer)
 
-    def _output(self, timer: StreamTimer, t_ns: int, tokens: int) -> None:
-        if timer.output(t_ns, tokens):
-            self._sink.record_tokens(self.operation, self.info.model, timer.take_window())
+    def _take(self, timer: StreamTimer) -> None:
+        """A timer's window is full: its ITLs go to the sink now (long streams only)."""
+        self._sink.record_tokens(self.operation, self.info.model, timer.take_window())
 
     def _timer_for(self, choice: int) -> StreamTimer:
         if choice == 0:
@@ -299,7 +351,8 @@ class Observer:
         if self._finished:
             return None
         self._finished = True
-        self._guard("finish", self._leave_queue)
+        if self._queued:
+            self._guard("finish", self._leave_queue)
         sink = self._sink
         record: StreamStats | None = None
         windows: list[TokenWindow] = []
@@ -313,11 +366,21 @@ class Observer:
                 t_ns, operation=self.operation, model=self.info.model, outcome=outcome,
                 status=self.status, stream=False, input_tokens=None, output_tokens=None,
             )  # fmt: skip
-        self._guard("finish", sink.record_request, record)
+        try:  # the guards of _guard, inline: once per request
+            sink.record_request(record)
+        except Exception:
+            self._fail("finish")
         for window in windows:
-            self._guard("finish", sink.record_tokens, self.operation, self.info.model, window)
-        self._guard("finish", sink.malformed, malformed)
-        self._guard("finish", sink.request_ended)
+            try:
+                sink.record_tokens(self.operation, self.info.model, window)
+            except Exception:
+                self._fail("finish")
+        if malformed:
+            self._guard("finish", sink.malformed, malformed)
+        try:
+            sink.request_ended()
+        except Exception:
+            self._fail("finish")
         if self._trace is not None:
             self._guard("finish", self._finish_trace, self._trace, record, windows, t_ns)
         return record
@@ -351,9 +414,11 @@ class Observer:
         decoder = self._decoder
         if decoder is not None:
             if outcome is Outcome.OK:  # a cut stream's partial last event is not evidence
-                tokens = sum(dialect.on_data(p) for p in decoder.flush_payloads())
-                if tokens:
-                    self._record(self._last_ns, tokens)
+                payloads = decoder.flush_payloads()
+                if payloads:
+                    tokens = sum(dialect.on_data(p) for p in payloads)
+                    if tokens:
+                        self._record(self._last_ns, tokens)
             malformed = decoder.malformed + dialect.malformed
         elif self._body:
             try:
@@ -364,9 +429,10 @@ class Observer:
                 pass  # a non-JSON body labelled as JSON: relayed, just not read
         if outcome is Outcome.OK and (self.status >= 500 or (self.status < 400 and dialect.error)):
             outcome = Outcome.UPSTREAM_ERROR  # an engine error: 5xx, or an error in a 2xx stream
-        timers = [self._timer, *(self._choices or {}).values()]
+        choices = self._choices
+        timers = [self._timer] if choices is None else [self._timer, *choices.values()]
         total = None if dialect.per_chunk_usage or len(timers) > 1 else dialect.output_tokens
-        windows = [t.take_window(total_tokens=total) for t in timers]
+        windows = [t.take_window(total) for t in timers]
         reasoning, reasoning_source = dialect.reasoning_tokens, TokenSource.USAGE
         if reasoning is None and dialect.reasoning_chunks:
             reasoning, reasoning_source = dialect.reasoning_chunks, TokenSource.COUNTED

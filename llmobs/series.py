@@ -100,6 +100,14 @@ class HistogramFamily:
     def _empty(self) -> list[Number]:
         return [0] * (self.size + 1)
 
+    def series_for(self, key: tuple[str, ...]) -> list[Number]:
+        """The series of ``key``, made (empty) if it has none yet: a caller that records into
+        it often keeps the list and skips the lookup."""
+        series = self.series.get(key)
+        if series is None:
+            series = self.series[key] = self._empty()
+        return series
+
     def observe(self, key: tuple[str, ...], value: Number) -> None:
         """Count ``value`` in its ``le`` bucket (as OpenTelemetry: ``bisect_left``)."""
         series = self.series.get(key)

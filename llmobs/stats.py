@@ -1,7 +1,8 @@
 """Pure statistics over a stream's chunk arrival times: ITL per token, stalls, smoothness.
 
 No clock, no telemetry: arrays in, numbers out, so every rule here is tested with literal
-timestamps. Work is per window of chunks (vectorised with numpy), never per chunk.
+timestamps. Work is per window of chunks, never per chunk: vectorised with numpy, or for a
+small window (most requests) in plain Python with the same results.
 
 Rules, and why:
 - **ITL per token** (SGLang's rule): the gap between two consecutive output chunks is divided
@@ -24,25 +25,38 @@ Rules, and why:
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from bisect import bisect_left
+from itertools import pairwise
+from typing import NamedTuple
 
 import numpy as np
 import numpy.typing as npt
 
 MIN_GAPS = 3
+# Windows with fewer gaps than this (most requests: one window of a few dozen chunks) are
+# computed in plain Python by ``small_window``: below a few dozen values, numpy's fixed cost
+# per call (~1 us, a dozen calls per window) is most of the work.
+SMALL = 32  # at most 128: pairwise_sum follows numpy that far
 
 FloatArray = npt.NDArray[np.float64]
+IntArray = npt.NDArray[np.int64]
+Floats = FloatArray | list[float]
+Ints = IntArray | list[int]
 
 
-@dataclass(frozen=True, slots=True)
-class TokenWindow:
-    """Per-token ITLs of a run of chunks: ``itl[i]`` is observed ``weights[i]`` times.
+class TokenWindow(NamedTuple):
+    """Per-token ITLs of a run of chunks: ``values[i]`` is observed ``counts[i]`` times.
 
-    The sums are computed once, when the window is made, since every sink needs them.
+    The sums are computed once, when the window is made, since every sink needs them. A small
+    window (``small_window``) keeps plain lists, which the metrics sink bins without numpy;
+    ``itl``, ``weights``, ``gaps`` and ``times_ns`` are numpy arrays whichever way the window
+    was made (converted on each access from lists: only the tracing sink asks, once or twice).
+    A named tuple rather than a frozen dataclass: as immutable, and made in a fraction of the
+    time (``timing.StreamStats`` says why that matters).
     """
 
-    itl: FloatArray
-    weights: FloatArray
+    values: Floats  # per-token ITL of each chunk
+    counts: Floats | None  # tokens each ITL is observed for; None: one each
     stalls: int
     median_gap: float | None
     tokens: float = 0.0
@@ -50,12 +64,42 @@ class TokenWindow:
     itl_sumsq: float = 0.0
     itl_max: float = 0.0
     # per chunk, for traces: arrival times (the previous chunk first), gaps, the stall line
-    times_ns: npt.NDArray[np.int64] = field(default_factory=lambda: np.zeros(0, np.int64))
-    gaps: FloatArray = field(default_factory=lambda: np.zeros(0))
+    chunk_times: Ints | None = None
+    chunk_gaps: Floats | None = None
     stall_threshold: float | None = None
+    # ``values`` in ascending order when each is observed once: binned a bucket at a time
+    ordered: Floats | None = None
+
+    @property
+    def size(self) -> int:
+        """How many ITL values (chunks after the first) the window holds."""
+        return len(self.values)
+
+    @property
+    def itl(self) -> FloatArray:
+        return _floats(self.values)
+
+    @property
+    def weights(self) -> FloatArray:
+        if self.counts is None:
+            return np.ones(len(self.values))
+        return _floats(self.counts)
+
+    @property
+    def gaps(self) -> FloatArray:
+        return _floats(self.chunk_gaps if self.chunk_gaps is not None else [])
+
+    @property
+    def times_ns(self) -> IntArray:
+        times = self.chunk_times if self.chunk_times is not None else []
+        return times if isinstance(times, np.ndarray) else np.array(times, dtype=np.int64)
 
 
-EMPTY_WINDOW = TokenWindow(np.zeros(0), np.zeros(0), 0, None)
+def _floats(values: Floats) -> FloatArray:
+    return values if isinstance(values, np.ndarray) else np.array(values, dtype=np.float64)
+
+
+EMPTY_WINDOW = TokenWindow(np.zeros(0), None, 0, None)
 
 
 def spread_tokens(total: int, chunks: int) -> npt.NDArray[np.float64]:
@@ -68,60 +112,153 @@ def spread_tokens(total: int, chunks: int) -> npt.NDArray[np.float64]:
     return out
 
 
+def spread_list(total: int, chunks: int) -> list[float]:
+    """``spread_tokens`` as a list, for ``small_window``."""
+    if chunks <= 0:
+        return []
+    base, extra = divmod(max(total, 0), chunks)
+    return [float(base + 1)] * extra + [float(base)] * (chunks - extra)
+
+
 def token_window(
-    times_ns: npt.NDArray[np.int64],
-    tokens: npt.NDArray[np.float64],
+    times_ns: IntArray,
+    tokens: FloatArray | None,
     *,
     factor: float,
     min_gap: float,
     baseline_median: float | None = None,
-    unit: bool = False,
 ) -> TokenWindow:
     """ITLs and stalls for chunks ``times_ns[1:]`` (``times_ns[0]`` is the previous chunk).
 
     ``tokens[i]`` is the number of tokens the chunk at ``times_ns[i + 1]`` carried; a chunk
     with zero tokens contributes its gap to nothing (it should not have been recorded).
-    ``baseline_median`` is used when this window has too few gaps for its own median.
-    ``unit``: the caller knows every chunk counts as one token (``tokens`` is all ones), the
-    usual case, which spares the per-token division.
+    ``tokens`` None: every chunk counts as one token, the usual case, which spares the
+    per-token division. ``baseline_median`` is used when this window has too few gaps for its
+    own median.
 
     A request ends here once, so the numpy calls are few (each costs ~1 us whatever the
     size): one sort gives the median, the largest gap and the stall count together.
     """
     if times_ns.size < 2:
-        return TokenWindow(np.zeros(0), np.zeros(0), 0, baseline_median)
+        return TokenWindow(np.zeros(0), None if tokens is None else np.zeros(0), 0, baseline_median)
     gaps = (times_ns[1:] - times_ns[:-1]) / 1e9
     n = gaps.size
     ordered = np.sort(gaps)
-    if unit:
-        weights = tokens
+    if tokens is None:
+        weights = None
         itl = gaps
         count = float(n)
         itl_max = float(ordered[-1])
     else:
         weights = np.maximum(tokens[:n], 1.0)
         itl = gaps / weights
-        count = float(weights.sum())
+        count = float(np.add.reduce(weights))
         itl_max = float(itl.max())
     median = float(ordered[n // 2]) if n >= MIN_GAPS else baseline_median  # the upper median
     stalls = 0
     threshold = None
     if median is not None:
         threshold = max(factor * median, min_gap)
-        stalls = n - int(np.searchsorted(ordered, threshold, side="left"))  # gaps >= threshold
+        if threshold <= ordered[-1]:  # else none (the usual case, without a numpy call)
+            stalls = n - int(np.searchsorted(ordered, threshold, side="left"))  # gaps >= it
     return TokenWindow(
         itl,
         weights,
         stalls,
         median,
-        tokens=count,
-        itl_sum=float(gaps.sum()),  # sum over tokens of gap/k, k times each = the gaps
-        itl_sumsq=float(np.dot(itl, gaps)),  # sum of k * (gap/k)^2
-        itl_max=itl_max,
-        times_ns=times_ns,
-        gaps=gaps,
-        stall_threshold=threshold,
+        count,
+        float(np.add.reduce(gaps)),  # sum over tokens of gap/k, k times each = the gaps
+        float(np.dot(itl, gaps)),  # sum of k * (gap/k)^2
+        itl_max,
+        times_ns,
+        gaps,
+        threshold,
+        ordered if weights is None else None,
     )
+
+
+def small_window(
+    times_ns: list[int],
+    tokens: list[float] | None,
+    *,
+    factor: float,
+    min_gap: float,
+    baseline_median: float | None = None,
+) -> TokenWindow:
+    """``token_window`` in plain Python, for fewer than ``SMALL`` gaps: the same numbers to
+    the last bit (``tests/test_stats.py`` checks it on random windows) for a few numpy calls
+    instead of a dozen.
+
+    The sorting, median, stall count, maximum and per-token division are exact in either
+    language. The two sums stay numpy's (a pairwise sum, and the BLAS dot product, whose order
+    of additions depends on the CPU), made on one array.
+    """
+    n = len(times_ns) - 1
+    if n < 1:
+        return TokenWindow([], None if tokens is None else [], 0, baseline_median)
+    gaps = [(b - a) / 1e9 for a, b in pairwise(times_ns)]
+    ordered = sorted(gaps)
+    if tokens is None:
+        weights = None
+        itl = gaps
+        count = float(n)
+        itl_max = ordered[-1]
+        array = np.array(gaps)
+        sumsq = float(np.dot(array, array))
+    else:
+        weights = [t if t > 1.0 else 1.0 for t in tokens[:n]]
+        itl = [g / w for g, w in zip(gaps, weights, strict=True)]
+        count = float(sum(weights))  # whole numbers: exact in any order
+        itl_max = max(itl)
+        sumsq = float(np.dot(np.array(itl), np.array(gaps)))
+    median = ordered[n // 2] if n >= MIN_GAPS else baseline_median
+    stalls = 0
+    threshold = None
+    if median is not None:
+        threshold = max(factor * median, min_gap)
+        stalls = n - bisect_left(ordered, threshold)
+    return TokenWindow(
+        itl,
+        weights,
+        stalls,
+        median,
+        count,
+        pairwise_sum(gaps),
+        sumsq,
+        itl_max,
+        times_ns,
+        gaps,
+        threshold,
+        ordered if weights is None else None,
+    )
+
+
+def pairwise_sum(values: list[float]) -> float:
+    """``np.add.reduce(values)`` to the last bit, for fewer than 128 values: numpy's pairwise
+    summation, which below 8 values adds in order (from -0.0) and up to 128 keeps eight
+    interleaved partial sums, added in a fixed tree, then the rest in order; the reduction
+    then adds that to its identity, 0.0."""
+    n = len(values)
+    if n < 8:
+        total = -0.0
+        for value in values:
+            total += value
+        return 0.0 + total
+    r0, r1, r2, r3, r4, r5, r6, r7 = values[:8]
+    end = n - n % 8
+    for i in range(8, end, 8):
+        r0 += values[i]
+        r1 += values[i + 1]
+        r2 += values[i + 2]
+        r3 += values[i + 3]
+        r4 += values[i + 4]
+        r5 += values[i + 5]
+        r6 += values[i + 6]
+        r7 += values[i + 7]
+    total = ((r0 + r1) + (r2 + r3)) + ((r4 + r5) + (r6 + r7))
+    for i in range(end, n):
+        total += values[i]
+    return 0.0 + total
 
 
 def upper_median(values: FloatArray) -> float:

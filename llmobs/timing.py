@@ -3,9 +3,11 @@
 Time is an argument: the proxy reads the clock once per chunk (``time.perf_counter_ns``) and
 passes it in; nothing here reads a clock, so tests drive it with literal timestamps.
 
-Per chunk the timer only appends two numbers to compact arrays (16 bytes). Statistics run once
-at the end of the request in ``stats``; only a stream longer than ``window`` chunks (65536 by
-default, 1 MiB of arrays) is cut into windows that the caller takes (``take_window``) and
+Per chunk the timer only appends the time to a compact array (8 bytes) and adds the tokens
+to a counter; the rarer chunk of other than one token also leaves its index and count.
+Statistics run once at the end of the request in ``stats``; only a stream longer than
+``window`` chunks (65536 by default, 0.5-1 MiB) is cut into windows that the caller takes
+(``take_window``) and
 hands to the sinks as they fill, which keeps memory bounded. The window is large because the
 engine's final ``usage`` can only be spread over chunks not yet taken.
 """
@@ -15,10 +17,10 @@ from __future__ import annotations
 import enum
 from array import array
 from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
+import numpy.typing as npt
 
 from llmobs import stats
 from llmobs.stats import TokenWindow
@@ -42,9 +44,14 @@ class TokenSource(enum.StrEnum):
     COUNTED = "counted"  # one token per output chunk
 
 
-@dataclass(frozen=True, slots=True)
-class StreamStats:
-    """The finished record of one request, handed to every sink."""
+class StreamStats(NamedTuple):
+    """The finished record of one request, handed to every sink.
+
+    Immutable, like the frozen dataclass it was, but a named tuple: one is made per request on
+    the event loop, and a frozen dataclass sets each of its 28 fields through
+    ``object.__setattr__`` (~4 us a record by position, ~8 us with a cold cache, against
+    ~0.5 us). Nothing relies on it being a tuple; compare records field by field.
+    """
 
     operation: str
     model: str | None
@@ -80,45 +87,53 @@ class StreamTimer:
     """Collects output-chunk times of one request; windows of ITLs; the final stats."""
 
     __slots__ = (
-        "_counts",
+        "_base",
+        "_first",
+        "_head",
         "_itl_count",
         "_itl_max",
         "_itl_sum",
         "_itl_sumsq",
         "_median",
+        "_odd",
         "_stalls",
         "_taken",
         "_times",
-        "_uneven",
-        "chunks",
         "factor",
-        "first_ns",
         "flushed_tokens",
-        "last_ns",
         "min_gap",
+        "small",
         "start_ns",
         "tokens",
         "window",
     )
 
     def __init__(
-        self, start_ns: int, *, factor: float = 3.0, min_gap: float = 0.05, window: int = 65536
+        self,
+        start_ns: int,
+        *,
+        factor: float = 3.0,
+        min_gap: float = 0.05,
+        window: int = 65536,
+        small: int = stats.SMALL,
     ) -> None:
         self.start_ns = start_ns
         self.factor = factor
         self.min_gap = min_gap
         self.window = window
-        self.first_ns: int | None = None
-        self.last_ns: int | None = None
+        self.small = small  # windows of fewer gaps go through ``stats.small_window``
         self.tokens = 0  # output tokens counted so far (chunk counts or per-chunk usage)
-        self.chunks = 0
         self.flushed_tokens = 0  # tokens of chunks already taken in windows
         self._times = array("q")  # anchor (previous window's last chunk) + this window's chunks
-        self._counts = array("q")
+        # (index in _times, tokens) of this window's chunks after the first that carried
+        # other than one token, flat; None while there are none (the usual case)
+        self._odd: array[int] | None = None
+        self._head = 1  # the first chunk's tokens
+        self._base = 0  # chunks in taken windows, less the anchor that _times still holds
+        self._first = 0  # the first chunk's time, once a window was taken
         self._median: float | None = None
         self._stalls = 0
         self._taken = False  # a window was taken: the first chunk is accounted
-        self._uneven = False  # a chunk after the window's first carried other than one token
         self._itl_count = 0.0
         self._itl_sum = 0.0
         self._itl_sumsq = 0.0
@@ -126,18 +141,42 @@ class StreamTimer:
 
     def output(self, t_ns: int, tokens: int) -> bool:
         """Record a chunk of ``tokens`` output tokens at ``t_ns``; True when the window is full
-        (``take_window`` is due). Once per output chunk: kept to appends and counters."""
+        (``take_window`` is due). Once per output chunk: one append and a counter; the first
+        and last times and the chunk count are read off the times when asked."""
         self.tokens += tokens
-        self.chunks += 1
-        self.last_ns = t_ns
         times = self._times
         times.append(t_ns)
-        self._counts.append(tokens)
-        if self.first_ns is None:
-            self.first_ns = t_ns
-        elif tokens != 1:
-            self._uneven = True
+        if tokens != 1:
+            self._count(len(times) - 1, tokens)
         return len(times) > self.window
+
+    def _count(self, index: int, tokens: int) -> None:
+        """A chunk of other than one token at ``index`` in the window's times."""
+        if index == 0:  # the very first chunk (later windows start with their anchor)
+            self._head = tokens
+            return
+        odd = self._odd
+        if odd is None:
+            odd = self._odd = array("q")
+        odd.append(index)
+        odd.append(tokens)
+
+    @property
+    def first_ns(self) -> int | None:
+        """When the first output chunk arrived; None before any."""
+        if self._taken:
+            return self._first
+        return self._times[0] if self._times else None
+
+    @property
+    def last_ns(self) -> int | None:
+        """When the latest output chunk arrived; None before any."""
+        return self._times[-1] if self._times else None
+
+    @property
+    def chunks(self) -> int:
+        """Output chunks recorded so far."""
+        return self._base + len(self._times)
 
     @property
     def window_full(self) -> bool:
@@ -148,36 +187,51 @@ class StreamTimer:
 
         ``total_tokens`` (final call only): the engine's own output count when chunk counts
         were only assumed (one per chunk); it is spread evenly over the chunks not yet taken.
+        Fewer than ``small`` chunks go through ``stats.small_window`` (plain Python), more
+        through ``stats.token_window`` (numpy): the same numbers either way.
         """
         times = self._times
         chunks = len(times) - 1  # the first is the anchor (or the first chunk, not timed)
         if chunks < 1:
             return stats.EMPTY_WINDOW
-        counts = self._counts
         first_window = not self._taken
-        self._taken = True
-        head = counts[0] if first_window else 0  # the first chunk keeps its count
+        if first_window:
+            self._taken = True
+            self._first = times[0]
+        head = self._head if first_window else 0  # the first chunk keeps its count
+        odd = self._odd
+        small = chunks < self.small
+        pending: list[float] | npt.NDArray[np.float64] | None = None
         if total_tokens is None:
-            spread = self.tokens - self.flushed_tokens - head  # what counts[1:] add up to
-            unit = not self._uneven
-            if unit:
-                pending = np.ones(chunks)
-            else:
-                pending = np.frombuffer(counts, dtype=np.int64)[1:].astype(np.float64)
+            spread = self.tokens - self.flushed_tokens - head  # what the chunks after add up to
+            if odd is not None:  # the chunks' own counts
+                pending = [1.0] * chunks if small else np.ones(chunks)
+                for i in range(0, len(odd), 2):
+                    pending[odd[i] - 1] = float(odd[i + 1])
         else:
             rest = max(total_tokens - (head if first_window else self.flushed_tokens), 0)
             base, extra = divmod(rest, chunks)
             spread = rest
-            unit = base == 0 or (base == 1 and extra == 0)  # weights max(count, 1) all ones
-            pending = np.ones(chunks) if unit else stats.spread_tokens(rest, chunks)
-        window = stats.token_window(
-            np.frombuffer(times, dtype=np.int64),
-            pending,
-            factor=self.factor,
-            min_gap=self.min_gap,
-            baseline_median=self._median,
-            unit=unit,
-        )
+            if not (base == 0 or (base == 1 and extra == 0)):  # weights max(count, 1) not ones
+                pending = (
+                    stats.spread_list(rest, chunks) if small else stats.spread_tokens(rest, chunks)
+                )
+        if small:
+            window = stats.small_window(
+                times.tolist(),
+                pending if isinstance(pending, list) else None,
+                factor=self.factor,
+                min_gap=self.min_gap,
+                baseline_median=self._median,
+            )
+        else:
+            window = stats.token_window(
+                np.frombuffer(times, dtype=np.int64),
+                pending if isinstance(pending, np.ndarray) else None,
+                factor=self.factor,
+                min_gap=self.min_gap,
+                baseline_median=self._median,
+            )
         self._median = window.median_gap
         self._stalls += window.stalls
         self._itl_count += window.tokens
@@ -185,9 +239,9 @@ class StreamTimer:
         self._itl_sumsq += window.itl_sumsq
         self._itl_max = max(self._itl_max, window.itl_max)
         self.flushed_tokens += spread + head
+        self._base += chunks
         self._times = array("q", [times[-1]])
-        self._counts = array("q", [counts[-1]])
-        self._uneven = False
+        self._odd = None
         return window
 
     def finish(self, end_ns: int, **meta: Any) -> StreamStats:
@@ -206,7 +260,16 @@ def finish_request(
     stream: bool,
     input_tokens: int | None,
     output_tokens: int | None,
-    **extra: Any,
+    response_model: str | None = None,
+    response_id: str | None = None,
+    finish_reasons: tuple[str, ...] = (),
+    finish_reason: str = "none",
+    reasoning_tokens: int | None = None,
+    reasoning_source: TokenSource = TokenSource.USAGE,
+    cached_tokens: int | None = None,
+    engine_prompt_eval_s: float | None = None,
+    engine_load_s: float | None = None,
+    dialect: str = "openai",
 ) -> StreamStats:
     """The request's record from its choices' timers (one, or one per choice for n > 1).
 
@@ -216,41 +279,61 @@ def finish_request(
     """
     first = timers[0]
     source = TokenSource.USAGE if output_tokens is not None else TokenSource.COUNTED
-    counted = sum(t.tokens for t in timers)
-    out = output_tokens if output_tokens is not None else counted
-    starts = [t.first_ns for t in timers if t.first_ns is not None]
-    ttft = (min(starts) - first.start_ns) / 1e9 if starts else None
-    if len(timers) == 1:
-        tpot = stats.tpot(first.first_ns, first.last_ns, out)
+    if len(timers) == 1:  # the usual request: no pooling
+        start, last = first.first_ns, first.last_ns
+        out = output_tokens if output_tokens is not None else first.tokens
+        ttft = (start - first.start_ns) / 1e9 if start is not None else None
+        tpot = stats.tpot(start, last, out)
+        chunks = first.chunks
+        count, total, sumsq = first._itl_count, first._itl_sum, first._itl_sumsq
+        itl_max, stalls = first._itl_max, first._stalls
     else:
+        counted = sum(t.tokens for t in timers)
+        out = output_tokens if output_tokens is not None else counted
+        starts = [t.first_ns for t in timers if t.first_ns is not None]
+        ttft = (min(starts) - first.start_ns) / 1e9 if starts else None
         spans = [
-            ((t.last_ns - t.first_ns) / 1e9, t.tokens - 1)
+            ((last_ns - first_ns) / 1e9, t.tokens - 1)
             for t in timers
-            if t.first_ns is not None and t.last_ns is not None and t.tokens > 1
+            if (first_ns := t.first_ns) is not None
+            and (last_ns := t.last_ns) is not None
+            and t.tokens > 1
         ]
         steps = sum(n for _, n in spans)
         tpot = sum(d for d, _ in spans) / steps if steps else None
-    count = sum(t._itl_count for t in timers)
-    total = sum(t._itl_sum for t in timers)
-    sumsq = sum(t._itl_sumsq for t in timers)
+        chunks = sum(t.chunks for t in timers)
+        count = sum(t._itl_count for t in timers)
+        total = sum(t._itl_sum for t in timers)
+        sumsq = sum(t._itl_sumsq for t in timers)
+        itl_max = max(t._itl_max for t in timers)
+        stalls = sum(t._stalls for t in timers)
     return StreamStats(
-        operation=operation,
-        model=model,
-        outcome=outcome,
-        status=status,
-        stream=stream,
-        duration_s=(end_ns - first.start_ns) / 1e9,
-        ttft_s=ttft,
-        tpot_s=tpot,
-        input_tokens=input_tokens,
-        output_tokens=out,
-        token_source=source,
-        chunks=sum(t.chunks for t in timers),
-        itl_count=count,
-        itl_sum=total,
-        itl_sumsq=sumsq,
-        itl_max=max(t._itl_max for t in timers),
-        stalls=sum(t._stalls for t in timers),
-        smoothness=stats.smoothness(count, total, sumsq),
-        **extra,
+        operation,
+        model,
+        outcome,
+        status,
+        stream,
+        (end_ns - first.start_ns) / 1e9,  # duration_s
+        ttft,
+        tpot,
+        input_tokens,
+        out,
+        source,
+        chunks,
+        count,
+        total,
+        sumsq,
+        itl_max,
+        stalls,
+        stats.smoothness(count, total, sumsq),
+        response_model,
+        response_id,
+        finish_reasons,
+        finish_reason,
+        reasoning_tokens,
+        reasoning_source,
+        cached_tokens,
+        engine_prompt_eval_s,
+        engine_load_s,
+        dialect,
     )

@@ -5,7 +5,8 @@ parse would, event after event, whatever arrives: the common shape with any cont
 quotes, ``"content":""``, keys inside values, unicode, control characters), the template's
 bytes around arbitrary bytes (invalid escapes, lone surrogates, invalid UTF-8), other choices,
 finish reasons, usage, errors, nested objects. ``SseDecoder.payloads``'s fast path must give
-the events ``feed`` gives, under any chunking.
+the events ``feed`` gives, under any chunking. ``Observer``'s whole-read path (a read that is one
+plain token event skips decoder and dialect) must give the records of the path it skips.
 """
 
 from __future__ import annotations
@@ -15,9 +16,14 @@ from typing import Any
 
 from hypothesis import given
 from hypothesis import strategies as st
+from opentelemetry.sdk.metrics import MeterProvider
 
+from llmobs.formats import OPENAI_CHAT
 from llmobs.formats.framing import SseDecoder
 from llmobs.formats.openai import OpenAIStream, json_string_body
+from llmobs.metrics import MetricsSink
+from llmobs.observer import ObserveConfig, Observer
+from llmobs.timing import Outcome
 from tests.test_fuzz import FAST, PIECES, cut_lists, json_values, payloads, split_at
 
 STATE = ("pending", "finish_reasons", "error", "malformed", "done", "response_id",
@@ -120,7 +126,7 @@ def test_the_fast_path_is_taken_for_the_common_shape() -> None:
     tail = b'"},"finish_reason":null}]}'
     for word in (b"a", b"b", b'\\"q\\"', "é".encode()):
         assert dialect.on_data(head + b'"delta":{"content":"' + word + tail)
-    assert dialect._template is not None
+    assert dialect.template is not None
     assert dialect.pending == {}  # choice 0 is what pending does not hold
     assert dialect.malformed == 0
 
@@ -155,3 +161,83 @@ def test_sse_payloads_fast_path_gives_the_events_of_feed(
     want.extend(e.data for e in slow.flush())
     assert got == want
     assert (fast.malformed, fast.comments) == (slow.malformed, slow.comments)
+
+
+def observe(
+    reads: list[bytes], whole: bool, max_line: int
+) -> tuple[Any, dict[str, Any], tuple[int, int], str]:
+    """A streaming chat request of ``reads``: its record, dialect and decoder state, series."""
+    sink = MetricsSink(MeterProvider().get_meter("test"), 8)
+    obs = Observer(sink, ObserveConfig(max_line_bytes=max_line), OPENAI_CHAT, 0)
+    if not whole:
+        obs._openai = None  # never builds a WholeEvent: every read through decoder and dialect
+    obs.request_body(b'{"model": "m", "stream": true}')
+    obs.forwarded(0)
+    obs.response(200, "text/event-stream")
+    for i, data in enumerate(reads):
+        obs.chunk((i + 1) * 20_000_000, data)
+    record = obs.finish(10**10, Outcome.OK)
+    dialect = obs._dialect
+    assert isinstance(dialect, OpenAIStream)
+    decoder = obs._sse
+    assert decoder is not None
+    return record, state(dialect), (decoder.malformed, decoder.comments), sink.collector.render()
+
+
+plain_words = st.text(
+    st.characters(min_codepoint=0x20, max_codepoint=0x7F, exclude_characters='"\\'),
+    min_size=1,
+    max_size=6,
+)
+
+
+@st.composite
+def token_streams(draw: st.DrawFn) -> list[bytes]:
+    """``events``, with the first event's bytes around other plain content in between (most
+    of a real stream: what the whole-read path takes)."""
+    stream = draw(events())
+    for sep in (b'"content":"', b'"content": "'):
+        head, found, rest = stream[0].partition(sep)
+        if found:
+            break
+    out = []
+    for event in stream:
+        out.append(event)
+        for _ in range(draw(st.integers(0, 4)) if found else 0):
+            out.append(head + sep + draw(plain_words).encode() + b'"' + rest.partition(b'"')[2])
+    return out
+
+
+@FAST
+@given(token_streams(), cut_lists, st.booleans(), st.integers(-2, 8), st.booleans())
+def test_whole_reads_give_what_decoder_and_dialect_give(
+    stream: list[bytes], cuts: list[int], one_per_read: bool, over: int, unlimited: bool
+) -> None:
+    """``Observer``'s whole-read path against the decoder and dialect it skips: one event a
+    read (the usual case) or reads cut anywhere, line limits at and around the events'."""
+    framed = [b"data: " + event + b"\n\n" for event in stream]
+    reads = framed if one_per_read else split_at(b"".join(framed), cuts)
+    max_line = 1 << 20 if unlimited else len(framed[0]) - 2 + over
+    assert observe(reads, True, max_line) == observe(reads, False, max_line)
+
+
+def test_plain_token_reads_skip_decoder_and_dialect() -> None:
+    head = b'data: {"id":"c","object":"chat.completion.chunk","model":"m","choices":[{"index":0,'
+    tail = b'"},"finish_reason":null}]}\n\n'
+    sink = MetricsSink(MeterProvider().get_meter("test"), 8)
+    obs = Observer(sink, ObserveConfig(), OPENAI_CHAT, 0)
+    obs.response(200, "text/event-stream")
+    calls = []
+    on_data = obs._on_data
+
+    def counted(data: bytes) -> int:
+        calls.append(data)
+        return on_data(data)
+
+    obs._on_data = counted
+    words = [b"a", b" b", b"c", b'\\"q\\"', "é".encode(), b"d"]
+    for i, word in enumerate(words):
+        obs.chunk(i + 1, head + b'"delta":{"content":"' + word + tail)
+    assert len(calls) == 3  # the first (it makes the template), then escapes and non-ASCII
+    record = obs.finish(10, Outcome.OK)
+    assert record is not None and record.output_tokens == len(words)

@@ -6,16 +6,30 @@ import os
 import re
 from pathlib import Path
 
+import numpy as np
 import pytest
+from hypothesis import given
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from prometheus_client import generate_latest
 
 from llmobs.formats import OLLAMA_GENERATE, OPENAI_CHAT, Route
-from llmobs.metrics import CATALOGUE, COLLECTOR_METRICS, Kind, MetricsSink, status_class
+from llmobs.metrics import (
+    CATALOGUE,
+    COLLECTOR_METRICS,
+    ITL,
+    ITL_SQUARES,
+    Kind,
+    MetricsSink,
+    TokenHistogram,
+    status_class,
+)
 from llmobs.observer import ObserveConfig, Observer, parse_request
+from llmobs.stats import SMALL, TokenWindow
 from llmobs.telemetry import Telemetry, build_telemetry
-from llmobs.timing import Outcome
+from llmobs.timing import Outcome, StreamTimer
 from tests.scripted import chat_chunk, sse
+from tests.test_fuzz import FAST
+from tests.test_stats import streams
 
 GOLDEN = Path(__file__).parent / "fixtures" / "metrics.golden.txt"
 DOCS = Path(__file__).parent.parent / "docs" / "metrics.md"
@@ -240,3 +254,40 @@ def test_large_request_bodies_are_scanned_not_parsed() -> None:
     info = parse_request(big % (b"x" * (3 << 20)))
     assert (info.model, info.stream) == ("big-m", True)
     assert parse_request(b"not json") == parse_request(b"[1]")
+
+
+def reference_counts(histogram: TokenHistogram, window: TokenWindow) -> list[float]:
+    """What binning a window means: numpy's searchsorted and weighted bincount."""
+    bounds = np.asarray(histogram.histogram.bounds)
+    index = np.searchsorted(bounds, window.itl, side="left")
+    counts: list[float] = np.bincount(index, window.weights, bounds.size + 1).tolist()
+    return counts
+
+
+@FAST
+@given(streams())
+def test_token_histogram_bins_either_window_the_same(
+    stream: tuple[list[tuple[int, int]], int | None, int],
+) -> None:
+    chunks, total, size = stream
+    histograms = []
+    for small in (SMALL, 0):  # lists binned in Python; arrays with numpy
+        timer = StreamTimer(0, window=size, small=small)
+        windows = []
+        for t, tokens in chunks:
+            if timer.output(t, tokens):
+                windows.append(timer.take_window())
+        windows.append(timer.take_window(total_tokens=total))
+        histogram = TokenHistogram(ITL, ITL_SQUARES)
+        expected = [0.0] * (len(histogram.histogram.bounds) + 1)
+        for window in windows:
+            histogram.record(("chat", "m"), window)
+            for i, count in enumerate(reference_counts(histogram, window)):
+                expected[i] += count
+        series = histogram.histogram.series.get(("chat", "m"))
+        if series is not None:
+            assert series[:-1] == expected
+            assert all(type(v) is float or v == 0 for v in series[:-1])
+        histograms.append((series, histogram.squares.series))
+    a, b = histograms
+    assert repr(a) == repr(b)

@@ -1,12 +1,16 @@
-"""Pure statistics: ITL per token, stalls, smoothness, TPOT, on literal timestamps."""
+"""Pure statistics: ITL per token, stalls, smoothness, TPOT, on literal timestamps; the
+plain-Python small-window path against the numpy one (hypothesis)."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from llmobs import stats
 from llmobs.timing import Outcome, StreamStats, StreamTimer, TokenSource
+from tests.test_fuzz import FAST
 
 MS = 1_000_000  # ns
 
@@ -142,3 +146,130 @@ def test_long_stream_with_only_final_usage_is_spread_evenly() -> None:
     assert len(windows) == 1
     assert record.itl_count == 3999
     assert record.smoothness == pytest.approx(1.0, abs=1e-3)
+
+
+# The plain-Python path for small windows against numpy's: the same numbers to the last bit.
+
+gap_ns = st.one_of(
+    st.integers(0, 10**6),  # sub-millisecond bursts, equal timestamps
+    st.integers(5 * MS, 60 * MS),  # a decode rhythm
+    st.integers(10**8, 10**10),  # stalls
+)
+chunk_tokens = st.one_of(st.just(1), st.integers(-1, 9), st.integers(0, 10**6))
+
+
+@st.composite
+def windows(draw: st.DrawFn) -> tuple[list[int], list[float] | None]:
+    """Chunk times (an anchor first; mostly rising, sometimes not) and maybe token counts."""
+    n = draw(st.integers(0, stats.SMALL - 1))
+    times = [draw(st.integers(0, 10**15))]
+    for _ in range(n):
+        step = draw(gap_ns)
+        times.append(times[-1] + (step if draw(st.integers(0, 20)) else -step))
+    counts = draw(st.none() | st.lists(chunk_tokens, min_size=n, max_size=n))
+    return times, None if counts is None else [float(c) for c in counts]
+
+
+def same_window(a: stats.TokenWindow, b: stats.TokenWindow) -> None:
+    """Every number of two windows equal, bit for bit (and the sign of zero)."""
+    for name in ("stalls", "median_gap", "tokens", "itl_sum", "itl_sumsq", "itl_max"):
+        x, y = getattr(a, name), getattr(b, name)
+        assert (x, repr(x)) == (y, repr(y)), name
+    assert a.stall_threshold == b.stall_threshold
+    for name in ("itl", "weights", "gaps", "times_ns"):
+        x, y = getattr(a, name), getattr(b, name)
+        assert x.dtype == y.dtype and x.tolist() == y.tolist(), name
+    assert a.size == b.size
+    if a.ordered is not None or b.ordered is not None:
+        assert a.ordered is not None and b.ordered is not None
+        assert list(a.ordered) == list(b.ordered)
+
+
+@FAST
+@given(
+    windows(),
+    st.sampled_from([3.0, 1.5, 10.0]),
+    st.sampled_from([0.05, 0.0, 1.0]),
+    st.none() | st.floats(0.0, 1.0),
+)
+def test_small_window_is_numpy_window(
+    window: tuple[list[int], list[float] | None],
+    factor: float,
+    min_gap: float,
+    baseline: float | None,
+) -> None:
+    times, tokens = window
+    knobs = {"factor": factor, "min_gap": min_gap, "baseline_median": baseline}
+    small = stats.small_window(times, tokens, **knobs)  # type: ignore[arg-type]
+    array = None if tokens is None else np.array(tokens, dtype=np.float64)
+    full = stats.token_window(np.array(times, dtype=np.int64), array, **knobs)  # type: ignore[arg-type]
+    same_window(small, full)
+
+
+@FAST
+@given(st.lists(st.floats(-1e3, 1e3) | st.sampled_from([0.0, -0.0, 1e-9, 0.02]), max_size=127))
+def test_pairwise_sum_is_numpy_sum(values: list[float]) -> None:
+    want = float(np.add.reduce(np.array(values, dtype=np.float64)))
+    got = stats.pairwise_sum(values)
+    assert (got, repr(got)) == (want, repr(want))
+
+
+@st.composite
+def streams(draw: st.DrawFn) -> tuple[list[tuple[int, int]], int | None, int]:
+    """Output chunks (time, tokens) of a request, the engine's total if any, a window size."""
+    t = draw(st.integers(0, 10**12))
+    chunks = []
+    ones = draw(st.booleans())  # one token a chunk (the usual stream), or any counts
+    for _ in range(draw(st.integers(0, 80))):
+        t += draw(gap_ns)
+        tokens = 1 if ones else draw(st.just(1) | st.integers(1, 5) | st.integers(-2, 3))
+        chunks.append((t, tokens))
+    total = draw(st.none() | st.integers(0, 400))
+    return chunks, total, draw(st.sampled_from([4, 16, 31, 32, 33, 65536]))
+
+
+@FAST
+@given(streams())
+def test_timer_windows_and_record_are_the_same_by_either_path(
+    stream: tuple[list[tuple[int, int]], int | None, int],
+) -> None:
+    chunks, total, size = stream
+    records, taken = [], []
+    for small in (stats.SMALL, 0):  # plain Python where windows are small, then numpy always
+        timer = StreamTimer(0, window=size, small=small)
+        got = []
+        for t, tokens in chunks:
+            if timer.output(t, tokens):
+                got.append(timer.take_window())
+        got.append(timer.take_window(total_tokens=total))
+        taken.append(got)
+        records.append(finish(timer, 10**13, output=total))
+        assert (timer.first_ns, timer.last_ns, timer.chunks) == (
+            chunks[0][0] if chunks else None, chunks[-1][0] if chunks else None, len(chunks),
+        )  # fmt: skip
+    assert len(taken[0]) == len(taken[1])
+    for a, b in zip(*taken, strict=True):
+        same_window(a, b)
+    assert records[0] == records[1]
+    assert [repr(v) for v in records[0]] == [repr(v) for v in records[1]]
+
+
+def test_the_record_has_every_field_where_it_belongs() -> None:
+    """``finish_request`` builds the record by position: each value lands in its field."""
+    timer, _ = run(schedule([20.0, 20.0]))
+    meta = {
+        "operation": "op", "model": "mo", "outcome": Outcome.SHUTDOWN, "status": 299,
+        "stream": False, "input_tokens": 11, "output_tokens": 13, "response_model": "rm",
+        "response_id": "ri", "finish_reasons": ("a", "b"), "finish_reason": "fr",
+        "reasoning_tokens": 17, "reasoning_source": TokenSource.COUNTED, "cached_tokens": 19,
+        "engine_prompt_eval_s": 0.25, "engine_load_s": 0.5, "dialect": "di",
+    }  # fmt: skip
+    record = timer.finish(10**9, **meta)
+    assert {k: getattr(record, k) for k in meta} == meta
+    assert record.duration_s == 1.0 and record.ttft_s == pytest.approx(0.1)
+    assert record.token_source is TokenSource.USAGE and record.chunks == 3
+    assert (record.itl_count, record.stalls) == (2.0, 0)
+    assert record.itl_sum == pytest.approx(0.04) and record.itl_max == pytest.approx(0.02)
+    assert record.itl_sumsq == pytest.approx(0.0008) and record.smoothness == pytest.approx(1.0)
+    assert record.tpot_s == pytest.approx(0.04 / 12)
+    assert len(record) == len(StreamStats._fields) == 28

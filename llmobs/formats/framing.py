@@ -50,7 +50,6 @@ class SseDecoder:
         "_discarding",
         "_event",
         "_head",
-        "_idle",
         "_last_id",
         "_max_line",
         "_skip_lf",
@@ -58,6 +57,7 @@ class SseDecoder:
         "_tail",
         "_tail_len",
         "comments",
+        "idle",
         "malformed",
     )
 
@@ -74,7 +74,9 @@ class SseDecoder:
         self._event = ""
         self._last_id: str | None = None
         self._broken = False  # the pending event lost a line: do not dispatch it
-        self._idle = False  # started, and nothing pending: the fast path may run
+        # started, and nothing pending: the next read's events are its own (the fast paths,
+        # here and in the observer, may run)
+        self.idle = False
         self.malformed = 0
         self.comments = 0
 
@@ -86,7 +88,7 @@ class SseDecoder:
 
     def _settle(self) -> None:
         """After the slow path: may the next read take the fast one?"""
-        self._idle = self._started and not (
+        self.idle = self._started and not (
             self._tail or self._data or self._event or self._broken or self._skip_lf
             or self._discarding
         )  # fmt: skip
@@ -150,10 +152,21 @@ class SseDecoder:
         several data lines, a partial event, an over-long line) the whole read goes through
         ``feed`` from the same state, so both give the same payloads.
         """
-        if self._idle and 13 not in chunk:  # CR; an int is looked for with memchr: cheaper
+        if not self._started and not self._head and chunk[:1] not in (b"", _BOM[:1]):
+            self._started = self.idle = True  # the first read, with no BOM: nothing pending
+        if self.idle and 13 not in chunk:  # CR; an int is looked for with memchr: cheaper
+            size = len(chunk)
+            end = chunk.find(10)  # LF
+            # the usual read: one event, as the loop's first round would take it
+            if (
+                end == size - 2
+                and chunk[-1] == 10
+                and end <= self._max_line
+                and chunk.startswith(b"data:")
+            ):
+                return [chunk[6 if chunk[5] == 32 else 5 : end]]
             out = []
             pos = 0
-            size = len(chunk)
             limit = self._max_line
             while True:
                 end = chunk.find(10, pos)  # LF
@@ -172,6 +185,8 @@ class SseDecoder:
         return [event.data for event in self.feed(chunk)]
 
     def flush_payloads(self) -> list[bytes]:
+        if self.idle:  # nothing pending (a stream of whole events): flush would find nothing
+            return []
         return [event.data for event in self.flush()]
 
     def flush(self) -> list[SseEvent]:

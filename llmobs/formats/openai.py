@@ -21,7 +21,9 @@ other field repeat byte for byte. Once such an event has been parsed, its bytes 
 content string are kept; a later event made of the same bytes around another valid, non-empty
 JSON string must parse to the same object but for that one string, so it counts one token for
 the same choice without being parsed (~0.3 us instead of ~2 us). Anything else is parsed.
-``tests/test_openai_fast.py`` checks both paths against each other on generated events.
+``WholeEvent`` goes one step further for the observer: a read that is such an event, framed,
+is counted without the SSE decoder either. ``tests/test_fast_paths.py`` checks the fast paths
+against the full ones on generated events.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ import re
 from typing import Any
 
 from llmobs.formats.base import Dialect, as_int, loads
+from llmobs.formats.framing import SseDecoder
 
 DONE = b"[DONE]"
 # The one place an event's content string starts (its key, raw: no escapes in it).
@@ -38,8 +41,11 @@ _CONTENT = re.compile(rb'"content"[ \t\n\r]*:[ \t\n\r]*"')
 _UNSAFE = re.compile(rb'["\\\x00-\x1f]')
 # ... or, when it has escapes, valid ones (no lone surrogate: orjson rejects them).
 _BODY = re.compile(rb'(?:[^"\\\x00-\x1f]|\\(?:["\\/bfnrt]|u(?![dD][89a-fA-F])[0-9a-fA-F]{4}))+')
+# A byte that is not printable ASCII or is a quote or backslash: where none is, the body is a
+# valid JSON string with no escapes (the template fast path's first test).
+PLAIN = re.compile(rb"[^\x20\x21\x23-\x5b\x5d-\x7f]")
 
-__all__ = ["DONE", "OpenAIStream", "loads"]
+__all__ = ["DONE", "PLAIN", "OpenAIStream", "Template", "WholeEvent", "loads"]
 
 
 def _text_kind(delta: dict[str, Any]) -> int:
@@ -112,10 +118,10 @@ class Template:
     def of(cls, data: bytes, choice: int) -> Template | None:
         """The template of ``data``, a parsed plain token event; None if its content string
         cannot be told apart (its key appears more than once, or not raw)."""
-        found = list(_CONTENT.finditer(data))
-        if len(found) != 1:
+        found = _CONTENT.search(data)
+        if found is None or _CONTENT.search(data, found.end()) is not None:
             return None
-        start = found[0].end()
+        start = found.end()
         end = _BODY.match(data, start)
         if end is None or data[end.end() : end.end() + 1] != b'"':
             return None
@@ -132,25 +138,27 @@ class Template:
 class OpenAIStream(Dialect):
     """State of one OpenAI-dialect response."""
 
-    __slots__ = ("_cumulative", "_template", "_usage_chunks", "fast")
+    __slots__ = ("_cumulative", "_usage_chunks", "fast", "template")
 
     def __init__(self) -> None:
         super().__init__()
         self._cumulative = 0  # completion tokens already attributed to chunks
         self._usage_chunks = 0  # chunks seen with both choices and usage
-        self._template: Template | None = None
+        # the latest plain token event's template (read by the observer's whole-read path)
+        self.template: Template | None = None
         self.fast = True  # the template fast path (tests turn it off to compare)
 
     def on_data(self, data: bytes) -> int:
-        template = self._template
+        template = self.template
         if (
             template is not None
+            and len(data) > template.size
             and data.startswith(template.head)
             and data.endswith(template.tail)
-            and len(data) > template.size
         ):
-            body = data[template.start : len(data) - template.tail_size]
-            if (_UNSAFE.search(body) is None and body.isascii()) or json_string_body(body):
+            start, end = template.start, len(data) - template.tail_size
+            # printable ASCII but quote and backslash (searched in place), else the full check
+            if PLAIN.search(data, start, end) is None or json_string_body(data[start:end]):
                 return self.output(1, template.choice) if template.choice else 1
         if data == DONE:
             self.done = True
@@ -167,7 +175,7 @@ class OpenAIStream(Dialect):
         if tokens == 1 and self.fast and self.captured is None and self.response_id is not None:
             choice = _plain_choice(obj)
             if choice is not None:
-                self._template = Template.of(data, choice)
+                self.template = Template.of(data, choice)
         return tokens
 
     def on_object(self, obj: dict[str, Any]) -> int:
@@ -234,3 +242,38 @@ class OpenAIStream(Dialect):
         tokens = completion - self._cumulative
         self._cumulative = completion
         return max(tokens, 1)
+
+
+class WholeEvent:
+    """A read that is exactly one plain token event of choice 0 in SSE framing: ``data: ``,
+    the template's head, a content string, the template's tail, a blank line.
+
+    Arriving while the decoder has nothing pending, such a read is one event, whose payload
+    the dialect counts as one token without parsing it (``Template``), and neither the
+    decoder's state nor the dialect's changes: so the observer counts it without calling
+    either, which is most of a read's cost (``Observer.chunk``). The content must be plain
+    (``PLAIN``: printable ASCII but quote and backslash), which also keeps CR and LF out of
+    it; a template whose head or tail has one is not used. ``tests/test_fast_paths.py`` holds
+    observers with and without this path to the same records.
+    """
+
+    __slots__ = ("decoder", "head", "limit", "size", "start", "tail", "tail_size")
+
+    def __init__(self, template: Template, decoder: SseDecoder, max_line: int) -> None:
+        self.decoder = decoder
+        self.head = b"data: " + template.head
+        self.tail = template.tail + b"\n\n"
+        self.start = len(self.head)
+        self.tail_size = len(self.tail)
+        self.size = self.start + self.tail_size
+        self.limit = max_line + 2  # the decoder's line limit, with the blank line
+
+    @classmethod
+    def of(cls, template: Template | None, decoder: SseDecoder, max_line: int) -> WholeEvent | None:
+        """For the dialect's current template, read by ``decoder``; None where none applies."""
+        if template is None or template.choice:
+            return None
+        around = template.head + template.tail
+        if b"\n" in around or b"\r" in around:  # would be framed as other lines
+            return None
+        return cls(template, decoder, max_line)
