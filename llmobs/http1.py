@@ -12,6 +12,7 @@ connection unfit for reuse; a request's are the next pipelined request).
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from urllib.parse import unquote
 
@@ -25,6 +26,16 @@ MAX_CHUNK_LINE = 4096  # a chunk-size line with extensions
 # RFC 9110 token characters (methods, field names): ``x.translate(None, _TOKEN)`` is empty
 # exactly when every byte of ``x`` is one.
 _TOKEN = b"!#$%&'*+-.^_`|~0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"
+
+
+# Bytes no request target may hold (RFC 9112 3.2, RFC 3986): controls; a space ends it. A
+# CR or LF inside one would become a header line of its own in the request sent upstream.
+_CTL = re.compile(rb"[\x00-\x1f\x7f]")
+
+
+def _is_digits(value: str) -> bool:
+    """ASCII digits only: ``str.isdigit`` also takes "²", which ``int`` then refuses."""
+    return value.isascii() and value.isdigit()
 
 
 class ProtocolError(ConnectionError):
@@ -126,11 +137,17 @@ def parse_request_head(raw: bytes) -> RequestHead:
     if version[5:6] != b"1" or version[7:8] not in (b"0", b"1"):
         raise BadRequest(505, "HTTP version not supported")
     target = parts[1]
+    if _CTL.search(target):
+        raise BadRequest(400, "invalid character in the request target")
     if target[:1] != b"/":
         scheme, sep, rest = target.partition(b"://")
         if not sep or scheme.lower() not in (b"http", b"https"):
             raise BadRequest(400, "request target not in origin or absolute form")
-        target = b"/" + rest.partition(b"/")[2]  # absolute form: the authority is ours
+        # absolute form: the authority is ours; the path (may be empty) and query are kept
+        cut = min((i for i in (rest.find(b"/"), rest.find(b"?")) if i >= 0), default=len(rest))
+        target = rest[cut:]
+        if target[:1] != b"/":
+            target = b"/" + target
     if len(lines) > MAX_REQUEST_HEADERS + 1:
         raise BadRequest(431, "too many header fields")
     fields: list[tuple[str, str]] = []
@@ -311,7 +328,7 @@ def body_decoder(head: ResponseHead, method: str) -> BodyDecoder:
     if lengths:
         values = {v.strip() for line in lengths for v in line.split(",")}  # "5, 5" is one
         value = values.pop()
-        if values or not value.isdigit():
+        if values or not _is_digits(value):
             raise ProtocolError(f"bad Content-Length: {lengths!r}")
         return LengthBody(int(value))
     return CloseBody()
@@ -340,7 +357,7 @@ def request_body_decoder(head: RequestHead) -> BodyDecoder | None:
         return None
     values = {v.strip() for line in lengths for v in line.split(",")}
     value = values.pop()
-    if values or not value.isdigit() or len(value) > 18:
+    if values or not _is_digits(value) or len(value) > 18:
         raise BadRequest(400, "invalid Content-Length")
     length = int(value)
     return LengthBody(length) if length else None

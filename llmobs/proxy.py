@@ -395,7 +395,11 @@ def _length(head: ResponseHead, stripper: UsageStripper | None) -> int | None:
     if stripper is not None:
         return None
     value = head.headers.get("Content-Length")
-    return int(value) if value is not None and value.strip().isdigit() else None
+    return (
+        int(value)
+        if value is not None and value.strip().isascii() and value.strip().isdigit()
+        else None
+    )
 
 
 def _client_gone(request: Request) -> bool:

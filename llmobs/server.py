@@ -29,6 +29,7 @@ import logging
 import socket
 from collections.abc import Awaitable, Callable, Iterable
 from email.utils import formatdate
+from http import HTTPStatus
 
 from llmobs.http1 import (
     MAX_REQUEST_HEAD_BYTES,
@@ -46,18 +47,17 @@ MAX_PIPELINED = 256 * 1024  # bytes of later requests buffered while one is hand
 HIGH_WATER = 256 * 1024  # bytes buffered for a client above which its upstream is paused
 LOW_WATER = 64 * 1024  # ... and below which it is resumed
 
-REASONS = {
-    100: "Continue",
-    400: "Bad Request",
-    408: "Request Timeout",
-    413: "Content Too Large",
-    431: "Request Header Fields Too Large",
-    500: "Internal Server Error",
-    501: "Not Implemented",
-    502: "Bad Gateway",
-    504: "Gateway Timeout",
-    505: "HTTP Version Not Supported",
-}
+LINGER = 2.0  # seconds an unread request body is drained after a refusal, before closing
+
+
+def reason_phrase(status: int) -> str:
+    """The standard reason phrase of ``status``."""
+    try:
+        return HTTPStatus(status).phrase
+    except ValueError:
+        return "Unknown"
+
+
 ERROR_TYPES = {
     400: "bad_request",
     408: "request_timeout",
@@ -107,6 +107,7 @@ class Request:
         "_size",
         "_waiter",
         "body_complete",
+        "bodyless",
         "chunked",
         "ended",
         "error",
@@ -137,7 +138,10 @@ class Request:
         self.target = head.target
         self.headers = head.headers
         self.remote = conn.remote
-        self.keep_alive = head.keep_alive
+        # RFC 9112 6.1: HTTP/1.0 with Transfer-Encoding has faulty framing: close after it
+        self.keep_alive = head.keep_alive and not (
+            head.version < (1, 1) and "Transfer-Encoding" in head.headers
+        )
         self._decoder = decoder
         self._limit = limit
         self._parts: list[bytes] = []
@@ -152,6 +156,7 @@ class Request:
         self.started = False
         self.ended = False
         self.chunked = False
+        self.bodyless = False
 
     # -- the request ------------------------------------------------------------------------
     @property
@@ -166,26 +171,38 @@ class Request:
     @property
     def content_length(self) -> int | None:
         value = self.headers.get("Content-Length")
-        return int(value) if value is not None and value.strip().isdigit() else None
+        return (
+            int(value)
+            if value is not None and value.strip().isascii() and value.strip().isdigit()
+            else None
+        )
+
+    @property
+    def refused(self) -> bool:
+        """The body was cut short (too large, or broken framing): the connection cannot carry
+        another request, since where this one ends is unknown or unread."""
+        return self.too_large or self.error is not None
 
     def _feed(self, data: bytes) -> bytes:
         """Body bytes off the wire; returns what follows the body (a pipelined request)."""
         decoder = self._decoder
         assert decoder is not None
+        if self.refused:
+            return b""  # the rest of a refused body is never read as requests
         try:
             payload = decoder.feed(data)
         except ProtocolError as exc:
             self.error = BadRequest(400, f"malformed request body: {exc}")
             self._complete()
             return b""
-        if payload and not self.too_large:
+        if payload:
             self._size += len(payload)
             if self._size > self._limit:
                 self.too_large = True
                 self._parts.clear()
                 self._complete()
-            else:
-                self._parts.append(payload)
+                return b""
+            self._parts.append(payload)
         if decoder.done and not self.body_complete:
             self._complete()
             return decoder.extra
@@ -229,10 +246,14 @@ class Request:
     ) -> None:
         """Write the response head: ``headers`` as given (no framing headers among them),
         then the framing: ``length`` bytes, else chunked (HTTP/1.1) or until close."""
-        keep = self.keep_alive and not self._conn.closing
+        # A body not (wholly) read cannot be skipped to find the next request: say so.
+        keep = (
+            self.keep_alive and self.body_complete and not self.refused and not self._conn.closing
+        )
         lines = [f"HTTP/1.1 {status} {reason}"]
         lines.extend(f"{k}: {v}" for k, v in headers)
         if self.method == "HEAD" or status in (204, 304) or status < 200:
+            self.bodyless = True
             if length is not None and status != 204:
                 lines.append(f"Content-Length: {length}")  # what a GET would have had
         elif length is not None:
@@ -252,8 +273,8 @@ class Request:
         self.transport.write("\r\n".join(lines).encode("latin-1"))
 
     def write(self, data: bytes) -> None:
-        """Body bytes, framed as the head said."""
-        if not data:
+        """Body bytes, framed as the head said (none at all for HEAD, 204, 304)."""
+        if not data or self.bodyless:
             return
         if self.chunked:
             self.transport.writelines((b"%x\r\n" % len(data), data, b"\r\n"))
@@ -262,7 +283,7 @@ class Request:
 
     def end(self) -> None:
         """The end of the response (the last chunk, when chunked)."""
-        if self.chunked and not self.transport.is_closing():
+        if self.chunked and not self.bodyless and not self.transport.is_closing():
             self.transport.write(b"0\r\n\r\n")
         self.ended = True
 
@@ -278,7 +299,7 @@ class Request:
         if close:
             self.keep_alive = False
         headers = [("Content-Type", content_type), ("Date", formatdate(usegmt=True))]
-        self.begin(status, REASONS.get(status, "Error"), headers, len(body))
+        self.begin(status, reason_phrase(status), headers, len(body))
         self.write(body)
         self.end()
 
@@ -320,6 +341,7 @@ class ServerConnection(asyncio.Protocol):
         self._task: asyncio.Task[None] | None = None
         self._idle: asyncio.TimerHandle | None = None
         self._paused = False
+        self._lingering = False
         self.paused_writing = False
 
     # -- asyncio.Protocol -------------------------------------------------------------------
@@ -339,8 +361,12 @@ class ServerConnection(asyncio.Protocol):
         self._arm_idle()
 
     def data_received(self, data: bytes) -> None:
+        if self._lingering:
+            return  # the unread rest of a refused request: drained, then closed
         request = self._request
         if request is not None:
+            if request.refused:
+                return
             if not request.body_complete:
                 data = request._feed(data)
                 if not data:
@@ -390,7 +416,8 @@ class ServerConnection(asyncio.Protocol):
         end = buf.find(b"\r\n\r\n")
         if end < 0 or end > MAX_REQUEST_HEAD_BYTES:
             self._buf = buf
-            if len(buf) > MAX_REQUEST_HEAD_BYTES:
+            # the limit is on the head; up to 3 bytes of its blank line may be here too
+            if end > MAX_REQUEST_HEAD_BYTES or len(buf) > MAX_REQUEST_HEAD_BYTES + 3:
                 self._reject(BadRequest(431, "request head too large"))
             return
         try:
@@ -416,12 +443,33 @@ class ServerConnection(asyncio.Protocol):
         log.debug("rejected a request: %s", exc)
         body = error_body(exc.status, f"llmobs: {exc}")
         head = (
-            f"HTTP/1.1 {exc.status} {REASONS.get(exc.status, 'Error')}\r\n"
+            f"HTTP/1.1 {exc.status} {reason_phrase(exc.status)}\r\n"
             f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n"
             "Connection: close\r\n\r\n"
         )
         self.transport.write(head.encode() + body)
-        self.transport.close()
+        self._linger()
+
+    def _linger(self) -> None:
+        """Close after a refusal, without losing the answer: the client may still be
+        sending, and closing with unread bytes resets the connection, which can discard the
+        response in flight. So half-close (the answer, then FIN), drain what comes for up
+        to ``LINGER`` seconds, then close (nginx's lingering close)."""
+        transport = self.transport
+        if transport.is_closing():
+            return
+        if not transport.can_write_eof():
+            transport.close()
+            return
+        self._lingering = True
+        self._buf = b""
+        if self._paused:
+            self._paused = False
+            transport.resume_reading()
+        transport.write_eof()
+        if self._idle is not None:
+            self._idle.cancel()
+        self._idle = self._loop.call_later(LINGER, transport.close)
 
     async def _run(self, request: Request) -> None:
         try:
@@ -446,7 +494,10 @@ class ServerConnection(asyncio.Protocol):
         elif not request.ended:
             transport.close()  # cut short: the client must not take it for a whole response
             return
-        if not request.keep_alive or self.closing or not request.body_complete:
+        if not request.body_complete or request.refused:
+            self._linger()  # the rest of the body was never read
+            return
+        if not request.keep_alive or self.closing:
             transport.close()
             return
         if self._paused:

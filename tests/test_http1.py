@@ -1,19 +1,27 @@
-"""The upstream leg's HTTP/1.1 response parsing, sans I/O: heads, and bodies under any chunking."""
+"""HTTP/1.1 sans I/O: the upstream leg's responses (heads, and bodies under any chunking) and
+the client leg's requests (heads, body framing)."""
 
 from __future__ import annotations
+
+import contextlib
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from llmobs.http1 import (
+    MAX_REQUEST_HEADERS,
+    BadRequest,
     ChunkedBody,
     CloseBody,
     LengthBody,
     NoBody,
     ProtocolError,
+    RequestHead,
     body_decoder,
     parse_head,
+    parse_request_head,
+    request_body_decoder,
 )
 
 
@@ -152,3 +160,292 @@ def test_close_body_ends_at_eof_only() -> None:
     assert decoder.eof()
     assert decoder.done
     assert not ChunkedBody().eof()  # a chunked body cut by a close is not complete
+
+
+# -- the client leg: request heads and request body framing ---------------------------------
+
+
+def request_head(*lines: bytes) -> RequestHead:
+    return parse_request_head(b"\r\n".join(lines))
+
+
+def test_a_request_head_is_parsed_with_order_duplicates_and_spelling_kept() -> None:
+    head = request_head(
+        b"POST /v1/chat/completions?stream=1 HTTP/1.1",
+        b"Host: 127.0.0.1:8000",
+        b"X-Tag: a",
+        b"content-type:application/json",
+        b"x-tag:  b \t",
+        b"X-Empty:",
+    )
+    assert (head.method, head.target, head.version) == (
+        "POST",
+        "/v1/chat/completions?stream=1",
+        (1, 1),
+    )
+    assert list(head.headers.items()) == [
+        ("Host", "127.0.0.1:8000"),
+        ("X-Tag", "a"),
+        ("content-type", "application/json"),
+        ("x-tag", "b"),
+        ("X-Empty", ""),
+    ]
+    assert head.headers.getall("X-TAG") == ["a", "b"]
+    assert head.path == "/v1/chat/completions"
+    assert head.keep_alive
+
+
+def test_a_value_keeps_inner_whitespace_and_latin_1_bytes() -> None:
+    head = request_head(b"GET / HTTP/1.1", b"X-V: a \t b\xe9")
+    assert head.headers["x-v"] == "a \t b\xe9"
+
+
+@pytest.mark.parametrize(
+    ("target", "origin"),
+    [
+        (b"http://example.com/v1/models", "/v1/models"),
+        (b"HTTPS://example.com:8443/a/b?c=d", "/a/b?c=d"),
+        (b"http://example.com", "/"),
+        (b"http://example.com/", "/"),
+    ],
+)
+def test_an_absolute_form_target_becomes_origin_form(target: bytes, origin: str) -> None:
+    head = parse_request_head(b"GET " + target + b" HTTP/1.1")
+    assert head.target == origin
+
+
+def test_an_absolute_form_target_without_a_path_keeps_its_query() -> None:
+    """RFC 3986 3.2: the authority ends at "/", "?" or "#"; "http://h?x=1" is path "" and
+    query "x=1", so its origin form is "/?x=1" (RFC 9112 3.2.1), not "/"."""
+    head = parse_request_head(b"GET http://example.com?x=1 HTTP/1.1")
+    assert head.target == "/?x=1"
+
+
+@pytest.mark.parametrize("target", [b"ftp://example.com/x", b"example.com:443", b"*", b"v1/x"])
+def test_a_target_in_no_supported_form_is_400(target: bytes) -> None:
+    with pytest.raises(BadRequest) as info:
+        parse_request_head(b"GET " + target + b" HTTP/1.1")
+    assert info.value.status == 400
+
+
+@pytest.mark.parametrize(
+    ("target", "path"),
+    [
+        ("/v1/chat/completions", "/v1/chat/completions"),
+        ("/v1/a%20b?q=%20x", "/v1/a b"),
+        ("/v1/%E2%82%AC", "/v1/\u20ac"),
+        ("/x?y?z", "/x"),
+        ("/?q", "/"),
+    ],
+)
+def test_path_is_percent_decoded_without_the_query(target: str, path: str) -> None:
+    head = parse_request_head(b"GET " + target.encode() + b" HTTP/1.1")
+    assert head.target == target  # as sent
+    assert head.path == path
+
+
+@pytest.mark.parametrize(
+    ("version", "connection", "keep"),
+    [
+        (b"HTTP/1.1", [], True),
+        (b"HTTP/1.1", [b"close"], False),
+        (b"HTTP/1.1", [b"Keep-Alive, Close"], False),
+        (b"HTTP/1.1", [b"upgrade", b"CLOSE"], False),
+        (b"HTTP/1.1", [b"keep-alive"], True),
+        (b"HTTP/1.0", [], False),
+        (b"HTTP/1.0", [b"Keep-Alive"], True),
+        (b"HTTP/1.0", [b"foo, keep-alive"], True),
+        (b"HTTP/1.0", [b"close"], False),
+    ],
+)
+def test_request_keep_alive_follows_version_and_connection_tokens(
+    version: bytes, connection: list[bytes], keep: bool
+) -> None:
+    lines = [b"GET / " + version, *(b"Connection: " + c for c in connection)]
+    head = request_head(*lines)
+    assert head.version == (1, int(version[-1:]))
+    assert head.keep_alive is keep
+
+
+@pytest.mark.parametrize(
+    ("raw", "status"),
+    [
+        (b"GET / HTTP/1.1\r\nX-A: one\r\n two", 400),  # obsolete line folding
+        (b"GET / HTTP/1.1\r\nX-A: one\r\n\ttwo", 400),
+        (b"GET / HTTP/1.1\r\n X-A: one", 400),  # whitespace before the first field
+        (b"GET / HTTP/1.1\r\nX-A : one", 400),  # whitespace before the colon
+        (b"GET / HTTP/1.1\r\nX-A\t: one", 400),
+        (b"GET / HTTP/1.1\r\nX-A: a\rb", 400),  # CR inside a value
+        (b"GET / HTTP/1.1\r\nX-A: a\x00b", 400),  # NUL inside a value
+        (b"GET / HTTP/1.1\r\nX-A: a\nX-B: b", 400),  # bare LF
+        (b"GET / HTTP/1.1\r\nno colon", 400),
+        (b"GET / HTTP/1.1\r\n: empty name", 400),
+        (b"GET / HTTP/1.1\r\nX(A): b", 400),  # not a token
+        (b"GET /", 400),  # two parts
+        (b"GET / HTTP/1.1 extra", 400),  # four parts
+        (b"GET  / HTTP/1.1", 400),  # an empty part
+        (b"GET  HTTP/1.1", 400),
+        (b" / HTTP/1.1", 400),  # no method
+        (b"G(T / HTTP/1.1", 400),  # method not a token
+        (b"G\xc9T / HTTP/1.1", 400),
+        (b"GET / http/1.1", 400),
+        (b"GET / HTTP/11", 400),
+        (b"GET / HTTP/1.10", 400),
+        (b"", 400),
+        (b"GET / HTTP/2.0", 505),
+        (b"GET / HTTP/1.2", 505),
+        (b"GET / HTTP/0.9", 505),
+    ],
+)
+def test_a_bad_request_head_is_refused_with_its_status(raw: bytes, status: int) -> None:
+    with pytest.raises(BadRequest) as info:
+        parse_request_head(raw)
+    assert info.value.status == status
+
+
+def test_too_many_header_fields_is_431_and_the_limit_itself_is_fine() -> None:
+    fields = [b"X-%d: v" % i for i in range(MAX_REQUEST_HEADERS)]
+    assert len(request_head(b"GET / HTTP/1.1", *fields).headers) == MAX_REQUEST_HEADERS
+    with pytest.raises(BadRequest) as info:
+        request_head(b"GET / HTTP/1.1", *fields, b"X-One-More: v")
+    assert info.value.status == 431
+
+
+@pytest.mark.parametrize("target", [b"/a\rb", b"/a\nX-Injected:\t1", b"/a\x00b", b"/a\tb"])
+def test_a_control_character_in_the_request_target_is_400(target: bytes) -> None:
+    """RFC 9112 3.2 / 2.2: a target is URI characters; a bare CR or LF in it is invalid. The
+    relay writes ``target`` verbatim into the upstream request line, so one that gets through
+    here injects a header (or a line) into the request the engine sees."""
+    with pytest.raises(BadRequest) as info:
+        parse_request_head(b"GET " + target + b" HTTP/1.1\r\nHost: x")
+    assert info.value.status == 400
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [[], [b"Host: a", b"Host: b"], [b"Host: a b"]],
+    ids=["no-host", "two-hosts", "bad-host"],
+)
+def test_host_is_not_checked_the_relay_sends_its_own(fields: list[bytes]) -> None:
+    """RFC 9112 3.2 has an origin server refuse an HTTP/1.1 request with no Host, two, or an
+    invalid one. The sidecar is no origin: it routes nothing by Host and sends the engine's
+    own ``Host`` upstream (``upstream.request_head``), so it passes such a request on, as
+    aiohttp's server did before, rather than refuse what the engine would have served."""
+    head = request_head(b"GET / HTTP/1.1", *fields)
+    assert head.headers.getall("Host", []) == [f.split(b": ", 1)[1].decode() for f in fields]
+
+
+def decoder_for(*fields: bytes) -> object:
+    return request_body_decoder(request_head(b"POST / HTTP/1.1", *fields))
+
+
+@pytest.mark.parametrize(
+    ("fields", "kind"),
+    [
+        ([], type(None)),
+        ([b"Content-Length: 0"], type(None)),
+        ([b"Content-Length: 5"], LengthBody),
+        ([b"Content-Length: 5, 5"], LengthBody),
+        ([b"Content-Length: 5", b"Content-Length: 5"], LengthBody),
+        ([b"Transfer-Encoding: chunked"], ChunkedBody),
+        ([b"Transfer-Encoding: Chunked"], ChunkedBody),
+    ],
+)
+def test_request_body_framing(fields: list[bytes], kind: type) -> None:
+    decoder = decoder_for(*fields)
+    assert type(decoder) is kind
+    if isinstance(decoder, LengthBody):
+        assert decoder.remaining == 5
+
+
+@pytest.mark.parametrize(
+    ("fields", "status"),
+    [
+        ([b"Content-Length: 5", b"Transfer-Encoding: chunked"], 400),  # both framings
+        ([b"Transfer-Encoding: chunked", b"Content-Length: 0"], 400),
+        ([b"Transfer-Encoding: gzip, chunked"], 501),
+        ([b"Transfer-Encoding: gzip", b"Transfer-Encoding: chunked"], 501),
+        ([b"Transfer-Encoding: chunked, gzip"], 400),  # chunked not last
+        ([b"Transfer-Encoding: gzip"], 400),
+        ([b"Transfer-Encoding: "], 400),
+        ([b"Content-Length: 5, 6"], 400),  # conflicting lengths
+        ([b"Content-Length: 5", b"Content-Length: 6"], 400),
+        ([b"Content-Length: -1"], 400),
+        ([b"Content-Length: +5"], 400),
+        ([b"Content-Length: 0x5"], 400),
+        ([b"Content-Length: "], 400),
+        ([b"Content-Length: 1234567890123456789"], 400),  # 19 digits
+    ],
+)
+def test_bad_request_body_framing_is_refused(fields: list[bytes], status: int) -> None:
+    with pytest.raises(BadRequest) as info:
+        decoder_for(*fields)
+    assert info.value.status == status
+
+
+@pytest.mark.parametrize("digit", [b"\xb2", b"\xb9", b"1\xb3"])
+def test_a_non_ascii_digit_content_length_is_a_400_not_a_value_error(digit: bytes) -> None:
+    """``str.isdigit`` is true for superscript digits (latin-1 "\\xb2" is "²"), which
+    ``int`` refuses: a ValueError escapes ``data_received`` and the client gets no 400."""
+    with pytest.raises(BadRequest) as info:
+        decoder_for(b"Content-Length: " + digit)
+    assert info.value.status == 400
+
+
+@pytest.mark.parametrize("digit", [b"\xb2", b"\xb9"])
+def test_a_non_ascii_digit_response_content_length_is_a_protocol_error(digit: bytes) -> None:
+    with pytest.raises(ProtocolError):
+        body_decoder(parse_head(b"HTTP/1.1 200 OK\r\nContent-Length: " + digit), "GET")
+
+
+_TOKEN_CHARS = "!#$%&'*+-.^_`|~0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"
+_tokens = st.text(alphabet=_TOKEN_CHARS, min_size=1, max_size=12)
+_value_chars = st.sampled_from(
+    [chr(c) for c in range(0x20, 0x7F)] + ["\t"] + [chr(c) for c in range(0x80, 0x100)]
+)
+_values = st.text(alphabet=_value_chars, max_size=30).map(lambda v: v.strip(" \t"))
+_targets = st.text(
+    alphabet="abcdefghijklmnopqrstuvwxyz0123456789-._~%!$&'()*+,;=:@/?", max_size=30
+).map(lambda t: "/" + t)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    _tokens,
+    _targets,
+    st.sampled_from([b"HTTP/1.0", b"HTTP/1.1"]),
+    st.lists(st.tuples(_tokens, _values), max_size=MAX_REQUEST_HEADERS),
+)
+def test_a_head_of_valid_tokens_and_values_round_trips(
+    method: str, target: str, version: bytes, fields: list[tuple[str, str]]
+) -> None:
+    lines = [b"%s %s %s" % (method.encode(), target.encode(), version)]
+    lines += [name.encode() + b": " + value.encode("latin-1") for name, value in fields]
+    head = parse_request_head(b"\r\n".join(lines))
+    assert head.method == method
+    assert head.target == target
+    assert head.version == (1, int(version[-1:]))
+    assert list(head.headers.items()) == fields
+
+
+@settings(max_examples=500, deadline=None)
+@given(st.lists(st.tuples(_tokens, st.binary(max_size=20)), max_size=6))
+def test_any_request_head_either_parses_or_is_a_bad_request(
+    fields: list[tuple[str, bytes]],
+) -> None:
+    """Whatever a client sends, the server gets a head (and a body decoder) or a
+    ``BadRequest`` to answer with: never another exception."""
+    raw = b"\r\n".join([b"POST / HTTP/1.1", *(n.encode() + b": " + v for n, v in fields)])
+    with contextlib.suppress(BadRequest):
+        request_body_decoder(parse_request_head(raw))
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.sampled_from(["Content-Length", "Transfer-Encoding"]),
+    st.text(alphabet=[chr(c) for c in range(0x20, 0x100)], max_size=8),
+)
+def test_any_framing_header_value_gives_a_decoder_or_a_bad_request(name: str, value: str) -> None:
+    raw = b"POST / HTTP/1.1\r\n" + name.encode() + b": " + value.strip(" ").encode("latin-1")
+    with contextlib.suppress(BadRequest):
+        request_body_decoder(parse_request_head(raw))
