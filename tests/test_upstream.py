@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import importlib.util
 import socket
 import sys
@@ -166,6 +167,64 @@ async def test_a_new_connection_closed_without_a_response_is_a_502_not_a_retry(
         assert b"upstream unavailable" in body
         assert upstream.requests == 1
         await eventually(lambda: side.value("llmobs_requests_total", outcome="upstream_error") == 1)
+
+
+async def test_a_batch_that_ends_together_keeps_its_connections(
+    start_sidecar: SidecarFactory,
+) -> None:
+    """300 streams at once (more than the old pool of 256), twice: the second wave reuses
+    the first wave's 300 connections; none is closed only to be opened again at once."""
+    wave = 300
+    arrived = asyncio.Event()
+
+    async def together(writer: asyncio.StreamWriter, n: int) -> bool:
+        if n % wave == 0:
+            arrived.set()  # the whole wave is in: answer them all
+        await asyncio.wait_for(arrived.wait(), 20)
+        return await keep_alive(writer, n)
+
+    async with raw_upstream(together) as (upstream, url):
+        side = await start_sidecar(url, **QUIET)
+        connector = aiohttp.TCPConnector(limit=0)
+        async with aiohttp.ClientSession(connector=connector) as session:
+            for _ in range(2):
+                arrived.clear()
+                results = await asyncio.gather(*(post(session, side.url) for _ in range(wave)))
+                assert [s for s, _ in results] == [200] * wave
+        assert upstream.requests == 2 * wave
+        assert upstream.connections == wave
+
+
+def _ours(obj: object) -> bool:
+    """Whether ``obj`` is the sidecar's: an instance of, or a function from, ``llmobs``."""
+    module = getattr(obj, "__module__", None) if callable(obj) else type(obj).__module__
+    return isinstance(module, str) and module.startswith("llmobs")
+
+
+async def test_a_relayed_request_leaves_no_reference_cycles(
+    start_sim: SimFactory, start_sidecar: SidecarFactory
+) -> None:
+    """Every object of a finished request is freed by reference counting: cyclic garbage
+    (a closure holding its own timer, say) waits for the collector, whose passes over
+    everything young stall the loop for milliseconds under load (docs/benchmarks.md)."""
+    sim = await start_sim(prefill_base=0.0, decode_base=0.0005, decode_per_seq=0.0)
+    side = await start_sidecar(sim.url, **QUIET)
+    async with aiohttp.ClientSession() as session:
+        for _ in range(3):  # warm: pools, label sets, templates
+            await post(session, side.url)
+        gc.collect()
+        gc.set_debug(gc.DEBUG_SAVEALL)
+        try:
+            for _ in range(20):
+                status, _ = await post(session, side.url)
+                assert status == 200
+            await eventually(lambda: side.value("llmobs_requests_total") == 23)
+            gc.collect()
+            cyclic = [o for o in gc.garbage if _ours(o)]
+        finally:
+            gc.set_debug(0)
+            gc.garbage.clear()
+    assert cyclic == []
 
 
 async def test_connection_close_and_unframed_bodies_are_relayed_whole(
