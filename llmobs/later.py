@@ -9,8 +9,8 @@ bookkeeping is queued and done a slice at a time, so the loop polls its sockets,
 requests go upstream, between slices. The timestamps were taken when things happened, so
 recording later changes no figure; it only lands a few milliseconds later at most.
 
-Bounded: past ``max_queued`` items everything queued is done at once, so a loop that never
-idles cannot grow the queue.
+Bounded: past ``max_queued`` items each new call first runs the oldest one, so a loop that
+never idles cannot grow the queue, and nothing runs a long batch at once.
 """
 
 from __future__ import annotations
@@ -42,10 +42,11 @@ class Later:
 
     def call(self, fn: Callable[..., Any], *args: Any) -> None:
         """Run ``fn(*args)`` soon, after the sockets ready now have been served."""
-        self._queue.append((fn, args))
-        if len(self._queue) > self._max:
-            self.drain()
-        elif not self._scheduled:
+        queue = self._queue
+        queue.append((fn, args))
+        if len(queue) > self._max:
+            self._one(*queue.popleft())  # full: the caller pays for the oldest
+        if not self._scheduled:
             self._scheduled = True
             asyncio.get_running_loop().call_soon(self._run)
 
@@ -63,7 +64,7 @@ class Later:
             asyncio.get_running_loop().call_soon(self._run)
 
     def drain(self) -> None:
-        """Run everything queued now (shutdown, or past the bound)."""
+        """Run everything queued now (shutdown, tests)."""
         queue = self._queue
         while queue:
             self._one(*queue.popleft())

@@ -44,15 +44,18 @@ async def test_calls_run_in_order_and_other_callbacks_run_between_slices() -> No
     assert 0 < order.index("io") < 6  # between slices, not after the last item
 
 
-async def test_past_the_bound_everything_queued_runs_at_once() -> None:
+async def test_past_the_bound_each_call_runs_the_oldest_first() -> None:
     later = Later(max_queued=3)
     done: list[int] = []
     for i in range(3):
         later.call(done.append, i)
     assert done == []
-    later.call(done.append, 3)  # the fourth passes the bound
-    assert done == [0, 1, 2, 3]
-    assert len(later) == 0
+    later.call(done.append, 3)  # the fourth passes the bound: the oldest runs now
+    later.call(done.append, 4)
+    assert done == [0, 1]
+    assert len(later) == 3
+    await settle(later)
+    assert done == [0, 1, 2, 3, 4]
 
 
 async def test_drain_runs_everything_now_and_a_failure_is_logged_not_raised(
