@@ -296,10 +296,14 @@ class Sidecar:
         bound = runner.addresses[before:]
         return int(bound[0][1]) if bound else port
 
-    def flush_traces(self) -> None:
-        """Write every pending trace and export it now (blocking: tests, shutdown)."""
+    def flush_records(self) -> None:
+        """Record every finished request now (their recording waits for pending I/O)."""
         if self.proxy.relay is not None:
             self.proxy.relay.flush()
+
+    def flush_traces(self) -> None:
+        """Write every pending trace and export it now (blocking: tests, shutdown)."""
+        self.flush_records()
         tracing = self.proxy.tracing
         if tracing is not None:
             tracing.drain()

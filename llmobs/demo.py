@@ -157,6 +157,7 @@ async def run_demo(
                         f"  | metrics: {metrics}")  # fmt: skip
                 print("\r" + line if tty else line, end="" if tty else "\n", file=out, flush=True)
         await load
+        sidecar.flush_records()  # the last requests' records, before the summary reads them
         elapsed = time.perf_counter() - start
         if tty:
             print(file=out)
