@@ -28,6 +28,8 @@ MAX_CHUNK_LINE = 4096  # a chunk-size line with extensions
 _TOKEN = b"!#$%&'*+-.^_`|~0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"
 
 
+_HEX = b"0123456789abcdefABCDEF"
+
 # Bytes no request target may hold (RFC 9112 3.2, RFC 3986): controls; a space ends it. A
 # CR or LF inside one would become a header line of its own in the request sent upstream.
 _CTL = re.compile(rb"[\x00-\x1f\x7f]")
@@ -58,6 +60,7 @@ class ResponseHead:
     status: int
     reason: str
     headers: CIMultiDict[str]
+    fields: list[tuple[str, str]]  # the same headers, in order: what a relay passes on
 
     @property
     def keep_alive(self) -> bool:
@@ -75,7 +78,7 @@ def parse_head(raw: bytes) -> ResponseHead:
     minor = parts[0][7:8]
     if not parts[1].isdigit() or len(parts[1]) != 3 or not minor.isdigit():
         raise ProtocolError(f"bad status line: {status_line[:64]!r}")
-    headers: CIMultiDict[str] = CIMultiDict()
+    fields: list[tuple[str, str]] = []
     for raw_line in lines[1:]:
         line = raw_line.rstrip(b"\r")
         if not line:
@@ -83,9 +86,9 @@ def parse_head(raw: bytes) -> ResponseHead:
         name, sep, value = line.partition(b":")
         if not sep or not name or name != name.strip() or line[:1] in b" \t":
             raise ProtocolError(f"bad header line: {line[:64]!r}")
-        headers.add(name.decode("latin-1"), value.strip().decode("latin-1"))
+        fields.append((name.decode("latin-1"), value.strip().decode("latin-1")))
     reason = parts[2].decode("latin-1") if len(parts) > 2 else ""
-    return ResponseHead((1, int(minor)), int(parts[1]), reason, headers)
+    return ResponseHead((1, int(minor)), int(parts[1]), reason, CIMultiDict(fields), fields)
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,6 +99,7 @@ class RequestHead:
     target: str  # origin form: path and query, as sent (never decoded)
     version: tuple[int, int]
     headers: CIMultiDict[str]
+    fields: list[tuple[str, str]]  # the same headers, in order: what a relay passes on
 
     @property
     def path(self) -> str:
@@ -164,17 +168,25 @@ def parse_request_head(raw: bytes) -> RequestHead:
         target.decode("latin-1"),
         (1, version[7] - 48),
         CIMultiDict(fields),
+        fields,
     )
 
 
 class BodyDecoder:
-    """Base of the body decoders: ``feed`` a read, get its payload."""
+    """Base of the body decoders: ``feed`` a read, get its payload.
 
-    __slots__ = ("done", "extra")
+    ``whole`` says that the last read was exactly whole chunks of a chunked body (the last
+    chunk included when ``done``, then with no trailer): the read itself is then a valid
+    ``chunked`` framing of its payload, and a relay whose client side is chunked too can
+    write it on as it came, with no re-framing (``proxy``).
+    """
+
+    __slots__ = ("done", "extra", "whole")
 
     def __init__(self) -> None:
         self.done = False
         self.extra = b""  # bytes after the end of the body
+        self.whole = False
 
     def feed(self, data: bytes) -> bytes:
         raise NotImplementedError
@@ -247,37 +259,45 @@ class ChunkedBody(BodyDecoder):
     takes one ``find`` and one slice.
     """
 
-    __slots__ = ("_line", "_remaining", "_state")
+    __slots__ = ("_line", "_plain", "_remaining", "_state")
 
     def __init__(self) -> None:
         super().__init__()
         self._state = _SIZE
         self._line = b""  # a size or trailer line split across reads
         self._remaining = 0  # payload bytes left in the current chunk
+        self._plain = True  # this read: no chunk extension, no trailer field
 
     def feed(self, data: bytes) -> bytes:
         if self.done:
             self.extra += data
+            self.whole = False
             return b""
         if self._state == _SIZE and not self._line:
             end = data.find(b"\r\n")
-            if end > 0:
-                size = self._size(data[:end])
+            if 0 < end <= 16 and not data[:end].translate(None, _HEX):
+                size = int(data[:end], 16)
                 stop = end + 2 + size
                 if size and len(data) == stop + 2 and data.endswith(b"\r\n"):
+                    self.whole = True
                     return data[end + 2 : stop]  # exactly one chunk: the hot path
         return self._feed(data)
 
-    @staticmethod
-    def _size(line: bytes) -> int:
-        digits = line.split(b";", 1)[0].strip()
-        if not digits or len(digits) > 16 or digits.strip(b"0123456789abcdefABCDEF"):
+    def _size(self, line: bytes) -> int:
+        if line.translate(None, _HEX):  # not bare hex digits: an extension, or spaces
+            self._plain = False
+            line = line.split(b";", 1)[0].strip()
+            if line.translate(None, _HEX):
+                raise ProtocolError(f"bad chunk size line: {line[:64]!r}")
+        if not line or len(line) > 16:
             raise ProtocolError(f"bad chunk size line: {line[:64]!r}")
-        return int(digits, 16)
+        return int(line, 16)
 
     def _feed(self, data: bytes) -> bytes:
         out: list[bytes] = []
         pos, n = 0, len(data)
+        # whole chunks only: the read starts at a chunk's size line ...
+        self._plain = self._state == _SIZE and not self._line
         while pos < n and not self.done:
             state = self._state
             if state == _DATA:
@@ -294,7 +314,10 @@ class ChunkedBody(BodyDecoder):
                 if len(self._line) > MAX_CHUNK_LINE:
                     raise ProtocolError("chunk line too long")
                 break
-            line = (self._line + data[pos:end]).rstrip(b"\r")
+            line = self._line + data[pos:end]
+            if line[-1:] != b"\r":
+                self._plain = False  # a bare LF ends it: re-framed for the client, not relayed
+            line = line.rstrip(b"\r")
             self._line = b""
             pos = end + 1
             if state == _DATA_END:
@@ -309,9 +332,15 @@ class ChunkedBody(BodyDecoder):
                     self._state = _TRAILER
             elif not line:  # _TRAILER: the blank line ends the body
                 self.done = True
+            else:
+                self._plain = False  # a trailer field: dropped, so not relayed as it came
         if pos < n and self.done:
             self.extra = data[pos:]
-        return b"".join(out)
+        # ... and ends at one, or at the end of the body with nothing after it
+        self.whole = self._plain and (
+            (self._state == _SIZE and not self._line) if not self.done else not self.extra
+        )
+        return out[0] if len(out) == 1 else b"".join(out)
 
 
 def body_decoder(head: ResponseHead, method: str) -> BodyDecoder:

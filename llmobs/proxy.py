@@ -25,10 +25,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import MutableMapping
+from collections.abc import Iterable, MutableMapping
 from typing import Protocol
-
-from multidict import CIMultiDict
 
 from llmobs.config import Settings
 from llmobs.formats import Route, detect_stream, route_for_path
@@ -102,38 +100,59 @@ class NullObserver:
 NULL_OBSERVER = NullObserver()
 
 
-def filter_headers(headers: CIMultiDict[str]) -> list[tuple[str, str]]:
-    """``headers`` minus hop-by-hop ones, including those named in ``Connection``."""
-    named = {
-        token.strip().lower()
-        for value in headers.getall("Connection", ())
-        for token in value.split(",")
-    }
-    return [
-        (key, value)
-        for key, value in headers.items()
-        if (lower := key.lower()) not in HOP_BY_HOP and lower not in named
-    ]
+def filter_headers(
+    fields: Iterable[tuple[str, str]], drop: frozenset[str] = HOP_BY_HOP
+) -> list[tuple[str, str]]:
+    """``fields`` minus those named in ``drop`` (lower case; hop-by-hop ones at least) and
+    those the ``Connection`` header names. One pass over the list the parser kept."""
+    out: list[tuple[str, str]] = []
+    named: set[str] | None = None
+    for key, value in fields:
+        lower = key.lower()
+        if lower in drop:
+            if lower == "connection":
+                tokens = {token.strip().lower() for token in value.split(",")}
+                named = tokens if named is None else named | tokens
+            continue
+        out.append((key, value))
+    if named:
+        out = [(key, value) for key, value in out if key.lower() not in named]
+    return out
 
 
-_NOT_FORWARDED = frozenset({"host", "content-length", "expect", "x-forwarded-for"})
+# not forwarded upstream besides the hop-by-hop ones: ``Host`` and the framing (written anew),
+# ``Expect`` (the sidecar answered it), ``X-Forwarded-For`` (extended, below)
+_NOT_FORWARDED = HOP_BY_HOP | {"host", "content-length", "expect", "x-forwarded-for"}
+# not passed on to the client: the framing is the client's response's own
+_NOT_RETURNED = HOP_BY_HOP | {"content-length"}
 
 
-def upstream_headers(request: Request) -> CIMultiDict[str]:
+def upstream_headers(request: Request) -> list[tuple[str, str]]:
     """Headers to send upstream: the client's, minus hop-by-hop ones, ``Host``, ``Expect``
     (the sidecar answered it) and the framing, plus ``X-Forwarded-For``/``-Proto``."""
     headers = request.headers
-    out: CIMultiDict[str] = CIMultiDict(
-        (k, v) for k, v in filter_headers(headers) if k.lower() not in _NOT_FORWARDED
-    )
+    out = filter_headers(request.head.fields, _NOT_FORWARDED)
     chain = [v for v in headers.getall("X-Forwarded-For", ()) if v.strip()]
     if request.remote:
         chain.append(request.remote)
     if chain:
-        out["X-Forwarded-For"] = ", ".join(chain)
-    if "X-Forwarded-Proto" not in out:
-        out["X-Forwarded-Proto"] = request.scheme
+        out.append(("X-Forwarded-For", ", ".join(chain)))
+    if "X-Forwarded-Proto" not in headers or not any(
+        k.lower() == "x-forwarded-proto" for k, _ in out
+    ):
+        out.append(("X-Forwarded-Proto", request.scheme))
     return out
+
+
+def _with_trace(obs: RequestObserver, headers: list[tuple[str, str]]) -> list[tuple[str, str]]:
+    """``headers`` with the trace context the observer injects (``traceparent`` ...), which
+    replaces any the client sent under the same names."""
+    carrier: dict[str, str] = {}
+    obs.inject(carrier)
+    if not carrier:
+        return headers
+    names = {name.lower() for name in carrier}
+    return [(k, v) for k, v in headers if k.lower() not in names] + list(carrier.items())
 
 
 def _is_json(content_type: str) -> bool:
@@ -141,19 +160,19 @@ def _is_json(content_type: str) -> bool:
     return media == "application/json" or media.endswith("+json")
 
 
-_LENGTH = frozenset({"content-length"})
-
-
 class _Stream:
     """One response body on its way from the engine to the client, per read.
 
     ``feed`` runs inside the upstream connection's ``data_received``: it writes the read to
     the client's transport first (framed as the client's response needs), then observes it.
-    A slow client pauses upstream reads until its buffer drains (the client transport's
-    write-buffer limits call back, see ``server``), at no cost per chunk.
+    When both legs are chunked and the read was whole chunks, the read goes on as it came:
+    one write, no re-framing, and a last chunk that came with the last token goes in the same
+    write (one send fewer per request). A slow client pauses upstream reads until its buffer
+    drains (the client transport's write-buffer limits call back, see ``server``), at no cost
+    per chunk.
     """
 
-    __slots__ = ("_chunked", "_conn", "_obs", "_stripper", "_transport", "gone")
+    __slots__ = ("_chunked", "_conn", "_obs", "_request", "_stripper", "_transport", "gone")
 
     def __init__(
         self,
@@ -162,6 +181,7 @@ class _Stream:
         obs: RequestObserver,
         stripper: UsageStripper | None,
     ) -> None:
+        self._request = request
         self._transport = request.transport
         self._chunked = request.chunked
         self._conn = conn
@@ -169,7 +189,7 @@ class _Stream:
         self._stripper = stripper
         self.gone = False  # the client went away mid-stream
 
-    def feed(self, data: bytes) -> None:
+    def feed(self, data: bytes, frame: bytes | None, last: bool) -> None:
         now = time.perf_counter_ns()
         transport = self._transport
         if transport.is_closing():
@@ -177,12 +197,22 @@ class _Stream:
                 self.gone = True
                 self._conn.close()  # the engine stops generating for nobody
             return
-        out = self._stripper.feed(data) if self._stripper is not None else data
-        if out:
-            if self._chunked:
-                transport.writelines((b"%x\r\n" % len(out), out, b"\r\n"))
+        if self._stripper is None:
+            if not self._chunked:
+                transport.write(data)
+            elif frame is not None:
+                transport.write(frame)
+                if last:
+                    self._request.last_chunk_sent = True
             else:
-                transport.write(out)
+                transport.write(b"%x\r\n%b\r\n" % (len(data), data))
+        else:
+            out = self._stripper.feed(data)
+            if out:
+                if self._chunked:
+                    transport.write(b"%x\r\n%b\r\n" % (len(out), out))
+                else:
+                    transport.write(out)
         self._obs.chunk(now, data)
 
 
@@ -215,7 +245,8 @@ class Relay:
             self._finish(obs, clock(), Outcome.REJECTED)
             return
         headers = upstream_headers(request)
-        obs.inject(headers)
+        if obs is not NULL_OBSERVER:
+            headers = _with_trace(obs, headers)
         stripper: UsageStripper | None = None
         outcome = Outcome.OK
         conn: Connection | None = None
@@ -227,16 +258,18 @@ class Relay:
                     route.dialect is not Passthrough
                 ):
                     obs.request_body(body)
-                if settings.inject_usage and route.dialect is OpenAIStream:
+                if (
+                    settings.inject_usage
+                    and route.dialect is OpenAIStream
+                    and obs is not NULL_OBSERVER  # usage is asked for to be observed
+                ):
                     rewritten = inject_usage(body)
                     if rewritten is not None:
                         body, stripper = rewritten, UsageStripper()
             elif request.method in ("POST", "PUT", "PATCH"):
                 body = b""
             obs.forwarded(clock())
-            raw_head = self._upstream.request_head(
-                request.method, request.target, headers.items(), body
-            )
+            raw_head = self._upstream.request_head(request.method, request.target, headers, body)
             conn, head = await self._exchange(request.method, raw_head, body or b"")
             self._streams.add(conn)
             response_headers = head.headers
@@ -246,9 +279,7 @@ class Relay:
             obs.response(head.status, content_type)
             if stripper is not None and detect_stream(content_type) != "sse":
                 stripper = None  # an error body, say: nothing to strip
-            fields = [
-                (k, v) for k, v in filter_headers(response_headers) if k.lower() not in _LENGTH
-            ]
+            fields = filter_headers(head.fields, _NOT_RETURNED)
             request.begin(head.status, head.reason, fields, _length(head, stripper))
             stream = _Stream(request, conn, obs, stripper)
             request.on_flow(conn.pause_reading, conn.resume_reading)

@@ -114,6 +114,7 @@ class Request:
         "head",
         "headers",
         "keep_alive",
+        "last_chunk_sent",
         "method",
         "remote",
         "started",
@@ -157,6 +158,7 @@ class Request:
         self.ended = False
         self.chunked = False
         self.bodyless = False
+        self.last_chunk_sent = False  # the relay wrote the engine's last chunk as it came
 
     # -- the request ------------------------------------------------------------------------
     @property
@@ -277,13 +279,18 @@ class Request:
         if not data or self.bodyless:
             return
         if self.chunked:
-            self.transport.writelines((b"%x\r\n" % len(data), data, b"\r\n"))
+            self.transport.write(b"%x\r\n%b\r\n" % (len(data), data))
         else:
             self.transport.write(data)
 
     def end(self) -> None:
         """The end of the response (the last chunk, when chunked)."""
-        if self.chunked and not self.bodyless and not self.transport.is_closing():
+        if (
+            self.chunked
+            and not self.bodyless
+            and not self.last_chunk_sent
+            and not self.transport.is_closing()
+        ):
             self.transport.write(b"0\r\n\r\n")
         self.ended = True
 

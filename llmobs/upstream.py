@@ -10,7 +10,7 @@ request handler only waits for the head and for the end.
 What it does, as a reverse proxy's upstream leg should: one request per connection at a time,
 idle connections kept for reuse (LIFO, bounded) unless the response forbids it; a connection
 that went stale in the pool is never used; connect and read timeouts (the read timeout runs
-between reads, checked by one timer per request rather than one per chunk); the body relayed
+between reads, checked by one timer per connection rather than one per chunk); the body relayed
 as it comes with back-pressure from a slow client (upstream reads pause until the client's
 buffer drains); no header added but ``Host`` and the body's framing.
 """
@@ -33,7 +33,10 @@ from llmobs.http1 import (
     parse_head,
 )
 
-Sink = Callable[[bytes], None]
+# A body's sink: the payload of a read; the read itself when it was whole chunks of a chunked
+# body (it can go on as it came, see ``http1.BodyDecoder.whole``), else None; and whether the
+# read ended the body (a whole read then holds the last chunk too).
+Sink = Callable[[bytes, bytes | None, bool], None]
 _T = TypeVar("_T")
 
 # Idle connections kept for reuse. Streams of a batch end together: a pool smaller than the
@@ -71,7 +74,7 @@ class Connection(asyncio.Protocol):
         self._head: asyncio.Future[ResponseHead] | None = None
         self._done: asyncio.Future[None] | None = None
         self._decoder: BodyDecoder | None = None
-        self._early: list[bytes] = []  # body bytes that came with the head
+        self._early: list[tuple[bytes, bytes | None, bool]] = []  # came with the head
         self._sink: Sink | None = None
         self._writable: asyncio.Future[None] | None = None
         self._watched: asyncio.Future[Any] | None = None  # awaited under the read timeout
@@ -95,9 +98,9 @@ class Connection(asyncio.Protocol):
             if payload:
                 sink = self._sink
                 if sink is not None:
-                    sink(payload)
+                    sink(payload, data if decoder.whole else None, decoder.done)
                 else:
-                    self._early.append(payload)
+                    self._early.append((payload, data if decoder.whole else None, decoder.done))
             if decoder.done:
                 self._finish(decoder)
             return
@@ -116,6 +119,7 @@ class Connection(asyncio.Protocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
         self.reusable = False
+        self._stop_timer()
         error = UpstreamClosed("upstream closed the connection")
         if exc is not None:
             error.__cause__ = exc
@@ -209,8 +213,8 @@ class Connection(asyncio.Protocol):
         """From now on hand every piece of body to ``sink``, inside ``data_received``."""
         self._sink = sink
         early, self._early = self._early, []
-        for payload in early:
-            sink(payload)
+        for payload, frame, last in early:
+            sink(payload, frame, last)
 
     async def body_done(self, read_timeout: float) -> None:
         """Wait for the end of the body; the read timeout applies between reads."""
@@ -221,34 +225,43 @@ class Connection(asyncio.Protocol):
     async def _watch(self, future: asyncio.Future[_T], read_timeout: float) -> _T:
         """Await ``future``; fail with ``UpstreamTimeout`` once no byte came for the timeout.
 
-        The timer and its state are attributes, not a closure: a closure that holds its own
-        timer is a reference cycle, two per request, each keeping a future and the response
-        head alive until the cyclic garbage collector runs (a gen-1 pass of ~8 ms every few
-        hundred requests, docs/benchmarks.md).
+        One timer per connection, not one per wait: it is armed when a wait starts and none
+        is pending, and when it fires it re-arms from the last read while a wait is on (or
+        lapses when none is). A connection that carries request after request thus arms a
+        timer about once per ``read_timeout``, not twice per request. The state is in
+        attributes, not a closure (a closure holding its own timer is a reference cycle per
+        request); the pending timer's reference to the connection is dropped on close.
         """
         self._watched = future
         self._read_timeout = read_timeout
-        self._timer = self._loop.call_at(self.last_read + read_timeout, self._check)
+        deadline = self.last_read + read_timeout
+        timer = self._timer
+        if timer is None or timer.when() > deadline:
+            if timer is not None:
+                timer.cancel()
+            self._timer = self._loop.call_at(deadline, self._check)
         try:
             return await future
         finally:
-            if self._timer is not None:
-                self._timer.cancel()
-            self._timer = None
             self._watched = None
 
     def _check(self) -> None:
         """The read-timeout timer: fail the awaited future, or re-arm from the last read."""
+        self._timer = None
         future = self._watched
         if future is None:
-            return
+            return  # no wait on: lapse (the next wait arms a timer)
         if self._loop.time() - self.last_read >= self._read_timeout:
             if not future.done():
                 future.set_exception(UpstreamTimeout("upstream read timed out"))
             self.reusable = False
-            self._timer = None
         else:
             self._timer = self._loop.call_at(self.last_read + self._read_timeout, self._check)
+
+    def _stop_timer(self) -> None:
+        timer, self._timer = self._timer, None
+        if timer is not None:
+            timer.cancel()
 
     def pause_reading(self) -> None:
         if self.transport is not None and not self.closed:
@@ -260,6 +273,7 @@ class Connection(asyncio.Protocol):
 
     def close(self) -> None:
         self.reusable = False
+        self._stop_timer()
         if self.transport is not None:
             self.transport.close()
 

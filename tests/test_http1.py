@@ -136,6 +136,82 @@ def test_one_whole_chunk_per_read_is_returned_as_is() -> None:
     assert decoder.done
 
 
+def strict_chunks(data: bytes) -> list[bytes]:
+    """The payloads of a chunked body framed as strictly as a client may demand: bare hex
+    sizes, CRLF line ends, no extension, no trailer, nothing after the last chunk."""
+    out: list[bytes] = []
+    while True:
+        end = data.index(b"\r\n")
+        size_line = data[:end]
+        assert size_line and not size_line.strip(b"0123456789abcdefABCDEF"), size_line
+        size = int(size_line, 16)
+        if size == 0:
+            assert data[end:] == b"\r\n\r\n"
+            return out
+        out.append(data[end + 2 : end + 2 + size])
+        assert data[end + 2 + size : end + 4 + size] == b"\r\n"
+        data = data[end + 4 + size :]
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.lists(st.binary(min_size=0, max_size=40), max_size=8),
+    st.lists(st.integers(min_value=0, max_value=10_000), max_size=12),
+    st.booleans(),
+    st.booleans(),
+    st.booleans(),
+)
+def test_reads_marked_whole_can_be_relayed_as_they_came(
+    payloads: list[bytes], cuts: list[int], ext: bool, trailer: bool, bare_lf: bool
+) -> None:
+    """What the relay does with a chunked body: a read marked ``whole`` goes on as it came
+    (with the last chunk when it ended the body), any other is re-framed. The client must
+    get a strictly framed body with the same payload, whatever the engine's framing."""
+    data = chunked(payloads, ext, trailer)
+    if bare_lf:  # the same framing with bare LF line ends (tolerated, never passed on)
+        data = b"".join(b"%x\n%s\n" % (len(p), p) for p in payloads if p) + b"0\n\n"
+    points = sorted({c % (len(data) + 1) for c in cuts})
+    pieces = [data[a:b] for a, b in zip([0, *points], [*points, len(data)], strict=True)]
+    decoder = ChunkedBody()
+    relayed, ended = b"", False
+    for piece in pieces:
+        payload = decoder.feed(piece)
+        if decoder.whole and payload:
+            assert not ext and not bare_lf
+        if decoder.whole and decoder.done:
+            assert not trailer and not bare_lf
+        if decoder.whole and payload:  # the relay's sink sees reads with a payload only
+            relayed += piece
+            ended = decoder.done
+        elif payload:
+            relayed += b"%x\r\n%s\r\n" % (len(payload), payload)
+    assert decoder.done
+    if not ended:
+        relayed += b"0\r\n\r\n"
+    assert b"".join(strict_chunks(relayed)) == b"".join(payloads)
+
+
+def test_whole_reads_are_marked_as_such() -> None:
+    event = b"data: {}\n\n"
+    one = b"%x\r\n%s\r\n" % (len(event), event)
+    decoder = ChunkedBody()
+    decoder.feed(one)
+    assert decoder.whole and not decoder.done
+    decoder.feed(one + one)  # two chunks in one read
+    assert decoder.whole
+    decoder.feed(one[:5])  # a chunk cut short
+    assert not decoder.whole
+    decoder.feed(one[5:])  # its rest does not start at a chunk
+    assert not decoder.whole
+    decoder.feed(one + b"0\r\n\r\n")  # the last token and the last chunk
+    assert decoder.whole and decoder.done
+    decoder = ChunkedBody()
+    decoder.feed(b"%x;ext=1\r\n%s\r\n" % (len(event), event))
+    assert not decoder.whole  # the extension must not reach the client
+    decoder.feed(one + b"0\r\nX-Trailer: 1\r\n\r\n")
+    assert decoder.done and not decoder.whole  # nor the trailer
+
+
 @pytest.mark.parametrize(
     "data",
     [b"zz\r\nabc\r\n", b"5\r\nabcdeXX\r\n", b"+5\r\nabcde\r\n", b"1" * 5000],

@@ -6,12 +6,14 @@ import asyncio
 import gzip
 import json
 import socket
+from collections.abc import MutableMapping
 
 import aiohttp
 import pytest
 from aiohttp import web
 from yarl import URL
 
+from llmobs.proxy import NULL_OBSERVER, NullObserver, _with_trace
 from tests.conftest import AppFactory, SidecarFactory, eventually
 from tests.scripted import Script, ScriptedUpstream, chat_chunk, sse
 
@@ -229,6 +231,29 @@ async def test_timeout_before_headers_is_a_json_504(
     assert side.value("llmobs_requests_total", outcome="upstream_timeout") == 1
 
 
+async def test_the_read_timeout_holds_request_after_request_on_a_pooled_connection(
+    start_app: AppFactory, start_sidecar: SidecarFactory
+) -> None:
+    """The read-timeout timer outlives a request on its connection: idle in the pool longer
+    than the timeout, the connection then carries a slow stream (gaps under the timeout: no
+    504) and then a stalled one (a 504, soon after the timeout)."""
+    slow = Script(steps=tuple((0.15, b) for b in sse(*(chat_chunk(" a") for _ in range(6)))))
+    _, url = await upstream_with(
+        start_app, slow=slow, stall=Script(header_delay=3.0), default=Script()
+    )
+    side = await start_sidecar(url, read_timeout=0.4)
+    assert (await fetch(side.url + CHAT, {"stream": True}, {}))[0] == 200
+    await asyncio.sleep(1.0)  # idle, pooled: the timer fires with nothing to watch
+    status, _, body = await fetch(side.url + CHAT, {"stream": True}, {"X-Script": "slow"})
+    assert (status, body) == (200, slow.body)  # 0.9 s in all, no gap of 0.4
+    loop = asyncio.get_running_loop()
+    start = loop.time()
+    assert (await fetch(side.url + CHAT, {"stream": True}, {"X-Script": "stall"}))[0] == 504
+    assert 0.35 < loop.time() - start < 2.0
+    assert side.value("llmobs_requests_total", outcome="ok") == 2
+    assert side.value("llmobs_requests_total", outcome="upstream_timeout") == 1
+
+
 @pytest.mark.parametrize(("end", "outcome"), [("reset", "upstream_error"),
                                                ("hang", "upstream_timeout")])  # fmt: skip
 async def test_upstream_failure_mid_stream_truncates_the_client_stream(
@@ -315,3 +340,20 @@ async def test_json_body_without_json_content_type_is_still_read_on_llm_paths(
         assert await r.read() == STREAM.body
     await eventually(lambda: side.value("llmobs_requests_total") == 1)
     assert side.value("llmobs_requests_total", gen_ai_request_model="m1") == 1
+
+
+def test_the_trace_context_replaces_the_clients_rather_than_adding_to_it() -> None:
+    """The upstream request carries one ``traceparent``: the sidecar's, whatever the case of
+    the client's own; other headers keep their order."""
+
+    class Tracing(NullObserver):
+        def inject(self, headers: MutableMapping[str, str]) -> None:
+            headers["traceparent"] = "00-ours-01"
+
+    sent = [("Accept", "*/*"), ("Traceparent", "00-theirs-01"), ("X-A", "1")]
+    assert _with_trace(Tracing(), sent) == [
+        ("Accept", "*/*"),
+        ("X-A", "1"),
+        ("traceparent", "00-ours-01"),
+    ]
+    assert _with_trace(NULL_OBSERVER, sent) is sent  # not tracing: the list as it was

@@ -7,6 +7,7 @@ import asyncio
 import contextlib
 import gc
 import importlib.util
+import json
 import socket
 import sys
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -252,6 +253,49 @@ async def test_connection_close_and_unframed_bodies_are_relayed_whole(
                     assert await r.read() == payload
         assert upstream.connections == 4
         assert side.value("llmobs_requests_total", outcome="ok") == 4
+
+
+async def test_whole_chunks_go_on_as_they_came_and_others_are_re_framed(
+    start_sidecar: SidecarFactory,
+) -> None:
+    """The engine's chunks reach the client byte for byte when the engine frames plainly
+    (whatever the case of its hex), the last token and the last chunk in one piece as the
+    engine sent them; extensions and trailers are not passed on (re-framed, strictly)."""
+    event = b'data: {"choices":[{"index":0,"delta":{"content":"t%d"}}]}\n\n'
+    events = [event % i for i in range(3)]
+    plain = [b"%X\r\n%s\r\n" % (len(e), e) for e in events]  # upper-case hex sizes
+    plain[-1] += b"0\r\n\r\n"  # the last token and the end of the body in one write
+    odd = [b"%x;ext=1\r\n%s\r\n" % (len(e), e) for e in events]
+    odd[-1] += b"0\r\nX-Trailer: 1\r\n\r\n"
+
+    async def respond(writer: asyncio.StreamWriter, n: int) -> bool:
+        writer.write(SSE_HEAD + b"\r\n")
+        for piece in plain if n == 1 else odd:
+            await asyncio.sleep(0.02)  # one read each
+            writer.write(piece)
+            await writer.drain()
+        return True
+
+    async def relayed(port: int) -> bytes:
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        body = json.dumps(BODY).encode()
+        writer.write(
+            b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nConnection: close\r\n"
+            b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body)
+        )
+        answer = await asyncio.wait_for(reader.read(), 10)
+        writer.close()
+        head, _, rest = answer.partition(b"\r\n\r\n")
+        assert b"Transfer-Encoding: chunked" in head
+        return rest
+
+    async with raw_upstream(respond) as (_, url):
+        side = await start_sidecar(url, **QUIET)
+        port = int(side.url.rsplit(":", 1)[1])
+        assert await relayed(port) == b"".join(plain)
+        reframed = await relayed(port)
+        assert reframed == b"".join(b"%x\r\n%s\r\n" % (len(e), e) for e in events) + b"0\r\n\r\n"
+        assert side.value("llmobs_requests_total", outcome="ok") == 2
 
 
 async def test_head_and_no_content_responses_have_no_body(start_sidecar: SidecarFactory) -> None:
