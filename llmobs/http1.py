@@ -315,8 +315,8 @@ class ChunkedBody(BodyDecoder):
                     raise ProtocolError("chunk line too long")
                 break
             line = self._line + data[pos:end]
-            if line[-1:] != b"\r":
-                self._plain = False  # a bare LF ends it: re-framed for the client, not relayed
+            if line[-1:] != b"\r" or line[-2:-1] == b"\r":
+                self._plain = False  # not one CRLF (a bare LF, CR CR LF): re-framed, not relayed
             line = line.rstrip(b"\r")
             self._line = b""
             pos = end + 1

@@ -219,8 +219,10 @@ class Connection(asyncio.Protocol):
     async def body_done(self, read_timeout: float) -> None:
         """Wait for the end of the body; the read timeout applies between reads."""
         assert self._done is not None
-        await self._watch(self._done, read_timeout)
-        self._sink = None
+        try:
+            await self._watch(self._done, read_timeout)
+        finally:
+            self._sink = None  # the stream holds this connection: no cycle left behind
 
     async def _watch(self, future: asyncio.Future[_T], read_timeout: float) -> _T:
         """Await ``future``; fail with ``UpstreamTimeout`` once no byte came for the timeout.
@@ -273,7 +275,8 @@ class Connection(asyncio.Protocol):
 
     def close(self) -> None:
         self.reusable = False
-        self._stop_timer()
+        if self._watched is None:  # else the read timeout still bounds the wait: a close
+            self._stop_timer()  # waits for the write buffer, and the engine may not read it
         if self.transport is not None:
             self.transport.close()
 

@@ -210,6 +210,10 @@ def test_whole_reads_are_marked_as_such() -> None:
     assert not decoder.whole  # the extension must not reach the client
     decoder.feed(one + b"0\r\nX-Trailer: 1\r\n\r\n")
     assert decoder.done and not decoder.whole  # nor the trailer
+    for odd in (b"5\r\r\nhello\r\n", b"5\r\nhello\r\r\n", b"5\r\nhello\r\n0\r\n\r\r\n"):
+        decoder = ChunkedBody()
+        assert decoder.feed(odd) == b"hello"
+        assert not decoder.whole, odd  # CR CR LF is tolerated, never passed on
 
 
 @pytest.mark.parametrize(

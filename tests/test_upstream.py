@@ -17,6 +17,7 @@ from pathlib import Path
 import aiohttp
 import pytest
 
+from llmobs.upstream import Upstream
 from tests.conftest import SidecarFactory, SimFactory, eventually
 
 QUIET = {"engine_scrape_interval": 0, "gpu_sample_interval": 0}
@@ -413,3 +414,42 @@ async def test_the_cli_serves_on_uvloop(start_sim: SimFactory) -> None:
         proc.terminate()
         _, err = await asyncio.wait_for(proc.communicate(), 30)
     assert b"event loop: uvloop" in err
+
+
+async def test_closing_a_connection_mid_body_keeps_the_read_timeout() -> None:
+    """A close waits for the write buffer to drain; an engine that reads nothing more never
+    drains it, so ``connection_lost`` never comes. The read timeout must still end the wait
+    for the body (the relay closes a connection whose client went away, mid-stream)."""
+
+    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.readuntil(b"\r\n\r\n")  # the head only: the body is never read
+        writer.write(SSE_HEAD + b"\r\n")
+        await asyncio.sleep(0.3)  # the chunk comes while the relay waits for the body
+        writer.write(b"5\r\nhello\r\n")
+        await writer.drain()
+        await finished.wait()
+        writer.transport.abort()
+
+    finished = asyncio.Event()
+    server = await asyncio.start_server(serve, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    upstream = Upstream(f"http://127.0.0.1:{port}", 1.0)
+    try:
+        conn, _ = await upstream.acquire()
+        body = b"x" * (16 << 20)  # far more than the socket buffers hold
+        head = upstream.request_head("POST", "/v1/chat/completions", [], body)
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(conn.send("POST", head, body), 0.2)  # paused writing
+        await conn.head(1.0)
+        conn.relay(lambda payload, frame, last: conn.close())  # the client went away
+        start = asyncio.get_running_loop().time()
+        with pytest.raises((TimeoutError, ConnectionError)):
+            await asyncio.wait_for(conn.body_done(1.0), 5.0)
+        assert asyncio.get_running_loop().time() - start < 3.0  # the read timeout, not 5 s
+        assert conn.transport is not None
+        conn.transport.abort()  # a close that cannot drain never ends by itself
+    finally:
+        finished.set()
+        upstream.close()
+        server.close()
+        await asyncio.sleep(0.05)
