@@ -40,6 +40,16 @@ def _is_digits(value: str) -> bool:
     return value.isascii() and value.isdigit()
 
 
+def content_length(headers: CIMultiDict[str]) -> int | None:
+    """The ``Content-Length`` a head declares, if it is one plain number (else None: the
+    body decoders are what refuses a bad one)."""
+    value = headers.get("Content-Length")
+    if value is None:
+        return None
+    value = value.strip()
+    return int(value) if _is_digits(value) else None
+
+
 class ProtocolError(ConnectionError):
     """The peer sent something that is not HTTP/1.x (the connection is then dropped)."""
 
@@ -275,8 +285,9 @@ class ChunkedBody(BodyDecoder):
             return b""
         if self._state == _SIZE and not self._line:
             end = data.find(b"\r\n")
-            if 0 < end <= 16 and not data[:end].translate(None, _HEX):
-                size = int(data[:end], 16)
+            line = data[:end]
+            if 0 < end <= 16 and not line.translate(None, _HEX):
+                size = int(line, 16)
                 stop = end + 2 + size
                 if size and len(data) == stop + 2 and data.endswith(b"\r\n"):
                     self.whole = True

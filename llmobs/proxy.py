@@ -33,7 +33,7 @@ from llmobs.formats import Route, detect_stream, route_for_path
 from llmobs.formats.base import Passthrough
 from llmobs.formats.inject import UsageStripper, inject_usage
 from llmobs.formats.openai import OpenAIStream
-from llmobs.http1 import BadRequest, ResponseHead
+from llmobs.http1 import BadRequest, ResponseHead, content_length
 from llmobs.later import Later
 from llmobs.server import BodyTooLarge, BodyTooSlow, Request
 from llmobs.timing import Outcome
@@ -197,22 +197,14 @@ class _Stream:
                 self.gone = True
                 self._conn.close()  # the engine stops generating for nobody
             return
-        if self._stripper is None:
-            if not self._chunked:
-                transport.write(data)
-            elif frame is not None:
-                transport.write(frame)
-                if last:
-                    self._request.last_chunk_sent = True
-            else:
-                transport.write(b"%x\r\n%b\r\n" % (len(data), data))
+        if self._stripper is not None:
+            self._request.write(self._stripper.feed(data))
+        elif frame is not None and self._chunked:
+            transport.write(frame)  # the hot path: the engine's bytes, as they came
+            if last:
+                self._request.last_chunk_sent = True
         else:
-            out = self._stripper.feed(data)
-            if out:
-                if self._chunked:
-                    transport.write(b"%x\r\n%b\r\n" % (len(out), out))
-                else:
-                    transport.write(out)
+            self._request.write(data)  # framed for the client
         self._obs.chunk(now, data)
 
 
@@ -423,14 +415,7 @@ class Relay:
 
 def _length(head: ResponseHead, stripper: UsageStripper | None) -> int | None:
     """The response's Content-Length to pass on: the engine's, unless the body is rewritten."""
-    if stripper is not None:
-        return None
-    value = head.headers.get("Content-Length")
-    return (
-        int(value)
-        if value is not None and value.strip().isascii() and value.strip().isdigit()
-        else None
-    )
+    return None if stripper is not None else content_length(head.headers)
 
 
 def _client_gone(request: Request) -> bool:

@@ -37,6 +37,7 @@ from llmobs.http1 import (
     BodyDecoder,
     ProtocolError,
     RequestHead,
+    content_length,
     parse_request_head,
     request_body_decoder,
 )
@@ -172,12 +173,7 @@ class Request:
 
     @property
     def content_length(self) -> int | None:
-        value = self.headers.get("Content-Length")
-        return (
-            int(value)
-            if value is not None and value.strip().isascii() and value.strip().isdigit()
-            else None
-        )
+        return content_length(self.headers)
 
     @property
     def refused(self) -> bool:

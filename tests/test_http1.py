@@ -97,6 +97,10 @@ def test_bad_content_length_is_a_protocol_error(length: bytes) -> None:
         body_decoder(parse_head(b"HTTP/1.1 200 OK\r\nContent-Length: " + length), "GET")
 
 
+PAYLOADS = st.lists(st.binary(min_size=0, max_size=40), max_size=8)  # a body's chunks
+CUTS = st.lists(st.integers(min_value=0, max_value=10_000), max_size=12)  # where reads end
+
+
 def chunked(payloads: list[bytes], ext: bool = False, trailer: bool = False) -> bytes:
     out = b"".join(
         b"%x%s\r\n%s\r\n" % (len(p), b";name=v" if ext else b"", p) for p in payloads if p
@@ -112,8 +116,8 @@ def feed_all(decoder: ChunkedBody | LengthBody, data: bytes, cuts: list[int]) ->
 
 @settings(max_examples=300, deadline=None)
 @given(
-    st.lists(st.binary(min_size=0, max_size=40), max_size=8),
-    st.lists(st.integers(min_value=0, max_value=10_000), max_size=12),
+    PAYLOADS,
+    CUTS,
     st.booleans(),
     st.booleans(),
     st.binary(max_size=8),
@@ -155,8 +159,8 @@ def strict_chunks(data: bytes) -> list[bytes]:
 
 @settings(max_examples=300, deadline=None)
 @given(
-    st.lists(st.binary(min_size=0, max_size=40), max_size=8),
-    st.lists(st.integers(min_value=0, max_value=10_000), max_size=12),
+    PAYLOADS,
+    CUTS,
     st.booleans(),
     st.booleans(),
     st.booleans(),

@@ -101,3 +101,24 @@ async def test_engine_ignoring_the_option_falls_back_to_counting(
     await eventually(lambda: side.value("llmobs_requests_total") == 1)
     assert side.value("llmobs_tokens_total", gen_ai_token_type="output",
                       token_count_source="counted") == 2  # fmt: skip
+
+
+async def test_nothing_is_rewritten_when_nothing_is_observed(
+    start_app: AppFactory, start_sidecar: SidecarFactory
+) -> None:
+    """``--inject-usage`` with ``--instrument false``: the usage would be asked for an
+    observation that does not run, so the request goes upstream byte for byte."""
+    up = ScriptedUpstream({"default": Script(((0.0, CLIENT_SEES),))})
+    url = await start_app(up.app())
+    side = await start_sidecar(url, inject_usage=True, instrument=False)
+    body = json.dumps({"model": "m", "stream": True, "messages": []}).encode()
+    async with (
+        aiohttp.ClientSession() as s,
+        s.post(
+            side.url + "/v1/chat/completions",
+            data=body,
+            headers={"Content-Type": "application/json"},
+        ) as r,
+    ):
+        assert await r.read() == CLIENT_SEES
+    assert up.received[-1].body == body
