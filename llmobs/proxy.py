@@ -38,7 +38,7 @@ from llmobs.later import Later
 from llmobs.server import BodyTooLarge, BodyTooSlow, Request
 from llmobs.timing import Outcome
 from llmobs.tracing import RequestMeta
-from llmobs.upstream import Connection, Upstream, UpstreamClosed
+from llmobs.upstream import Connection, Sink, Upstream, UpstreamClosed
 
 log = logging.getLogger("llmobs.proxy")
 
@@ -161,33 +161,63 @@ def _is_json(content_type: str) -> bool:
 
 
 class _Stream:
-    """One response body on its way from the engine to the client, per read.
+    """One response on its way from the engine to the client, per read.
 
-    ``feed`` runs inside the upstream connection's ``data_received``: it writes the read to
-    the client's transport first (framed as the client's response needs), then observes it.
-    When both legs are chunked and the read was whole chunks, the read goes on as it came:
-    one write, no re-framing, and a last chunk that came with the last token goes in the same
-    write (one send fewer per request). A slow client pauses upstream reads until its buffer
-    drains (the client transport's write-buffer limits call back, see ``server``), at no cost
-    per chunk.
+    ``on_head`` runs inside the upstream connection's ``data_received`` when the response
+    head has come: it chooses the framing, writes the head to the client and returns ``feed``
+    as the sink for the body, so a first chunk that came with the head goes on in the same
+    read, with no loop iteration in between. ``feed`` writes each read to the client's
+    transport first (framed as the client's response needs), then observes it. When both legs
+    are chunked and the read was whole chunks, the read goes on as it came: one write, no
+    re-framing, and a last chunk that came with the last token goes in the same write (one
+    send fewer per request). A slow client pauses upstream reads until its buffer drains (the
+    client transport's write-buffer limits call back, see ``server``), at no cost per chunk.
     """
 
-    __slots__ = ("_chunked", "_conn", "_obs", "_request", "_stripper", "_transport", "gone")
+    __slots__ = (
+        "_chunked",
+        "_obs",
+        "_relayed",
+        "_request",
+        "_transport",
+        "conn",
+        "gone",
+        "stripper",
+    )
 
     def __init__(
         self,
         request: Request,
-        conn: Connection,
         obs: RequestObserver,
         stripper: UsageStripper | None,
+        relayed: set[Connection],
     ) -> None:
         self._request = request
         self._transport = request.transport
-        self._chunked = request.chunked
-        self._conn = conn
+        self._chunked = False
         self._obs = obs
-        self._stripper = stripper
+        self._relayed = relayed
+        self.stripper = stripper
+        self.conn: Connection | None = None  # the connection whose response this is
         self.gone = False  # the client went away mid-stream
+
+    def on_head(self, conn: Connection, head: ResponseHead) -> Sink:
+        """The response head came on ``conn``: pass it on; the body goes to ``feed``."""
+        self.conn = conn
+        self._relayed.add(conn)
+        request = self._request
+        response_headers = head.headers
+        content_type = response_headers.get("Content-Type", "")
+        if response_headers.get("Content-Encoding", "").lower() not in ("", "identity"):
+            content_type = ""  # compressed: relayed and timed, not parsed (not malformed)
+        self._obs.response(head.status, content_type)
+        if self.stripper is not None and detect_stream(content_type) != "sse":
+            self.stripper = None  # an error body, say: nothing to strip
+        fields = filter_headers(head.fields, _NOT_RETURNED)
+        request.begin(head.status, head.reason, fields, _length(head, self.stripper))
+        self._chunked = request.chunked
+        request.on_flow(conn.pause_reading, conn.resume_reading)
+        return self.feed
 
     def feed(self, data: bytes, frame: bytes | None, last: bool) -> None:
         now = time.perf_counter_ns()
@@ -195,10 +225,12 @@ class _Stream:
         if transport.is_closing():
             if not self.gone:
                 self.gone = True
-                self._conn.close()  # the engine stops generating for nobody
+                conn = self.conn
+                if conn is not None:
+                    conn.close()  # the engine stops generating for nobody
             return
-        if self._stripper is not None:
-            self._request.write(self._stripper.feed(data))
+        if self.stripper is not None:
+            self._request.write(self.stripper.feed(data))
         elif frame is not None and self._chunked:
             transport.write(frame)  # the hot path: the engine's bytes, as they came
             if last:
@@ -241,7 +273,7 @@ class Relay:
             headers = _with_trace(obs, headers)
         stripper: UsageStripper | None = None
         outcome = Outcome.OK
-        conn: Connection | None = None
+        stream: _Stream | None = None
         try:
             body: bytes | None = None
             if request.has_body:
@@ -262,32 +294,19 @@ class Relay:
                 body = b""
             obs.forwarded(clock())
             raw_head = self._upstream.request_head(request.method, request.target, headers, body)
-            conn, head = await self._exchange(request.method, raw_head, body or b"")
-            self._streams.add(conn)
-            response_headers = head.headers
-            content_type = response_headers.get("Content-Type", "")
-            if response_headers.get("Content-Encoding", "").lower() not in ("", "identity"):
-                content_type = ""  # compressed: relayed and timed, not parsed (not malformed)
-            obs.response(head.status, content_type)
-            if stripper is not None and detect_stream(content_type) != "sse":
-                stripper = None  # an error body, say: nothing to strip
-            fields = filter_headers(head.fields, _NOT_RETURNED)
-            request.begin(head.status, head.reason, fields, _length(head, stripper))
-            stream = _Stream(request, conn, obs, stripper)
-            request.on_flow(conn.pause_reading, conn.resume_reading)
-            conn.relay(stream.feed)
+            stream = _Stream(request, obs, stripper, self._streams)
             try:
-                await conn.body_done(settings.read_timeout)
+                await self._exchange(request.method, raw_head, body or b"", stream)
             except ConnectionError:
                 if not stream.gone:
                     raise
             if stream.gone:
                 outcome = Outcome.CLIENT_DISCONNECT
                 return
-            if stripper is not None:
-                request.write(stripper.flush())
+            if stream.stripper is not None:
+                request.write(stream.stripper.flush())
             request.end()
-            if conn in self._aborted:
+            if stream.conn in self._aborted:
                 outcome = Outcome.SHUTDOWN
         except asyncio.CancelledError:
             outcome = Outcome.CLIENT_DISCONNECT
@@ -306,6 +325,7 @@ class Relay:
             outcome = Outcome.UPSTREAM_TIMEOUT
             self._upstream_failed(request, obs, 504, "upstream timed out", outcome)
         except OSError as exc:
+            conn = stream.conn if stream is not None else None
             if conn is not None and conn in self._aborted and request.started:
                 outcome = Outcome.SHUTDOWN  # the shutdown grace ran out: end the stream cleanly
                 request.end()
@@ -317,6 +337,7 @@ class Relay:
                 self._upstream_failed(request, obs, 502, message, outcome)
         finally:
             request.on_flow(None, None)
+            conn = stream.conn if stream is not None else None
             if conn is not None:
                 self._streams.discard(conn)
                 self._aborted.discard(conn)
@@ -326,28 +347,31 @@ class Relay:
                     self._upstream.discard(conn)
             self._finish(obs, clock(), outcome)
 
-    async def _exchange(
-        self, method: str, raw_head: bytes, body: bytes
-    ) -> tuple[Connection, ResponseHead]:
-        """Send the request and wait for the response head.
+    async def _exchange(self, method: str, raw_head: bytes, body: bytes, stream: _Stream) -> None:
+        """Send the request and relay its response through ``stream``, to its end.
 
         A pooled connection the engine closed while it sat idle fails before any byte of a
         response; such a request is sent once more on a fresh connection (the engine never
-        saw it: nginx's ``proxy_next_upstream error`` does the same).
+        saw it: nginx's ``proxy_next_upstream error`` does the same). Until a head has come
+        the connection is this method's to discard; after, the handler's (``stream.conn``).
         """
         upstream = self._upstream
         read_timeout = self._settings.read_timeout
         for attempt in (0, 1):
             conn, reused = await upstream.acquire()
             try:
-                await conn.send(method, raw_head, body)
-                return conn, await conn.head(read_timeout)
+                await conn.send(method, raw_head, body, stream.on_head)
+                await conn.wait(read_timeout)
+                return
             except UpstreamClosed:
+                if stream.conn is not None:
+                    raise
                 upstream.discard(conn)
                 if not reused or attempt:
                     raise
             except BaseException:
-                upstream.discard(conn)
+                if stream.conn is None:
+                    upstream.discard(conn)
                 raise
         raise AssertionError("unreachable")  # the second attempt returns or raises
 

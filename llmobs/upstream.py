@@ -4,8 +4,10 @@ Why not an HTTP client library: with one, each chunk the engine writes wakes a t
 reads it from a stream and awaits the write to the client: a future, a scheduler round and two
 coroutine calls per token, the larger part of a Python relay's cost per chunk. Here the
 response body is handed on inside ``data_received``: decoded (``http1``), written to the
-client's transport and given to the observer in the same callback, as a C proxy would. The
-request handler only waits for the head and for the end.
+client's transport and given to the observer in the same callback, as a C proxy would. So is
+the response head: the handler's ``on_head`` callback runs in the read that completes it and
+returns the sink for the body, so the head and a first chunk that came with it go on to the
+client at once, not a loop iteration later. The request handler only waits for the end.
 
 What it does, as a reverse proxy's upstream leg should: one request per connection at a time,
 idle connections kept for reuse (LIFO, bounded) unless the response forbids it; a connection
@@ -20,7 +22,7 @@ from __future__ import annotations
 import asyncio
 import ssl
 from collections.abc import Callable, Iterable
-from typing import Any, TypeVar
+from typing import Any
 from urllib.parse import urlsplit
 
 from llmobs.http1 import (
@@ -37,7 +39,9 @@ from llmobs.http1 import (
 # body (it can go on as it came, see ``http1.BodyDecoder.whole``), else None; and whether the
 # read ended the body (a whole read then holds the last chunk too).
 Sink = Callable[[bytes, bytes | None, bool], None]
-_T = TypeVar("_T")
+# Called with the connection and the response head as soon as the head has come (inside
+# ``data_received``); returns the sink for the body.
+OnHead = Callable[["Connection", ResponseHead], Sink]
 
 # Idle connections kept for reuse. Streams of a batch end together: a pool smaller than the
 # concurrency closes the surplus at once, and the next requests then open as many new
@@ -71,13 +75,12 @@ class Connection(asyncio.Protocol):
         self.reusable = False
         self._method = "GET"
         self._head_buf = b""
-        self._head: asyncio.Future[ResponseHead] | None = None
+        self._on_head: OnHead | None = None  # set while a response head is awaited
         self._done: asyncio.Future[None] | None = None
         self._decoder: BodyDecoder | None = None
-        self._early: list[tuple[bytes, bytes | None, bool]] = []  # came with the head
         self._sink: Sink | None = None
         self._writable: asyncio.Future[None] | None = None
-        self._watched: asyncio.Future[Any] | None = None  # awaited under the read timeout
+        self._waiting = False  # the end of the response is awaited (under the read timeout)
         self._read_timeout = 0.0
         self._timer: asyncio.TimerHandle | None = None
         self.last_read = 0.0
@@ -99,12 +102,10 @@ class Connection(asyncio.Protocol):
                 sink = self._sink
                 if sink is not None:
                     sink(payload, data if decoder.whole else None, decoder.done)
-                else:
-                    self._early.append((payload, data if decoder.whole else None, decoder.done))
             if decoder.done:
                 self._finish(decoder)
             return
-        if self._head is None or self._head.done():
+        if self._on_head is None:
             self._fail(ProtocolError("data from the upstream while no request was pending"))
             return
         self._read_head(data)
@@ -123,7 +124,8 @@ class Connection(asyncio.Protocol):
         error = UpstreamClosed("upstream closed the connection")
         if exc is not None:
             error.__cause__ = exc
-        for future in (self._head, self._done, self._writable):
+        self._on_head = None
+        for future in (self._done, self._writable):
             if future is not None and not future.done():
                 _fail_future(future, error)
 
@@ -163,8 +165,13 @@ class Connection(asyncio.Protocol):
             return
         self.reusable = head.keep_alive and not isinstance(decoder, CloseBody)
         self._decoder = decoder
-        assert self._head is not None
-        self._head.set_result(head)
+        on_head, self._on_head = self._on_head, None
+        assert on_head is not None
+        try:
+            self._sink = on_head(self, head)
+        except Exception as exc:  # the handler's failure: it gets it back from wait()
+            self._fail(exc)
+            return
         if buf:
             self.data_received(buf)
         elif decoder.done:
@@ -179,22 +186,23 @@ class Connection(asyncio.Protocol):
 
     def _fail(self, exc: Exception) -> None:
         self.reusable = False
-        for future in (self._head, self._done):
-            if future is not None and not future.done():
-                _fail_future(future, exc)
+        self._on_head = self._decoder = None
+        future = self._done
+        if future is not None and not future.done():
+            _fail_future(future, exc)
         if self.transport is not None:
             self.transport.abort()
 
-    async def send(self, method: str, head: bytes, body: bytes) -> None:
-        """Write a request; its response head is then awaited with ``head()``."""
+    async def send(self, method: str, head: bytes, body: bytes, on_head: OnHead) -> None:
+        """Write a request. ``on_head`` gets its response head when it comes (it returns the
+        sink for the body); the end of the response is awaited with ``wait()``."""
         assert self.transport is not None
         if self.closed or self.transport.is_closing():
             raise UpstreamClosed("upstream closed the connection")
         self._method = method
-        self._head = self._loop.create_future()
+        self._on_head = on_head
         self._done = self._loop.create_future()
         self._sink = None
-        self._early = []
         self.last_read = self._loop.time()
         self.reusable = False
         if body:
@@ -204,37 +212,20 @@ class Connection(asyncio.Protocol):
         if self._writable is not None:
             await self._writable
 
-    async def head(self, read_timeout: float) -> ResponseHead:
-        """The response head, once it has come (``UpstreamTimeout`` after ``read_timeout``)."""
-        assert self._head is not None
-        return await self._watch(self._head, read_timeout)
-
-    def relay(self, sink: Sink) -> None:
-        """From now on hand every piece of body to ``sink``, inside ``data_received``."""
-        self._sink = sink
-        early, self._early = self._early, []
-        for payload, frame, last in early:
-            sink(payload, frame, last)
-
-    async def body_done(self, read_timeout: float) -> None:
-        """Wait for the end of the body; the read timeout applies between reads."""
-        assert self._done is not None
-        try:
-            await self._watch(self._done, read_timeout)
-        finally:
-            self._sink = None  # the stream holds this connection: no cycle left behind
-
-    async def _watch(self, future: asyncio.Future[_T], read_timeout: float) -> _T:
-        """Await ``future``; fail with ``UpstreamTimeout`` once no byte came for the timeout.
+    async def wait(self, read_timeout: float) -> None:
+        """Wait for the end of the response: its head (``UpstreamTimeout`` when none comes
+        within ``read_timeout``), then its body, with the read timeout between reads.
 
         One timer per connection, not one per wait: it is armed when a wait starts and none
         is pending, and when it fires it re-arms from the last read while a wait is on (or
         lapses when none is). A connection that carries request after request thus arms a
-        timer about once per ``read_timeout``, not twice per request. The state is in
+        timer about once per ``read_timeout``, not once per request. The state is in
         attributes, not a closure (a closure holding its own timer is a reference cycle per
         request); the pending timer's reference to the connection is dropped on close.
         """
-        self._watched = future
+        future = self._done
+        assert future is not None
+        self._waiting = True
         self._read_timeout = read_timeout
         deadline = self.last_read + read_timeout
         timer = self._timer
@@ -243,15 +234,16 @@ class Connection(asyncio.Protocol):
                 timer.cancel()
             self._timer = self._loop.call_at(deadline, self._check)
         try:
-            return await future
+            await future
         finally:
-            self._watched = None
+            self._waiting = False
+            self._sink = None  # the stream holds this connection: no cycle left behind
 
     def _check(self) -> None:
         """The read-timeout timer: fail the awaited future, or re-arm from the last read."""
         self._timer = None
-        future = self._watched
-        if future is None:
+        future = self._done
+        if not self._waiting or future is None:
             return  # no wait on: lapse (the next wait arms a timer)
         if self._loop.time() - self.last_read >= self._read_timeout:
             if not future.done():
@@ -275,7 +267,7 @@ class Connection(asyncio.Protocol):
 
     def close(self) -> None:
         self.reusable = False
-        if self._watched is None:  # else the read timeout still bounds the wait: a close
+        if not self._waiting:  # else the read timeout still bounds the wait: a close
             self._stop_timer()  # waits for the write buffer, and the engine may not read it
         if self.transport is not None:
             self.transport.close()

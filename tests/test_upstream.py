@@ -17,7 +17,8 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from llmobs.upstream import Upstream
+from llmobs.http1 import ResponseHead
+from llmobs.upstream import Connection, Sink, Upstream
 from tests.conftest import SidecarFactory, SimFactory, eventually
 
 QUIET = {"engine_scrape_interval": 0, "gpu_sample_interval": 0}
@@ -438,13 +439,18 @@ async def test_closing_a_connection_mid_body_keeps_the_read_timeout() -> None:
         conn, _ = await upstream.acquire()
         body = b"x" * (16 << 20)  # far more than the socket buffers hold
         head = upstream.request_head("POST", "/v1/chat/completions", [], body)
+        heads: list[int] = []
+
+        def on_head(c: Connection, response: ResponseHead) -> Sink:
+            heads.append(response.status)
+            return lambda payload, frame, last: c.close()  # the client went away
+
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(conn.send("POST", head, body), 0.2)  # paused writing
-        await conn.head(1.0)
-        conn.relay(lambda payload, frame, last: conn.close())  # the client went away
+            await asyncio.wait_for(conn.send("POST", head, body, on_head), 0.2)  # paused
         start = asyncio.get_running_loop().time()
         with pytest.raises((TimeoutError, ConnectionError)):
-            await asyncio.wait_for(conn.body_done(1.0), 5.0)
+            await asyncio.wait_for(conn.wait(1.0), 5.0)
+        assert heads == [200]
         assert asyncio.get_running_loop().time() - start < 3.0  # the read timeout, not 5 s
         assert conn.transport is not None
         conn.transport.abort()  # a close that cannot drain never ends by itself
