@@ -148,9 +148,11 @@ class Observer:
         "_sink",
         "_sse",
         "_timer",
+        "_times",
         "_trace",
         "_whole",
         "_whole_of",
+        "_window",
         "info",
         "operation",
         "route",
@@ -183,6 +185,8 @@ class Observer:
             self._dialect.captured = []
         self._on_data = self._dialect.on_data  # bound once: called per event
         self._output = self._timer.output  # bound once: called per output chunk
+        self._times = self._timer.times  # choice 0's times: one-token chunks append here
+        self._window = self._timer.window
         dialect = self._dialect
         self._openai = dialect if isinstance(dialect, OpenAIStream) else None
         self._sse: SseDecoder | None = None
@@ -268,8 +272,11 @@ class Observer:
                 try:
                     if self._queued or self._pending:
                         self._record(t_ns, 1)
-                    elif self._output(t_ns, 1):
-                        self._take(self._timer)
+                    else:  # choice 0's timer.output(t_ns, 1), inlined
+                        times = self._times
+                        times.append(t_ns)
+                        if len(times) > self._window:
+                            self._take(self._timer)
                 except Exception:
                     self._fail("chunk")
                 return
@@ -327,7 +334,9 @@ class Observer:
 
     def _take(self, timer: StreamTimer) -> None:
         """A timer's window is full: its ITLs go to the sink now (long streams only)."""
-        self._sink.record_tokens(self.operation, self.info.model, timer.take_window())
+        window = timer.take_window()
+        self._times = self._timer.times  # a new array after each window
+        self._sink.record_tokens(self.operation, self.info.model, window)
 
     def _timer_for(self, choice: int) -> StreamTimer:
         if choice == 0:
@@ -433,6 +442,7 @@ class Observer:
         timers = [self._timer] if choices is None else [self._timer, *choices.values()]
         total = None if dialect.per_chunk_usage or len(timers) > 1 else dialect.output_tokens
         windows = [t.take_window(total) for t in timers]
+        self._times = self._timer.times
         reasoning, reasoning_source = dialect.reasoning_tokens, TokenSource.USAGE
         if reasoning is None and dialect.reasoning_chunks:
             reasoning, reasoning_source = dialect.reasoning_chunks, TokenSource.COUNTED

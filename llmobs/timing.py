@@ -88,6 +88,7 @@ class StreamTimer:
 
     __slots__ = (
         "_base",
+        "_extra",
         "_first",
         "_head",
         "_itl_count",
@@ -98,13 +99,12 @@ class StreamTimer:
         "_odd",
         "_stalls",
         "_taken",
-        "_times",
         "factor",
         "flushed_tokens",
         "min_gap",
         "small",
         "start_ns",
-        "tokens",
+        "times",
         "window",
     )
 
@@ -122,14 +122,17 @@ class StreamTimer:
         self.min_gap = min_gap
         self.window = window
         self.small = small  # windows of fewer gaps go through ``stats.small_window``
-        self.tokens = 0  # output tokens counted so far (chunk counts or per-chunk usage)
         self.flushed_tokens = 0  # tokens of chunks already taken in windows
-        self._times = array("q")  # anchor (previous window's last chunk) + this window's chunks
-        # (index in _times, tokens) of this window's chunks after the first that carried
+        # Anchor (previous window's last chunk) + this window's chunks. Appending a time here
+        # is ``output(t, 1)`` (the observer's hot path does it directly): chunks of one token
+        # are counted by their times alone; ``_extra`` adds what other counts differ by.
+        self.times = array("q")
+        self._extra = 0
+        # (index in times, tokens) of this window's chunks after the first that carried
         # other than one token, flat; None while there are none (the usual case)
         self._odd: array[int] | None = None
         self._head = 1  # the first chunk's tokens
-        self._base = 0  # chunks in taken windows, less the anchor that _times still holds
+        self._base = 0  # chunks in taken windows, less the anchor that times still holds
         self._first = 0  # the first chunk's time, once a window was taken
         self._median: float | None = None
         self._stalls = 0
@@ -141,14 +144,19 @@ class StreamTimer:
 
     def output(self, t_ns: int, tokens: int) -> bool:
         """Record a chunk of ``tokens`` output tokens at ``t_ns``; True when the window is full
-        (``take_window`` is due). Once per output chunk: one append and a counter; the first
-        and last times and the chunk count are read off the times when asked."""
-        self.tokens += tokens
-        times = self._times
+        (``take_window`` is due). Once per output chunk: one append; the first and last times,
+        the chunk count and (for one-token chunks) the tokens are read off the times."""
+        times = self.times
         times.append(t_ns)
         if tokens != 1:
+            self._extra += tokens - 1
             self._count(len(times) - 1, tokens)
         return len(times) > self.window
+
+    @property
+    def tokens(self) -> int:
+        """Output tokens counted so far (chunk counts or per-chunk usage)."""
+        return self._base + len(self.times) + self._extra
 
     def _count(self, index: int, tokens: int) -> None:
         """A chunk of other than one token at ``index`` in the window's times."""
@@ -166,21 +174,21 @@ class StreamTimer:
         """When the first output chunk arrived; None before any."""
         if self._taken:
             return self._first
-        return self._times[0] if self._times else None
+        return self.times[0] if self.times else None
 
     @property
     def last_ns(self) -> int | None:
         """When the latest output chunk arrived; None before any."""
-        return self._times[-1] if self._times else None
+        return self.times[-1] if self.times else None
 
     @property
     def chunks(self) -> int:
         """Output chunks recorded so far."""
-        return self._base + len(self._times)
+        return self._base + len(self.times)
 
     @property
     def window_full(self) -> bool:
-        return len(self._times) > self.window
+        return len(self.times) > self.window
 
     def take_window(self, total_tokens: int | None = None) -> TokenWindow:
         """ITLs of the chunks recorded since the last window; keeps the last as the anchor.
@@ -190,7 +198,7 @@ class StreamTimer:
         Fewer than ``small`` chunks go through ``stats.small_window`` (plain Python), more
         through ``stats.token_window`` (numpy): the same numbers either way.
         """
-        times = self._times
+        times = self.times
         chunks = len(times) - 1  # the first is the anchor (or the first chunk, not timed)
         if chunks < 1:
             return stats.EMPTY_WINDOW
@@ -240,7 +248,7 @@ class StreamTimer:
         self._itl_max = max(self._itl_max, window.itl_max)
         self.flushed_tokens += spread + head
         self._base += chunks
-        self._times = array("q", [times[-1]])
+        self.times = array("q", [times[-1]])
         self._odd = None
         return window
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 from opentelemetry.sdk.metrics import MeterProvider
@@ -241,3 +242,35 @@ def test_plain_token_reads_skip_decoder_and_dialect() -> None:
     assert len(calls) == 3  # the first (it makes the template), then escapes and non-ASCII
     record = obs.finish(10, Outcome.OK)
     assert record is not None and record.output_tokens == len(words)
+
+
+def test_whole_reads_past_a_window_are_all_timed() -> None:
+    """The whole-read path appends to the timer's times itself; a full window is taken and
+    the timer starts a new array, which the path must follow: a stream longer than one window
+    (65,536 chunks) loses no chunk and no gap, and its ITLs reach the sink window by window."""
+    head = b'data: {"id":"c","object":"chat.completion.chunk","model":"m","choices":[{"index":0,'
+    tail = b'"},"finish_reason":null}]}\n\n'
+    sink = MetricsSink(MeterProvider().get_meter("test"), 8)
+    obs = Observer(sink, ObserveConfig(), OPENAI_CHAT, 0)
+    obs.request_body(b'{"model": "m", "stream": true}')
+    obs.forwarded(0)
+    obs.response(200, "text/event-stream")
+    window = obs._timer.window
+    chunks = window + window // 2
+    event = head + b'"delta":{"content":"w' + tail
+    for i in range(chunks):
+        obs.chunk((i + 1) * 1_000_000, event)
+    record = obs.finish(10**12, Outcome.OK)
+    assert record is not None
+    assert (record.chunks, record.output_tokens) == (chunks, chunks)
+    assert record.itl_count == chunks - 1
+    assert record.itl_sum == pytest.approx((chunks - 1) / 1000)
+    assert record.ttft_s == pytest.approx(0.001)
+    counts = [
+        float(line.rsplit(" ", 1)[1])
+        for line in sink.collector.render().splitlines()
+        if line.startswith("llmobs_inter_token_latency_seconds_count{")
+    ]
+    # (a window taken mid-stream admits no new model label: the first request of a model
+    # records it under another series than its last window; summed here)
+    assert sum(counts) == chunks - 1

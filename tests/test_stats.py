@@ -118,7 +118,7 @@ def test_windows_keep_memory_bounded_and_totals_exact() -> None:
     assert len(windows) >= 10
     assert sum(w.tokens for w in windows) == 999
     assert record.itl_sum == pytest.approx(0.020 * 999)
-    assert len(timer._times) <= 101
+    assert len(timer.times) <= 101
 
 
 def test_short_requests_have_no_rhythm_to_break() -> None:
