@@ -588,10 +588,14 @@ class MetricsSink:
             if self._otel is not None:
                 self._otel.malformed.add(count)
 
-    def record_tokens(self, operation: str, model: str | None, window: TokenWindow) -> None:
-        """Add a window of ITLs. Labels admit no new model: ``record_request`` does that."""
+    def record_tokens(
+        self, operation: str, model: str | None, window: TokenWindow, admit: bool = False
+    ) -> None:
+        """Add a window of ITLs. A new model is admitted only when ``admit`` (a window taken
+        mid-stream of a successful response: its request will admit it); otherwise
+        ``record_request`` decides, and it runs first at the end of a request."""
         if window.size:
-            key = self._label_set(operation, model, False).key
+            key = self._label_set(operation, model, admit).key
             with self._lock:
                 self._itl.record(key, window)
 

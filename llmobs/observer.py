@@ -336,7 +336,10 @@ class Observer:
         """A timer's window is full: its ITLs go to the sink now (long streams only)."""
         window = timer.take_window()
         self._times = self._timer.times  # a new array after each window
-        self._sink.record_tokens(self.operation, self.info.model, window)
+        # a long stream of a 2xx/3xx response: its model gets its label now, as its request
+        # will at the end, so that its first window is not counted under "other"
+        admit = 200 <= self.status < 400
+        self._sink.record_tokens(self.operation, self.info.model, window, admit)
 
     def _timer_for(self, choice: int) -> StreamTimer:
         if choice == 0:
