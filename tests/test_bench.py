@@ -8,6 +8,7 @@ bench's business (docs/benchmarks.md), not a test's: this machine's timing is no
 
 from __future__ import annotations
 
+import gc
 import json
 import math
 from pathlib import Path
@@ -174,6 +175,28 @@ async def test_closed_loop_counts_every_chunk(start_sim: SimFactory) -> None:
     result = await run_load(LoadSpec(sim.url, 3, 0.2, 5))
     assert result.streams and all(s.ok for s in result.streams)
     assert result.chunks == 5 * len(result.streams) == sim.engine.stats.generation_tokens
+
+
+async def test_the_collector_never_runs_during_a_cell(start_sim: SimFactory) -> None:
+    """A collection in the load generator stalls its loop: every chunk in flight would arrive
+    late, charged to the target. None runs while a cell's load does; it is back after."""
+    sim = await start_sim(stamp=True, prefill_base=0.0, prefill_per_token=0.0,
+                          decode_base=0.002, decode_per_seq=0.0)  # fmt: skip
+    collections: list[int] = []
+
+    def seen(phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            collections.append(info["generation"])
+
+    assert gc.isenabled()
+    gc.callbacks.append(seen)
+    try:
+        result = await run_load(LoadSpec(sim.url, 3, 0.2, 5))
+    finally:
+        gc.callbacks.remove(seen)
+    assert result.streams and all(s.ok for s in result.streams)
+    assert collections == []  # (aiohttp and the engine allocate enough for several otherwise)
+    assert gc.isenabled()
 
 
 CELL_FIELDS = (

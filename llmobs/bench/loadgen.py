@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import json
 import random
 import time
@@ -186,12 +187,20 @@ async def run_load(spec: LoadSpec, session: aiohttp.ClientSession | None = None)
         while in_flight:
             await asyncio.gather(*list(in_flight))
 
+    # No garbage collection while the cell runs: a full collection of this process's heap
+    # (aiohttp, numpy, the rounds so far) stalls its loop for ~100-200 ms on a small machine,
+    # and every chunk in flight would arrive that much "late", charged to the target. What
+    # the cell leaves in cycles is collected after it.
+    collecting = gc.isenabled()
+    gc.disable()
     try:
         if spec.arrival_rate:
             await open_loop(spec.arrival_rate)
         else:
             await asyncio.gather(*(closed_loop() for _ in range(spec.concurrency)))
     finally:
+        if collecting:
+            gc.enable()
         if own:
             await session.close()
     return LoadResult(streams, started, time.monotonic_ns(), dropped)
