@@ -335,6 +335,13 @@ class Relay:
                 outcome = Outcome.UPSTREAM_ERROR
                 message = f"upstream unavailable: {type(exc).__name__}"
                 self._upstream_failed(request, obs, 502, message, outcome)
+        except Exception:  # a bug of the relay's own: one outcome still, and a clean answer
+            outcome = Outcome.UPSTREAM_ERROR
+            log.exception("%s %s: the relay failed", request.method, request.path)
+            if not request.started:
+                self._local(request, obs, 502, "llmobs: internal error")
+            else:
+                request.abort()
         finally:
             request.on_flow(None, None)
             conn = stream.conn if stream is not None else None
@@ -360,14 +367,14 @@ class Relay:
         for attempt in (0, 1):
             conn, reused = await upstream.acquire()
             try:
-                await conn.send(method, raw_head, body, stream.on_head)
+                conn.send(method, raw_head, body, stream.on_head)
                 await conn.wait(read_timeout)
                 return
             except UpstreamClosed:
                 if stream.conn is not None:
                     raise
                 upstream.discard(conn)
-                if not reused or attempt:
+                if not reused or attempt or conn.responded:
                     raise
             except BaseException:
                 if stream.conn is None:

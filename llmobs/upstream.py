@@ -79,8 +79,8 @@ class Connection(asyncio.Protocol):
         self._done: asyncio.Future[None] | None = None
         self._decoder: BodyDecoder | None = None
         self._sink: Sink | None = None
-        self._writable: asyncio.Future[None] | None = None
         self._waiting = False  # the end of the response is awaited (under the read timeout)
+        self.responded = False  # a byte of the response came (a retry would repeat the request)
         self._read_timeout = 0.0
         self._timer: asyncio.TimerHandle | None = None
         self.last_read = 0.0
@@ -124,21 +124,14 @@ class Connection(asyncio.Protocol):
         error = UpstreamClosed("upstream closed the connection")
         if exc is not None:
             error.__cause__ = exc
-        self._on_head = None
-        for future in (self._done, self._writable):
-            if future is not None and not future.done():
-                _fail_future(future, error)
-
-    def pause_writing(self) -> None:
-        self._writable = self._loop.create_future()
-
-    def resume_writing(self) -> None:
-        writable, self._writable = self._writable, None
-        if writable is not None and not writable.done():
-            writable.set_result(None)
+        self._on_head = self._sink = None  # the stream and the connection hold each other
+        future = self._done
+        if future is not None and not future.done():
+            _fail_future(future, error)
 
     # -- the exchange -----------------------------------------------------------------------
     def _read_head(self, data: bytes) -> None:
+        self.responded = True
         buf = self._head_buf + data
         while True:
             end = buf.find(b"\r\n\r\n")
@@ -178,39 +171,46 @@ class Connection(asyncio.Protocol):
             self._finish(decoder)
 
     def _finish(self, decoder: BodyDecoder) -> None:
-        if decoder.extra:
-            self.reusable = False
+        transport = self.transport
+        if decoder.extra or (transport is not None and transport.get_write_buffer_size()):
+            self.reusable = False  # bytes after the response, or a request not wholly sent
         self._decoder = None
         if self._done is not None and not self._done.done():
             self._done.set_result(None)
 
     def _fail(self, exc: Exception) -> None:
         self.reusable = False
-        self._on_head = self._decoder = None
+        self._on_head = self._decoder = self._sink = None
         future = self._done
         if future is not None and not future.done():
             _fail_future(future, exc)
         if self.transport is not None:
             self.transport.abort()
 
-    async def send(self, method: str, head: bytes, body: bytes, on_head: OnHead) -> None:
+    def send(self, method: str, head: bytes, body: bytes, on_head: OnHead) -> None:
         """Write a request. ``on_head`` gets its response head when it comes (it returns the
-        sink for the body); the end of the response is awaited with ``wait()``."""
-        assert self.transport is not None
-        if self.closed or self.transport.is_closing():
+        sink for the body); the end of the response is awaited with ``wait()``.
+
+        The body is in the transport's buffer at once (it is in memory already), and the wait
+        for the response starts while it drains: an engine may answer before it has read the
+        whole body (a 413, say), and that answer is the exchange's result. A connection whose
+        request is not wholly sent when its response ends is not reused (``_finish``).
+        """
+        transport = self.transport
+        assert transport is not None
+        if self.closed or transport.is_closing():
             raise UpstreamClosed("upstream closed the connection")
         self._method = method
         self._on_head = on_head
         self._done = self._loop.create_future()
         self._sink = None
+        self.responded = False
         self.last_read = self._loop.time()
         self.reusable = False
         if body:
-            self.transport.writelines((head, body))
+            transport.writelines((head, body))
         else:
-            self.transport.write(head)
-        if self._writable is not None:
-            await self._writable
+            transport.write(head)
 
     async def wait(self, read_timeout: float) -> None:
         """Wait for the end of the response: its head (``UpstreamTimeout`` when none comes
@@ -249,6 +249,7 @@ class Connection(asyncio.Protocol):
             if not future.done():
                 future.set_exception(UpstreamTimeout("upstream read timed out"))
             self.reusable = False
+            self._on_head = None  # a head that comes now is too late
         else:
             self._timer = self._loop.call_at(self.last_read + self._read_timeout, self._check)
 
@@ -267,6 +268,7 @@ class Connection(asyncio.Protocol):
 
     def close(self) -> None:
         self.reusable = False
+        self._on_head = self._sink = None  # nothing more is relayed; no cycle outlives it
         if not self._waiting:  # else the read timeout still bounds the wait: a close
             self._stop_timer()  # waits for the write buffer, and the engine may not read it
         if self.transport is not None:

@@ -7,6 +7,7 @@ import asyncio
 import contextlib
 import gc
 import importlib.util
+import io
 import json
 import socket
 import sys
@@ -170,6 +171,62 @@ async def test_a_new_connection_closed_without_a_response_is_a_502_not_a_retry(
         assert b"upstream unavailable" in body
         assert upstream.requests == 1
         await eventually(lambda: side.value("llmobs_requests_total", outcome="upstream_error") == 1)
+
+
+async def test_a_pooled_connection_cut_after_part_of_a_head_is_not_retried(
+    start_sidecar: SidecarFactory,
+) -> None:
+    """A byte of a response means the engine took the request: on a pooled connection too,
+    a cut there is a 502, never the request sent a second time."""
+
+    async def cut_second(writer: asyncio.StreamWriter, n: int) -> bool:
+        if n == 2:
+            writer.write(b"HTTP/1.1 200 OK\r\nContent-Ty")
+            await writer.drain()
+            return False  # closed mid-head
+        return await keep_alive(writer, n)
+
+    async with raw_upstream(cut_second) as (upstream, url):
+        side = await start_sidecar(url, **QUIET)
+        async with aiohttp.ClientSession() as session:
+            results = [await post(session, side.url) for _ in range(2)]
+        assert [s for s, _ in results] == [200, 502]
+        assert upstream.requests == 2  # the second request once
+        await eventually(lambda: side.value("llmobs_requests_total", outcome="upstream_error") == 1)
+
+
+async def test_an_answer_before_the_whole_body_was_sent_is_relayed(
+    start_sidecar: SidecarFactory,
+) -> None:
+    """An engine may refuse a body before reading it (a 413) and then close or just wait:
+    the response came whole and is the request's result, relayed to the client at once and
+    counted once, as ok; the connection, its request not wholly sent, is not reused."""
+    closed = asyncio.Event()
+
+    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.readuntil(b"\r\n\r\n")  # the head only: the body is never read
+        writer.write(b"HTTP/1.1 413 Payload Too Large\r\nContent-Length: 3\r\n\r\nbig")
+        await writer.drain()
+        with contextlib.suppress(ConnectionError):
+            await reader.read()  # until the sidecar drops the connection
+        closed.set()
+        writer.transport.abort()
+
+    server = await asyncio.start_server(serve, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    try:
+        side = await start_sidecar(f"http://127.0.0.1:{port}", **QUIET)
+        async with aiohttp.ClientSession() as session, session.post(
+            side.url + "/v1/chat/completions", data=io.BytesIO(b"x" * (12 << 20)),
+            headers={"Content-Type": "application/octet-stream"},
+        ) as r:  # fmt: skip
+            status, body = r.status, await r.read()
+        assert (status, body) == (413, b"big")
+        await eventually(lambda: side.value("llmobs_requests_total") == 1)
+        assert side.value("llmobs_requests_total", outcome="ok") == 1
+        await asyncio.wait_for(closed.wait(), 5.0)  # not kept in the pool
+    finally:
+        server.close()
 
 
 async def test_a_batch_that_ends_together_keeps_its_connections(
@@ -445,8 +502,7 @@ async def test_closing_a_connection_mid_body_keeps_the_read_timeout() -> None:
             heads.append(response.status)
             return lambda payload, frame, last: c.close()  # the client went away
 
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(conn.send("POST", head, body, on_head), 0.2)  # paused
+        conn.send("POST", head, body, on_head)  # more than the engine will ever read
         start = asyncio.get_running_loop().time()
         with pytest.raises((TimeoutError, ConnectionError)):
             await asyncio.wait_for(conn.wait(1.0), 5.0)

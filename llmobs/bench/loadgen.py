@@ -198,12 +198,13 @@ async def run_load(spec: LoadSpec, session: aiohttp.ClientSession | None = None)
             await open_loop(spec.arrival_rate)
         else:
             await asyncio.gather(*(closed_loop() for _ in range(spec.concurrency)))
+        ended = time.monotonic_ns()
     finally:
         if collecting:
             gc.enable()
         if own:
             await session.close()
-    return LoadResult(streams, started, time.monotonic_ns(), dropped)
+    return LoadResult(streams, started, ended, dropped)
 
 
 async def scrape_loop(
