@@ -90,11 +90,14 @@ async def start_app() -> AsyncIterator[AppFactory]:
     async def start(app: web.Application) -> str:
         runner, url = await serve(app)
         runners.append(runner)
+        gc.freeze()  # see start_sidecar: a scripted engine's schedule is timed too
         return url
 
     yield start
     for runner in reversed(runners):
         await runner.cleanup()
+    if runners:
+        gc.unfreeze()
 
 
 @pytest.fixture
