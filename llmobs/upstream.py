@@ -119,15 +119,11 @@ class Connection(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
-        self.reusable = False
         self._stop_timer()
         error = UpstreamClosed("upstream closed the connection")
         if exc is not None:
             error.__cause__ = exc
-        self._on_head = self._sink = None  # the stream and the connection hold each other
-        future = self._done
-        if future is not None and not future.done():
-            _fail_future(future, error)
+        self._end(error)
 
     # -- the exchange -----------------------------------------------------------------------
     def _read_head(self, data: bytes) -> None:
@@ -179,13 +175,20 @@ class Connection(asyncio.Protocol):
             self._done.set_result(None)
 
     def _fail(self, exc: Exception) -> None:
+        self._decoder = None
+        self._end(exc)
+        if self.transport is not None:
+            self.transport.abort()
+
+    def _end(self, exc: Exception) -> None:
+        """The exchange fails with ``exc`` (``wait`` raises it), if it has not ended: nothing
+        more goes to the handler, whose stream and this connection then hold each other no
+        longer (no cycle left behind), and the connection is not reused."""
         self.reusable = False
-        self._on_head = self._decoder = self._sink = None
+        self._on_head = self._sink = None
         future = self._done
         if future is not None and not future.done():
             _fail_future(future, exc)
-        if self.transport is not None:
-            self.transport.abort()
 
     def send(self, method: str, head: bytes, body: bytes, on_head: OnHead) -> None:
         """Write a request. ``on_head`` gets its response head when it comes (it returns the
@@ -246,10 +249,7 @@ class Connection(asyncio.Protocol):
         if not self._waiting or future is None:
             return  # no wait on: lapse (the next wait arms a timer)
         if self._loop.time() - self.last_read >= self._read_timeout:
-            if not future.done():
-                future.set_exception(UpstreamTimeout("upstream read timed out"))
-            self.reusable = False
-            self._on_head = None  # a head that comes now is too late
+            self._end(UpstreamTimeout("upstream read timed out"))  # a head now is too late
         else:
             self._timer = self._loop.call_at(self.last_read + self._read_timeout, self._check)
 

@@ -131,27 +131,42 @@ async def test_a_connection_the_engine_closed_after_a_response_is_not_reused_bli
         assert side.value("llmobs_requests_total", outcome="ok") == 10
 
 
-async def test_a_pooled_connection_closed_as_a_request_arrives_is_retried_once(
-    start_sidecar: SidecarFactory,
+@pytest.mark.parametrize(
+    ("reply", "statuses", "requests"),
+    [
+        # closed without a byte (its idle timeout fired as the request came): the engine never
+        # answered it, so the sidecar sends it again on a new connection
+        (b"", [200, 200], 3),
+        # a byte of a response means the engine took it: a cut there is a 502, never the
+        # request sent a second time
+        (b"HTTP/1.1 200 OK\r\nContent-Ty", [200, 502], 2),
+    ],
+    ids=["closed-silent-is-retried", "cut-mid-head-is-not"],
+)
+async def test_a_pooled_connection_closed_as_a_request_arrives(
+    start_sidecar: SidecarFactory, reply: bytes, statuses: list[int], requests: int
 ) -> None:
     """The race itself: the engine takes the second request on the pooled connection and
-    closes it without a byte of response (its idle timeout fired as the request came). The
-    engine never answered it, so the sidecar sends it again on a new connection."""
+    closes it, with ``reply`` written first. Retried once exactly when nothing came."""
 
-    async def drop_second(writer: asyncio.StreamWriter, n: int) -> bool:
+    async def close_second(writer: asyncio.StreamWriter, n: int) -> bool:
         if n == 2:
-            return False  # closed with no response
+            writer.write(reply)
+            await writer.drain()
+            return False
         return await keep_alive(writer, n)
 
-    async with raw_upstream(drop_second) as (upstream, url):
+    async with raw_upstream(close_second) as (upstream, url):
         side = await start_sidecar(url, **QUIET)
         async with aiohttp.ClientSession() as session:
             results = [await post(session, side.url) for _ in range(2)]
-        assert [s for s, _ in results] == [200, 200]
-        assert results[1][1].endswith(b"data: [DONE]\n\n")
-        assert upstream.requests == 3  # the second request twice: dropped, then answered
-        assert upstream.connections == 2
-        assert side.value("llmobs_requests_total", outcome="ok") == 2
+        assert [s for s, _ in results] == statuses
+        assert results[0][1].endswith(b"data: [DONE]\n\n")
+        assert upstream.requests == requests
+        assert upstream.connections == requests - 1  # a retry, on a connection of its own
+        ok = statuses.count(200)
+        await eventually(lambda: side.value("llmobs_requests_total", outcome="ok") == ok)
+        assert side.value("llmobs_requests_total", outcome="upstream_error") == 2 - ok
 
 
 async def test_a_new_connection_closed_without_a_response_is_a_502_not_a_retry(
@@ -170,28 +185,6 @@ async def test_a_new_connection_closed_without_a_response_is_a_502_not_a_retry(
         assert status == 502
         assert b"upstream unavailable" in body
         assert upstream.requests == 1
-        await eventually(lambda: side.value("llmobs_requests_total", outcome="upstream_error") == 1)
-
-
-async def test_a_pooled_connection_cut_after_part_of_a_head_is_not_retried(
-    start_sidecar: SidecarFactory,
-) -> None:
-    """A byte of a response means the engine took the request: on a pooled connection too,
-    a cut there is a 502, never the request sent a second time."""
-
-    async def cut_second(writer: asyncio.StreamWriter, n: int) -> bool:
-        if n == 2:
-            writer.write(b"HTTP/1.1 200 OK\r\nContent-Ty")
-            await writer.drain()
-            return False  # closed mid-head
-        return await keep_alive(writer, n)
-
-    async with raw_upstream(cut_second) as (upstream, url):
-        side = await start_sidecar(url, **QUIET)
-        async with aiohttp.ClientSession() as session:
-            results = [await post(session, side.url) for _ in range(2)]
-        assert [s for s, _ in results] == [200, 502]
-        assert upstream.requests == 2  # the second request once
         await eventually(lambda: side.value("llmobs_requests_total", outcome="upstream_error") == 1)
 
 
