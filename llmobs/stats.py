@@ -168,7 +168,9 @@ def token_window(
         median,
         count,
         float(np.add.reduce(gaps)),  # sum over tokens of gap/k, k times each = the gaps
-        float(np.dot(itl, gaps)),  # sum of k * (gap/k)^2
+        # sum of k * (gap/k)^2: a pairwise sum of the products (not ``np.dot``, whose order
+        # of additions is the BLAS's and the CPU's), which ``small_window`` repeats exactly
+        float(np.add.reduce(itl * gaps)),
         itl_max,
         times_ns,
         gaps,
@@ -186,12 +188,12 @@ def small_window(
     baseline_median: float | None = None,
 ) -> TokenWindow:
     """``token_window`` in plain Python, for fewer than ``SMALL`` gaps: the same numbers to
-    the last bit (``tests/test_stats.py`` checks it on random windows) for a few numpy calls
-    instead of a dozen.
+    the last bit (``tests/test_stats.py`` checks it on random windows), with no numpy call
+    where ``token_window`` makes a dozen.
 
-    The sorting, median, stall count, maximum and per-token division are exact in either
-    language. The two sums stay numpy's (a pairwise sum, and the BLAS dot product, whose order
-    of additions depends on the CPU), made on one array.
+    The sorting, median, stall count, maximum, per-token division and products are exact in
+    either language, and both sums are numpy's pairwise summation, repeated in
+    ``pairwise_sum`` (for the few gaps of a short request, cheaper than making one array).
     """
     n = len(times_ns) - 1
     if n < 1:
@@ -203,14 +205,13 @@ def small_window(
         itl = gaps
         count = float(n)
         itl_max = ordered[-1]
-        array = np.array(gaps)
-        sumsq = float(np.dot(array, array))
+        sumsq = pairwise_sum([g * g for g in gaps])
     else:
         weights = [t if t > 1.0 else 1.0 for t in tokens[:n]]
         itl = [g / w for g, w in zip(gaps, weights, strict=True)]
         count = float(sum(weights))  # whole numbers: exact in any order
         itl_max = max(itl)
-        sumsq = float(np.dot(np.array(itl), np.array(gaps)))
+        sumsq = pairwise_sum([i * g for i, g in zip(itl, gaps, strict=True)])
     median = ordered[n // 2] if n >= MIN_GAPS else baseline_median
     stalls = 0
     threshold = None
