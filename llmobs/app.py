@@ -17,6 +17,7 @@ import gc
 import hmac
 import logging
 import sys
+import time
 from collections.abc import AsyncIterator, Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -36,7 +37,7 @@ from llmobs.series import exposition_async
 from llmobs.server import ProxyServer
 from llmobs.telemetry import Telemetry
 from llmobs.timing import StreamStats
-from llmobs.tracing import RequestMeta, Tracing
+from llmobs.tracing import Arrival, RequestMeta, Tracing
 from llmobs.upstream import Upstream
 
 log = logging.getLogger("llmobs")
@@ -106,8 +107,11 @@ def observer_factory(
         capture_content=settings.capture_content and tracing is not None,
     )
 
-    def new(route: Route, start_ns: int, meta: RequestMeta) -> Observer:
-        trace = tracing.start(route, start_ns, meta) if tracing is not None else None
+    def new(route: Route, start_ns: int, arrival: Arrival) -> Observer:
+        trace = None
+        if tracing is not None:  # what a span needs of the request: made only for one
+            meta = RequestMeta(arrival.method, arrival.path, arrival.headers, time.time_ns())
+            trace = tracing.start(route, start_ns, meta)
         return Observer(sink, config, route, start_ns, trace)
 
     return new

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import enum
 from bisect import bisect_left, bisect_right
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -591,17 +591,20 @@ class MetricsSink:
     def record_tokens(
         self, operation: str, model: str | None, window: TokenWindow, admit: bool = False
     ) -> None:
-        """Add a window of ITLs. A new model is admitted only when ``admit`` (a window taken
-        mid-stream of a successful response: its request will admit it); otherwise
-        ``record_request`` decides, and it runs first at the end of a request."""
+        """Add a window of ITLs taken mid-stream (a long stream's; the last windows go with
+        ``record_request``). A new model is admitted only when ``admit`` (a successful
+        response: its request will admit it)."""
         if window.size:
             key = self._label_set(operation, model, admit).key
             with self._lock:
                 self._itl.record(key, window)
 
-    def record_request(self, s: StreamStats) -> None:
-        """A finished request into every request series: under one lock, list updates on
-        series its label set keeps (``HistogramFamily.observe``, inlined)."""
+    def record_request(self, s: StreamStats, windows: Sequence[TokenWindow] = ()) -> None:
+        """A finished request into every request series, and its last ``windows`` of ITLs
+        (those ``record_tokens`` did not take mid-stream) under the same labels: under one
+        lock, list updates on series its label set keeps (``HistogramFamily.observe``,
+        inlined). The request's series come first: a window that fails to record leaves the
+        request counted."""
         labels = self._sets.get((s.operation, s.model))
         if labels is None:
             labels = self._label_set(s.operation, s.model, 200 <= s.status < 400)
@@ -670,6 +673,9 @@ class MetricsSink:
                 tokens.add((op, model, "reasoning", s.reasoning_source.value), s.reasoning_tokens)
             if s.cached_tokens:
                 tokens.add((op, model, "cached_input", _USAGE), s.cached_tokens)
+            for window in windows:
+                if window.size:
+                    self._itl.record(key, window)
         if self._otel is not None:
             self._otel.record_request(s, op, model, status)
         if self._on_request is not None:

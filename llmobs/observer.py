@@ -379,14 +379,9 @@ class Observer:
                 status=self.status, stream=False, input_tokens=None, output_tokens=None,
             )  # fmt: skip
         try:  # the guards of _guard, inline: once per request
-            sink.record_request(record)
+            sink.record_request(record, windows)
         except Exception:
             self._fail("finish")
-        for window in windows:
-            try:
-                sink.record_tokens(self.operation, self.info.model, window)
-            except Exception:
-                self._fail("finish")
         if malformed:
             self._guard("finish", sink.malformed, malformed)
         try:

@@ -37,7 +37,7 @@ from llmobs.http1 import BadRequest, ResponseHead, content_length
 from llmobs.later import Later
 from llmobs.server import BodyTooLarge, BodyTooSlow, Request
 from llmobs.timing import Outcome
-from llmobs.tracing import RequestMeta
+from llmobs.tracing import Arrival
 from llmobs.upstream import Connection, Sink, Upstream, UpstreamClosed
 
 log = logging.getLogger("llmobs.proxy")
@@ -70,7 +70,7 @@ class RequestObserver(Protocol):
 
 
 class ObserverFactory(Protocol):
-    def __call__(self, route: Route, start_ns: int, meta: RequestMeta) -> RequestObserver: ...
+    def __call__(self, route: Route, start_ns: int, arrival: Arrival) -> RequestObserver: ...
 
 
 class NullObserver:
@@ -278,8 +278,8 @@ class Relay:
             body: bytes | None = None
             if request.has_body:
                 body = await request.read_body(settings.client_timeout)
-                if _is_json(request.headers.get("Content-Type", "")) or (
-                    route.dialect is not Passthrough
+                if route.dialect is not Passthrough or _is_json(
+                    request.headers.get("Content-Type", "")
                 ):
                     obs.request_body(body)
                 if (
@@ -415,8 +415,7 @@ class Relay:
         if factory is None:
             return NULL_OBSERVER
         try:
-            meta = RequestMeta(request.method, request.path, request.headers, time.time_ns())
-            return factory(route, start, meta)
+            return factory(route, start, request)
         except Exception:
             log.exception("could not start observing a request; relaying it unobserved")
             return NULL_OBSERVER

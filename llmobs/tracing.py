@@ -17,7 +17,7 @@ import logging
 import queue
 import threading
 from collections.abc import Callable, Mapping, MutableMapping, Sequence
-from typing import NamedTuple
+from typing import NamedTuple, Protocol
 
 import numpy as np
 from opentelemetry import trace
@@ -64,6 +64,17 @@ EVENTS_DROPPED = "llmobs.token_events.dropped"
 PREFILL_SPAN = "queue+prefill"
 DECODE_SPAN = "decode"
 TOKEN_EVENT = "token"
+
+
+class Arrival(Protocol):
+    """What a request's arrival offers tracing: ``server.Request`` (or a ``RequestMeta``)."""
+
+    @property
+    def method(self) -> str: ...
+    @property
+    def path(self) -> str: ...
+    @property
+    def headers(self) -> Mapping[str, str]: ...
 
 
 class RequestMeta(NamedTuple):

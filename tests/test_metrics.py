@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import re
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
@@ -26,7 +27,7 @@ from llmobs.metrics import (
 from llmobs.observer import ObserveConfig, Observer, parse_request
 from llmobs.stats import SMALL, TokenWindow
 from llmobs.telemetry import Telemetry, build_telemetry
-from llmobs.timing import Outcome, StreamTimer
+from llmobs.timing import Outcome, StreamStats, StreamTimer
 from tests.scripted import chat_chunk, sse
 from tests.test_fuzz import FAST
 from tests.test_stats import streams
@@ -151,10 +152,13 @@ def test_model_label_is_bounded() -> None:
 
 
 class BrokenSink(MetricsSink):
-    """A sink whose token recording fails: observation must absorb it."""
+    """A sink whose token recording fails once the request's series are counted (as a
+    window that fails to record would): observation must absorb it."""
 
-    def record_tokens(self, *args: object) -> None:
-        raise RuntimeError("boom")
+    def record_request(self, s: StreamStats, windows: Sequence[TokenWindow] = ()) -> None:
+        super().record_request(s)
+        if windows:
+            raise RuntimeError("boom")
 
 
 def test_an_observer_error_is_counted_and_never_raised() -> None:
@@ -163,8 +167,9 @@ def test_an_observer_error_is_counted_and_never_raised() -> None:
     obs = Observer(sink, ObserveConfig(), OPENAI_CHAT, 0)
     obs.response(200, "text/event-stream")
     obs.chunk(1, sse(chat_chunk(" x"))[0])
-    obs.finish(2, Outcome.OK)
-    assert obs.finish(3, Outcome.UPSTREAM_ERROR) is None  # idempotent
+    obs.chunk(2, sse(chat_chunk(" y"))[0])
+    obs.finish(3, Outcome.OK)
+    assert obs.finish(4, Outcome.UPSTREAM_ERROR) is None  # idempotent
     errors = [
         s.value
         for fam in telemetry.registry.collect()
