@@ -603,8 +603,8 @@ class MetricsSink:
         """A finished request into every request series, and its last ``windows`` of ITLs
         (those ``record_tokens`` did not take mid-stream) under the same labels: under one
         lock, list updates on series its label set keeps (``HistogramFamily.observe``,
-        inlined). The request's series come first: a window that fails to record leaves the
-        request counted."""
+        inlined). A window that fails to record is raised after everything else about the
+        request (its series, OTLP, the per-request hook) is recorded."""
         labels = self._sets.get((s.operation, s.model))
         if labels is None:
             labels = self._label_set(s.operation, s.model, 200 <= s.status < 400)
@@ -673,10 +673,16 @@ class MetricsSink:
                 tokens.add((op, model, "reasoning", s.reasoning_source.value), s.reasoning_tokens)
             if s.cached_tokens:
                 tokens.add((op, model, "cached_input", _USAGE), s.cached_tokens)
+            failed: Exception | None = None
             for window in windows:
                 if window.size:
-                    self._itl.record(key, window)
+                    try:
+                        self._itl.record(key, window)
+                    except Exception as exc:  # raised below, once the request is recorded
+                        failed = exc
         if self._otel is not None:
             self._otel.record_request(s, op, model, status)
         if self._on_request is not None:
             self._on_request(model, s)
+        if failed is not None:
+            raise failed

@@ -357,8 +357,9 @@ class Observer:
     def finish(self, t_ns: int, outcome: Outcome) -> StreamStats | None:
         """Close the request with ``outcome``; only the first call has any effect.
 
-        Each sink call is guarded on its own, and the request record goes first: whatever
-        else fails, the request is counted once, with its outcome.
+        Each sink call is guarded on its own, and the request record (with its last ITL
+        windows, which the sink records after the request's series) goes first: whatever else
+        fails, the request is counted once, with its outcome.
         """
         if self._finished:
             return None

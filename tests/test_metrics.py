@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Sequence
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
 import pytest
 from hypothesis import given
+from opentelemetry.metrics import Meter
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from prometheus_client import generate_latest
 
@@ -151,19 +152,27 @@ def test_model_label_is_bounded() -> None:
     assert models == {"model-0", "model-1", "model-2", "other"}
 
 
-class BrokenSink(MetricsSink):
-    """A sink whose token recording fails once the request's series are counted (as a
-    window that fails to record would): observation must absorb it."""
+class BrokenHistogram(TokenHistogram):
+    """An ITL histogram that cannot record a window."""
 
-    def record_request(self, s: StreamStats, windows: Sequence[TokenWindow] = ()) -> None:
-        super().record_request(s)
-        if windows:
-            raise RuntimeError("boom")
+    def record(self, labels: tuple[str, ...], window: TokenWindow) -> None:
+        raise RuntimeError("boom")
+
+
+class BrokenSink(MetricsSink):
+    """A sink whose token recording fails: observation must absorb it."""
+
+    def __init__(
+        self, meter: Meter, max_models: int, on_request: Callable[[str, StreamStats], None]
+    ) -> None:
+        super().__init__(meter, max_models, on_request)
+        self._itl = BrokenHistogram(ITL, ITL_SQUARES)
 
 
 def test_an_observer_error_is_counted_and_never_raised() -> None:
     telemetry = build_telemetry()
-    sink = BrokenSink(telemetry.meter, 8)
+    hooked: list[str] = []
+    sink = BrokenSink(telemetry.meter, 8, lambda model, s: hooked.append(model))
     obs = Observer(sink, ObserveConfig(), OPENAI_CHAT, 0)
     obs.response(200, "text/event-stream")
     obs.chunk(1, sse(chat_chunk(" x"))[0])
@@ -177,8 +186,10 @@ def test_an_observer_error_is_counted_and_never_raised() -> None:
         if s.name == "llmobs_observer_errors_total"
     ]
     assert errors == [1.0]
-    # the request is still counted, exactly once, with its outcome
+    # the request is still counted, exactly once, with its outcome, and still reaches the
+    # per-request hook (MBU/MFU)
     assert sample(telemetry, "llmobs_requests_total", outcome="ok") == 1
+    assert len(hooked) == 1
 
 
 def test_status_class() -> None:
