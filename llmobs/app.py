@@ -107,14 +107,28 @@ def observer_factory(
         capture_content=settings.capture_content and tracing is not None,
     )
 
-    def new(route: Route, start_ns: int, arrival: Arrival) -> Observer:
+    return _Observers(sink, config, tracing)
+
+
+class _Observers:
+    """``observer_factory``'s factory: ``traces`` says whether its observers add a trace
+    context to the upstream request (the relay then makes them before sending it)."""
+
+    __slots__ = ("_config", "_sink", "_tracing", "traces")
+
+    def __init__(self, sink: MetricsSink, config: ObserveConfig, tracing: Tracing | None) -> None:
+        self._sink = sink
+        self._config = config
+        self._tracing = tracing
+        self.traces = tracing is not None
+
+    def __call__(self, route: Route, start_ns: int, arrival: Arrival) -> Observer:
+        tracing = self._tracing
         trace = None
         if tracing is not None:  # what a span needs of the request: made only for one
             meta = RequestMeta(arrival.method, arrival.path, arrival.headers, time.time_ns())
             trace = tracing.start(route, start_ns, meta)
-        return Observer(sink, config, route, start_ns, trace)
-
-    return new
+        return Observer(self._sink, self._config, route, start_ns, trace)
 
 
 def tracing_for(settings: Settings, telemetry: Telemetry) -> Tracing | None:

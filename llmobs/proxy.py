@@ -25,7 +25,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Iterable, MutableMapping
+from collections.abc import Callable, Iterable, MutableMapping
 from typing import Protocol
 
 from llmobs.config import Settings
@@ -70,6 +70,10 @@ class RequestObserver(Protocol):
 
 
 class ObserverFactory(Protocol):
+    """Makes a request's observer; ``traces``: its observers add a trace context upstream."""
+
+    @property
+    def traces(self) -> bool: ...
     def __call__(self, route: Route, start_ns: int, arrival: Arrival) -> RequestObserver: ...
 
 
@@ -182,6 +186,7 @@ class _Stream:
         "_transport",
         "conn",
         "gone",
+        "on_sent",
         "stripper",
     )
 
@@ -200,6 +205,12 @@ class _Stream:
         self.stripper = stripper
         self.conn: Connection | None = None  # the connection whose response this is
         self.gone = False  # the client went away mid-stream
+        # called once the request has been handed to a connection (observation starts)
+        self.on_sent: Callable[[], None] | None = None
+
+    def observe(self, obs: RequestObserver) -> None:
+        """Observe the response with ``obs`` (made once the request went upstream)."""
+        self._obs = obs
 
     def on_head(self, conn: Connection, head: ResponseHead) -> Sink:
         """The response head came on ``conn``: pass it on; the body goes to ``feed``."""
@@ -260,41 +271,70 @@ class Relay:
         clock = time.perf_counter_ns
         start = clock()
         route = route_for_path(request.path)
-        obs = self._observer(route, start, request)
+        factory = self._new_observer
+        # Observation starts once the request is on its way upstream (``observe``, below),
+        # so that the engine does not wait for it: the usual request, whose body came with
+        # its head. The observer is made first when it adds a trace context to the request,
+        # or when the body is still on its way (the request is in flight, and counted as
+        # active, while it uploads); a request that never goes upstream gets one at its end.
+        obs: RequestObserver | None = None
+        if factory is not None and (factory.traces or not request.body_complete):
+            obs = self._observer(route, start, request)
+
+        def observer() -> RequestObserver:
+            nonlocal obs
+            if obs is None:
+                obs = self._observer(route, start, request)
+            return obs
+
         settings = self._settings
         limit = settings.max_body_bytes
         length = request.content_length
         if length is not None and length > limit:
-            self._local(request, obs, 413, f"request body larger than {limit} bytes", close=True)
-            self._finish(obs, clock(), Outcome.REJECTED)
+            message = f"request body larger than {limit} bytes"
+            self._local(request, observer(), 413, message, close=True)
+            self._finish(observer(), clock(), Outcome.REJECTED)
             return
         headers = upstream_headers(request)
-        if obs is not NULL_OBSERVER:
+        if obs is not None:
             headers = _with_trace(obs, headers)
         stripper: UsageStripper | None = None
         outcome = Outcome.OK
         stream: _Stream | None = None
         try:
             body: bytes | None = None
+            observed: bytes | None = None  # the body, for the observer to parse
             if request.has_body:
                 body = await request.read_body(settings.client_timeout)
-                if route.dialect is not Passthrough or _is_json(
-                    request.headers.get("Content-Type", "")
+                if factory is not None and (
+                    route.dialect is not Passthrough
+                    or _is_json(request.headers.get("Content-Type", ""))
                 ):
-                    obs.request_body(body)
+                    observed = body
                 if (
                     settings.inject_usage
                     and route.dialect is OpenAIStream
-                    and obs is not NULL_OBSERVER  # usage is asked for to be observed
+                    and factory is not None  # usage is asked for to be observed
                 ):
                     rewritten = inject_usage(body)
                     if rewritten is not None:
                         body, stripper = rewritten, UsageStripper()
             elif request.method in ("POST", "PUT", "PATCH"):
                 body = b""
-            obs.forwarded(clock())
             raw_head = self._upstream.request_head(request.method, request.target, headers, body)
-            stream = _Stream(request, obs, stripper, self._streams)
+            stream = _Stream(request, NULL_OBSERVER, stripper, self._streams)
+            if factory is not None:
+                sent = stream
+
+                def observe() -> None:
+                    t_ns = clock()
+                    late = observer()
+                    if observed is not None:
+                        late.request_body(observed)
+                    late.forwarded(t_ns)
+                    sent.observe(late)
+
+                stream.on_sent = observe
             try:
                 await self._exchange(request.method, raw_head, body or b"", stream)
             except ConnectionError:
@@ -313,17 +353,19 @@ class Relay:
             raise
         except BodyTooLarge:
             outcome = Outcome.REJECTED
-            self._local(request, obs, 413, f"request body larger than {limit} bytes", close=True)
+            self._local(
+                request, observer(), 413, f"request body larger than {limit} bytes", close=True
+            )
         except BodyTooSlow:
             outcome = Outcome.REJECTED
             message = f"request body not received within {settings.client_timeout:g} s"
-            self._local(request, obs, 408, message, close=True)
+            self._local(request, observer(), 408, message, close=True)
         except BadRequest as exc:
             outcome = Outcome.REJECTED
-            self._local(request, obs, exc.status, str(exc), close=True)
+            self._local(request, observer(), exc.status, str(exc), close=True)
         except TimeoutError:
             outcome = Outcome.UPSTREAM_TIMEOUT
-            self._upstream_failed(request, obs, 504, "upstream timed out", outcome)
+            self._upstream_failed(request, observer(), 504, "upstream timed out", outcome)
         except OSError as exc:
             conn = stream.conn if stream is not None else None
             if conn is not None and conn in self._aborted and request.started:
@@ -334,12 +376,12 @@ class Relay:
             else:
                 outcome = Outcome.UPSTREAM_ERROR
                 message = f"upstream unavailable: {type(exc).__name__}"
-                self._upstream_failed(request, obs, 502, message, outcome)
+                self._upstream_failed(request, observer(), 502, message, outcome)
         except Exception:  # a bug of the relay's own: one outcome still, and a clean answer
             outcome = Outcome.UPSTREAM_ERROR
             log.exception("%s %s: the relay failed", request.method, request.path)
             if not request.started:
-                self._local(request, obs, 502, "llmobs: internal error")
+                self._local(request, observer(), 502, "llmobs: internal error")
             else:
                 request.abort()
         finally:
@@ -352,7 +394,7 @@ class Relay:
                     self._upstream.release(conn)
                 else:
                     self._upstream.discard(conn)
-            self._finish(obs, clock(), outcome)
+            self._finish(observer(), clock(), outcome)
 
     async def _exchange(self, method: str, raw_head: bytes, body: bytes, stream: _Stream) -> None:
         """Send the request and relay its response through ``stream``, to its end.
@@ -368,6 +410,10 @@ class Relay:
             conn, reused = await upstream.acquire()
             try:
                 conn.send(method, raw_head, body, stream.on_head)
+                sent = stream.on_sent
+                if sent is not None:  # the first send: observation starts
+                    stream.on_sent = None
+                    sent()
                 await conn.wait(read_timeout)
                 return
             except UpstreamClosed:

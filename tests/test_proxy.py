@@ -6,6 +6,8 @@ import asyncio
 import gzip
 import json
 import socket
+import threading
+import time
 from collections.abc import MutableMapping
 
 import aiohttp
@@ -13,7 +15,10 @@ import pytest
 from aiohttp import web
 from yarl import URL
 
-from llmobs.proxy import NULL_OBSERVER, NullObserver, _with_trace
+from llmobs.config import Settings
+from llmobs.proxy import NULL_OBSERVER, NullObserver, Relay, _with_trace
+from llmobs.server import ProxyServer
+from llmobs.upstream import Upstream
 from tests.conftest import AppFactory, SidecarFactory, eventually
 from tests.scripted import Script, ScriptedUpstream, chat_chunk, sse
 
@@ -357,3 +362,90 @@ def test_the_trace_context_replaces_the_clients_rather_than_adding_to_it() -> No
         ("traceparent", "00-ours-01"),
     ]
     assert _with_trace(NULL_OBSERVER, sent) is sent  # not tracing: the list as it was
+
+
+# -- when observation starts: after the request went upstream ----------------------------------
+
+
+def _engine_in_a_thread(received: list[float]) -> tuple[socket.socket, threading.Thread]:
+    """A blocking engine on its own thread (so it runs while the sidecar's loop is busy):
+    notes when it has a whole request, answers "ok", once."""
+    listener = socket.create_server(("127.0.0.1", 0))
+
+    def serve() -> None:
+        conn, _ = listener.accept()
+        with conn:
+            data = b""
+            while True:
+                data += conn.recv(65536)
+                head, sep, rest = data.partition(b"\r\n\r\n")
+                if sep:
+                    length = int(head.lower().split(b"content-length:")[1].split(b"\r\n")[0])
+                    if len(rest) >= length:
+                        break
+            received.append(time.perf_counter())
+            conn.sendall(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok")
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    return listener, thread
+
+
+class _SlowFactory:
+    """An observer factory (a fake of ``app``'s) whose observers take 0.3 s to make, which
+    holds the sidecar's loop: what the engine receives meanwhile was sent before."""
+
+    def __init__(self, traces: bool) -> None:
+        self.traces = traces
+        self.made: list[tuple[float, float]] = []  # (began, done) per observer
+
+    def __call__(self, route: object, start_ns: int, arrival: object) -> NullObserver:
+        began = time.perf_counter()
+        time.sleep(0.3)
+        self.made.append((began, time.perf_counter()))
+        return NullObserver()
+
+
+@pytest.mark.parametrize(
+    ("traces", "upload_pause", "upstream_first"),
+    [
+        (False, 0.0, True),  # the usual request: upstream first, observed after
+        (True, 0.0, False),  # a trace context goes with the request: observed first
+        (False, 0.2, False),  # the body still uploading: in flight (active) from the start
+    ],
+    ids=["body-with-head", "traced", "body-uploading"],
+)
+async def test_a_request_goes_upstream_before_it_is_observed(
+    traces: bool, upload_pause: float, upstream_first: bool
+) -> None:
+    received: list[float] = []
+    listener, thread = _engine_in_a_thread(received)
+    url = f"http://127.0.0.1:{listener.getsockname()[1]}"
+    factory = _SlowFactory(traces)
+    relay = Relay(Settings(upstream=url), Upstream(url, 5.0), factory)
+    server = ProxyServer(relay, client_timeout=5.0, max_body=1 << 20)
+    port = await server.listen("127.0.0.1", 0)
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    try:
+        body = b'{"model":"m","stream":true}'
+        writer.write(
+            b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n"
+            b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n%b"
+            % (len(body), body[:5])
+        )
+        if upload_pause:
+            await asyncio.sleep(upload_pause)
+        writer.write(body[5:])
+        answer = await asyncio.wait_for(reader.readuntil(b"ok"), 10)
+        assert answer.startswith(b"HTTP/1.1 200 OK")
+        assert len(factory.made) == 1 and len(received) == 1
+        done = factory.made[0][1]
+        if upstream_first:  # the engine had it before the observer was made (0.3 s to make)
+            assert received[0] < done
+        else:
+            assert received[0] > done
+    finally:
+        writer.close()
+        await server.shutdown(0.5)
+        listener.close()
+        thread.join(5)
