@@ -324,7 +324,7 @@ class Relay:
             raw_head = self._upstream.request_head(request.method, request.target, headers, body)
             stream = _Stream(request, NULL_OBSERVER, stripper, self._streams)
             if factory is not None:
-                sent = stream
+                sent = stream  # for the closure: ``stream`` is Optional in this scope
 
                 def observe() -> None:
                     t_ns = clock()

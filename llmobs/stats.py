@@ -277,3 +277,10 @@ def smoothness(count: float, total: float, sumsq: float) -> float | None:
     if count < 2 or sumsq <= 0.0:
         return None
     return min(1.0, (total * total) / (count * sumsq))
+
+
+def tpot(first_ns: int | None, last_ns: int | None, output_tokens: int) -> float | None:
+    """Time per output token after the first: (last - first) / (tokens - 1)."""
+    if first_ns is None or last_ns is None or output_tokens < 2:
+        return None
+    return (last_ns - first_ns) / 1e9 / (output_tokens - 1)

@@ -287,19 +287,12 @@ def finish_request(
     """
     first = timers[0]
     source = TokenSource.USAGE if output_tokens is not None else TokenSource.COUNTED
-    if len(timers) == 1:  # the usual request: no pooling (the timer's properties, inlined)
-        ttft: float | None
-        tpot: float | None
-        times = first.times
-        chunks = first._base + len(times)
-        out = output_tokens if output_tokens is not None else chunks + first._extra
-        if chunks:
-            start = first._first if first._taken else times[0]
-            ttft = (start - first.start_ns) / 1e9
-            # TPOT, time per output token after the first: (last - first) / (tokens - 1)
-            tpot = (times[-1] - start) / 1e9 / (out - 1) if out >= 2 else None
-        else:
-            ttft = tpot = None
+    if len(timers) == 1:  # the usual request: no pooling
+        start, last = first.first_ns, first.last_ns
+        out = output_tokens if output_tokens is not None else first.tokens
+        ttft = (start - first.start_ns) / 1e9 if start is not None else None
+        tpot = stats.tpot(start, last, out)
+        chunks = first.chunks
         count, total, sumsq = first._itl_count, first._itl_sum, first._itl_sumsq
         itl_max, stalls = first._itl_max, first._stalls
     else:
