@@ -266,7 +266,7 @@ class ChunkedBody(BodyDecoder):
     """``Transfer-Encoding: chunked``; chunk extensions ignored, trailers dropped.
 
     The common case, a read that holds exactly one whole chunk (how engines write a token),
-    takes one ``find`` and one slice.
+    takes one ``find`` and one slice; a read of several whole chunks takes a loop of those.
     """
 
     __slots__ = ("_line", "_plain", "_remaining", "_state")
@@ -292,7 +292,38 @@ class ChunkedBody(BodyDecoder):
                 if size and len(data) == stop + 2 and data.endswith(b"\r\n"):
                     self.whole = True
                     return data[end + 2 : stop]  # exactly one chunk: the hot path
+                payload = self._whole_chunks(data)
+                if payload is not None:
+                    return payload
         return self._feed(data)
+
+    def _whole_chunks(self, data: bytes) -> bytes | None:
+        """The payload of a read of several whole, plainly framed chunks (a token and the
+        last chunk; the reads of a busy engine, which coalesce), or None, with nothing
+        changed, for any other read: ``_feed`` then takes it a line at a time. One pass of
+        ``find`` and slices instead of the line state machine's several calls per line."""
+        out: list[bytes] = []
+        pos, n = 0, len(data)
+        while pos < n:
+            end = data.find(b"\r\n", pos, pos + 18)
+            if end <= pos:  # no size line of 1-16 characters here
+                return None
+            line = data[pos:end]
+            if line.translate(None, _HEX):
+                return None
+            size = int(line, 16)
+            if not size:  # the last chunk: whole only when it ends the read, with no trailer
+                if end + 4 != n or not data.endswith(b"\r\n\r\n"):
+                    return None
+                self.done = True
+                break
+            stop = end + 2 + size
+            if data[stop : stop + 2] != b"\r\n":  # cut short (or broken): the state machine
+                return None
+            out.append(data[end + 2 : stop])
+            pos = stop + 2
+        self.whole = True
+        return out[0] if len(out) == 1 else b"".join(out)
 
     def _size(self, line: bytes) -> int:
         if line.translate(None, _HEX):  # not bare hex digits: an extension, or spaces

@@ -6,7 +6,7 @@ from __future__ import annotations
 import contextlib
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from llmobs.http1 import (
@@ -193,6 +193,66 @@ def test_reads_marked_whole_can_be_relayed_as_they_came(
     if not ended:
         relayed += b"0\r\n\r\n"
     assert b"".join(strict_chunks(relayed)) == b"".join(payloads)
+
+
+def strictly_whole(read: bytes) -> bool:
+    """Whether ``read`` is whole chunks, strictly framed, the last chunk (with no trailer)
+    ending it if it is there: what may go on to a chunked client as it came."""
+    pos = 0
+    while pos < len(read):
+        end = read.find(b"\r\n", pos)
+        line = read[pos:end]
+        if end < 0 or not 0 < len(line) <= 16 or line.strip(b"0123456789abcdefABCDEF"):
+            return False
+        size = int(line, 16)
+        if size == 0:
+            return read[end:] == b"\r\n\r\n"
+        if read[end + 2 + size : end + 4 + size] != b"\r\n":
+            return False
+        pos = end + 4 + size
+    return pos > 0
+
+
+_PAYLOAD = st.binary(min_size=1, max_size=20)
+READ_PIECES = st.lists(
+    st.one_of(
+        _PAYLOAD.map(lambda p: b"%x\r\n%s\r\n" % (len(p), p)),  # a whole chunk
+        _PAYLOAD.map(lambda p: b"%X\r\n%s\r\n" % (len(p), p)),  # upper-case size
+        _PAYLOAD.map(lambda p: b"%x;e=1\r\n%s\r\n" % (len(p), p)),  # an extension
+        _PAYLOAD.map(lambda p: b"%x\r\n%sXY" % (len(p), p)),  # no CRLF after the data
+        _PAYLOAD.map(lambda p: b"+%x\r\n%s\r\n" % (len(p), p)),  # not bare hex
+        _PAYLOAD.map(lambda p: b"%x\r\n%s" % (len(p) + 3, p)),  # cut short
+        st.sampled_from([b"0\r\n\r\n", b"0\r\nX-T: 1\r\n\r\n", b"\r\n", b"\r\n\r\n", b"0", b"\n"]),
+        st.binary(max_size=6),
+    ),
+    min_size=1,
+    max_size=6,
+)
+
+
+@settings(max_examples=500, deadline=None)
+@given(READ_PIECES)
+def test_a_read_of_several_chunks_decodes_as_it_does_byte_by_byte(pieces: list[bytes]) -> None:
+    """One read of many chunks (a busy engine's reads coalesce) takes a loop of its own
+    (``ChunkedBody._whole_chunks``): the same payload, end and extra bytes as the line
+    state machine finds fed one byte at a time, and marked whole exactly when it is."""
+    read = b"".join(pieces)
+    assume(read)  # uvloop never delivers an empty read
+    fast, slow = ChunkedBody(), ChunkedBody()
+    payload: bytes | None
+    expected: bytes | None
+    try:
+        payload = fast.feed(read)
+    except ProtocolError:
+        payload = None
+    try:
+        expected = b"".join(slow.feed(read[i : i + 1]) for i in range(len(read)))
+    except ProtocolError:
+        expected = None
+    assert payload == expected
+    if payload is not None:
+        assert (fast.done, fast.extra) == (slow.done, slow.extra)
+        assert fast.whole == strictly_whole(read)
 
 
 def test_whole_reads_are_marked_as_such() -> None:
