@@ -257,7 +257,8 @@ class Observer:
     def chunk(self, t_ns: int, data: bytes) -> None:
         """A chunk of the response body was relayed at ``t_ns``. The hot path: a few
         microseconds per read, so no per-event objects or lookups that can be hoisted; the
-        usual read, one plain token event, is recognised whole (``WholeEvent``)."""
+        usual read, one plain token event, is recognised whole (``WholeEvent``), and so is a
+        read of several (``WholeEvent.count``)."""
         self._last_ns = t_ns
         whole = self._whole
         if whole is not None:
@@ -280,6 +281,14 @@ class Observer:
                 except Exception:
                     self._fail("chunk")
                 return
+            if size > 2 * whole.size and whole.decoder.idle:  # several token events?
+                tokens = whole.count(data)
+                if tokens:
+                    try:
+                        self._record(t_ns, tokens)
+                    except Exception:
+                        self._fail("chunk")
+                    return
         decoder = self._decoder
         if decoder is None:
             body = self._body

@@ -210,15 +210,53 @@ def token_streams(draw: st.DrawFn) -> list[bytes]:
 
 
 @FAST
-@given(token_streams(), cut_lists, st.booleans(), st.integers(-2, 8), st.booleans())
+@given(token_streams(), cut_lists, st.integers(0, 4), st.integers(-2, 8), st.booleans())
 def test_whole_reads_give_what_decoder_and_dialect_give(
-    stream: list[bytes], cuts: list[int], one_per_read: bool, over: int, unlimited: bool
+    stream: list[bytes], cuts: list[int], per_read: int, over: int, unlimited: bool
 ) -> None:
     """``Observer``'s whole-read path against the decoder and dialect it skips: one event a
-    read (the usual case) or reads cut anywhere, line limits at and around the events'."""
+    read (the usual case), several (a busy engine's coalesced reads: ``WholeEvent.count``)
+    or reads cut anywhere, line limits at and around the events'."""
     framed = [b"data: " + event + b"\n\n" for event in stream]
-    reads = framed if one_per_read else split_at(b"".join(framed), cuts)
+    if per_read:
+        reads = [b"".join(framed[i : i + per_read]) for i in range(0, len(framed), per_read)]
+    else:
+        reads = split_at(b"".join(framed), cuts)
     max_line = 1 << 20 if unlimited else len(framed[0]) - 2 + over
+    assert observe(reads, True, max_line) == observe(reads, False, max_line)
+
+
+_HEAD = b'{"id":"c","object":"chat.completion.chunk","model":"m","choices":[{"index":0,'
+_TAIL = b'"},"finish_reason":null}]}'
+ODD_EVENTS = [  # each next to plain token events in one read: not to be counted as one
+    _HEAD + b'"delta":{"content":"a\\qb' + _TAIL,  # an invalid escape: malformed
+    _HEAD + b'"delta":{"content":"a\x01b' + _TAIL,  # a raw control character: malformed
+    _HEAD + b'"delta":{"content":"a\xffb' + _TAIL,  # invalid UTF-8: malformed
+    _HEAD + b'"delta":{"content":"a\\nb' + _TAIL,  # an escape: a token, read in full
+    _HEAD.replace(b'"index":0', b'"index":1') + b'"delta":{"content":"a' + _TAIL,  # choice 1
+    _HEAD + b'"delta":{"content":"a"},"finish_reason":"stop"}]}',  # the last token
+    _HEAD + b'"delta":{"content":"a"},"finish_reason":"ab"}]}',  # a tail of the same length
+    _HEAD + b'"delta":{"content":"a","role":"assistant' + _TAIL,  # another key after it
+    _HEAD + b'"delta":{"content":"' + b"x" * 200 + _TAIL,  # longer than the line limit
+    b'{"choices":[],"usage":{"prompt_tokens":3,"completion_tokens":9}}',
+]
+
+
+@pytest.mark.parametrize("odd", ODD_EVENTS)
+@pytest.mark.parametrize("unlimited", [True, False])
+def test_coalesced_reads_with_another_event_give_what_decoder_and_dialect_give(
+    odd: bytes, unlimited: bool
+) -> None:
+    """A read of several events is counted whole only when every event in it is a plain
+    token event of the template, each within the line limit; anything else in it sends the
+    whole read through decoder and dialect."""
+    plain = [b"data: " + _HEAD + b'"delta":{"content":"%d' % i + _TAIL + b"\n\n" for i in range(6)]
+    other = b"data: " + odd + b"\n\n"
+    reads = [plain[0], plain[1] + other, other + plain[2], plain[3] + plain[4] + other, plain[5]]
+    cut = len(plain[0]) // 2  # and after a read that ends inside an event, nothing is whole
+    reads += [plain[0] + plain[1][:cut], plain[1][cut:] + plain[2] + plain[3], plain[4] + plain[5]]
+    reads += [plain[0][:-1], plain[1] + plain[2]]  # one line: its event takes the next line in
+    max_line = 1 << 20 if unlimited else len(plain[0]) + 8
     assert observe(reads, True, max_line) == observe(reads, False, max_line)
 
 
@@ -240,8 +278,11 @@ def test_plain_token_reads_skip_decoder_and_dialect() -> None:
     for i, word in enumerate(words):
         obs.chunk(i + 1, head + b'"delta":{"content":"' + word + tail)
     assert len(calls) == 3  # the first (it makes the template), then escapes and non-ASCII
+    coalesced = b"".join(head + b'"delta":{"content":"' + w + tail for w in (b"e", b"f", b"g"))
+    obs.chunk(len(words) + 1, coalesced)  # three token events in one read: counted whole too
+    assert len(calls) == 3
     record = obs.finish(10, Outcome.OK)
-    assert record is not None and record.output_tokens == len(words)
+    assert record is not None and record.output_tokens == len(words) + 3
 
 
 def test_whole_reads_past_a_window_are_all_timed() -> None:

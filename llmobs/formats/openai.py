@@ -268,6 +268,28 @@ class WholeEvent:
         self.size = self.start + self.tail_size
         self.limit = max_line + 2  # the decoder's line limit, with the blank line
 
+    def count(self, data: bytes) -> int:
+        """How many such events ``data`` is, back to back and nothing else (0: not only
+        those): a busy engine's reads coalesce, several token events to a read. The content
+        is plain, so its closing quote is the first after the head, where the tail starts."""
+        head, tail, start, tail_size = self.head, self.tail, self.start, self.tail_size
+        limit, search = self.limit, PLAIN.search
+        pos, size, count = 0, len(data), 0
+        while pos < size:
+            first = pos + start
+            quote = data.find(b'"', first)
+            if (
+                quote <= first
+                or quote + tail_size - pos > limit
+                or not data.startswith(head, pos)
+                or not data.startswith(tail, quote)
+                or search(data, first, quote) is not None
+            ):
+                return 0
+            pos = quote + tail_size
+            count += 1
+        return count
+
     @classmethod
     def of(cls, template: Template | None, decoder: SseDecoder, max_line: int) -> WholeEvent | None:
         """For the dialect's current template, read by ``decoder``; None where none applies."""
