@@ -125,7 +125,8 @@ OPTIONS: tuple[Option, ...] = (
         "LLMOBS_CLIENT_TIMEOUT",
         float,
         "seconds a client may take to send a request's headers, and in all to send its body "
-        "(then the connection is closed, or 408): slow clients cannot hold the sidecar",
+        "(then the connection is closed, or 408), and to take any of a response it stopped "
+        "reading (then it is closed): slow clients cannot hold the sidecar",
         "SECONDS",
     ),
     Option(

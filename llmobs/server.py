@@ -15,6 +15,9 @@ What it does, as a reverse proxy's client side should:
   ``client_timeout`` (``BodyTooSlow``, ``BodyTooLarge``); ``Expect: 100-continue`` is
   answered when the handler asks for the body, so a request refused on its head alone (413)
   never makes the client send it;
+- a client that stops reading its response pauses the handler's source (``on_flow``); one
+  that then takes nothing of it for ``client_timeout`` is cut off, as by nginx's
+  ``send_timeout``, so a stalled reader cannot hold a stream and its engine slot;
 - a malformed request gets a JSON 400, 431, 501 or 505 and the connection is closed;
 - a client going away (reset or close) cancels its handler, which stops the upstream work;
 - shutdown stops accepting, closes idle connections and lets handlers finish (``shutdown``).
@@ -343,6 +346,8 @@ class ServerConnection(asyncio.Protocol):
         self._request: Request | None = None
         self._task: asyncio.Task[None] | None = None
         self._idle: asyncio.TimerHandle | None = None
+        self._stalled: asyncio.TimerHandle | None = None  # the send timeout, while paused
+        self._stalled_at = 0  # bytes the client had not taken at the last check
         self._paused = False
         self._lingering = False
         self.paused_writing = False
@@ -384,13 +389,36 @@ class ServerConnection(asyncio.Protocol):
 
     def pause_writing(self) -> None:
         self.paused_writing = True
+        if self._stalled is None:
+            self._stalled_at = self.transport.get_write_buffer_size()
+            self._stalled = self._loop.call_later(self._server.client_timeout, self._send_timeout)
         if self._request is not None:
             self._request._pause()
 
     def resume_writing(self) -> None:
         self.paused_writing = False
+        if self._stalled is not None:
+            self._stalled.cancel()
+            self._stalled = None
         if self._request is not None:
             self._request._resume()
+
+    def _send_timeout(self) -> None:
+        """``client_timeout`` since the pause, or since the last check: a client that took
+        some of its buffer meanwhile gets another period (a slow reader is not a stalled
+        one); one that took nothing is cut off (its handler is cancelled, the engine's
+        connection closed with it)."""
+        left = self.transport.get_write_buffer_size()
+        if left < self._stalled_at:
+            self._stalled_at = left
+            self._stalled = self._loop.call_later(self._server.client_timeout, self._send_timeout)
+            return
+        self._stalled = None
+        log.info(
+            "a client read nothing of its response for %g s: closing its connection",
+            self._server.client_timeout,
+        )
+        self.transport.abort()
 
     def eof_received(self) -> bool:
         return False  # the client is gone: close (and cancel its handler)
@@ -399,6 +427,9 @@ class ServerConnection(asyncio.Protocol):
         self._server.connections.discard(self)
         if self._idle is not None:
             self._idle.cancel()
+        if self._stalled is not None:
+            self._stalled.cancel()
+            self._stalled = None
         task = self._task
         if task is not None and not task.done():
             task.cancel()

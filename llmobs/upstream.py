@@ -12,9 +12,10 @@ client at once, not a loop iteration later. The request handler only waits for t
 What it does, as a reverse proxy's upstream leg should: one request per connection at a time,
 idle connections kept for reuse (LIFO, bounded) unless the response forbids it; a connection
 that went stale in the pool is never used; connect and read timeouts (the read timeout runs
-between reads, checked by one timer per connection rather than one per chunk); the body relayed
-as it comes with back-pressure from a slow client (upstream reads pause until the client's
-buffer drains); no header added but ``Host`` and the body's framing.
+between reads, checked by one timer per connection rather than one per chunk, and not while
+reads are paused); the body relayed as it comes with back-pressure from a slow client (upstream
+reads pause until the client's buffer drains); no header added but ``Host`` and the body's
+framing.
 """
 
 from __future__ import annotations
@@ -83,6 +84,7 @@ class Connection(asyncio.Protocol):
         self.responded = False  # a byte of the response came (a retry would repeat the request)
         self._read_timeout = 0.0
         self._timer: asyncio.TimerHandle | None = None
+        self._paused = False  # reads paused for a slow client: the engine is not silent
         self.last_read = 0.0
 
     # -- asyncio.Protocol -------------------------------------------------------------------
@@ -248,7 +250,9 @@ class Connection(asyncio.Protocol):
         future = self._done
         if not self._waiting or future is None:
             return  # no wait on: lapse (the next wait arms a timer)
-        if self._loop.time() - self.last_read >= self._read_timeout:
+        if self._paused:  # not reading: the client's send timeout bounds this, not ours
+            self._timer = self._loop.call_at(self._loop.time() + self._read_timeout, self._check)
+        elif self._loop.time() - self.last_read >= self._read_timeout:
             self._end(UpstreamTimeout("upstream read timed out"))  # a head now is too late
         else:
             self._timer = self._loop.call_at(self.last_read + self._read_timeout, self._check)
@@ -259,10 +263,16 @@ class Connection(asyncio.Protocol):
             timer.cancel()
 
     def pause_reading(self) -> None:
+        """Stop reading (a slow client's buffer is full); the read timeout stops with it."""
+        self._paused = True
         if self.transport is not None and not self.closed:
             self.transport.pause_reading()
 
     def resume_reading(self) -> None:
+        """Read again; the engine's silence is counted from now."""
+        if self._paused:
+            self._paused = False
+            self.last_read = self._loop.time()
         if self.transport is not None and not self.closed:
             self.transport.resume_reading()
 

@@ -1072,6 +1072,25 @@ async def test_on_flow_pauses_at_once_when_the_buffer_is_already_full(
     assert [e for e, _ in flow.events] == ["pause", "resume"]
 
 
+async def test_a_slow_reader_is_not_cut_off(serve: ServeFactory) -> None:
+    """The send timeout is for a client that takes nothing: one that takes its response
+    slowly (16 KiB every 0.1 s, so that its buffer drains from the high mark to the low one
+    in over a second) is not cut off by a 0.5 s timeout, and gets all of it."""
+    flow = Flow()
+    served = await serve(flood(flow), client_timeout=0.5)
+    client = await small_receiver(served)
+    await client.send(get("/flood"))
+    await asyncio.wait_for(flow.paused.wait(), WAIT)
+    raw = bytearray()
+    while not raw.endswith(b"\r\n0\r\n\r\n"):
+        data = await asyncio.wait_for(client.reader.read(16 * 1024), WAIT)
+        assert data, f"cut off after {len(raw)} bytes"
+        raw += data
+        await asyncio.sleep(0.1)
+    assert [e for e, _ in flow.events] == ["pause", "resume"]
+    assert raw[raw.index(b"\r\n\r\n") :].count(b"x") == flow.written
+
+
 # -- the same, on uvloop (the relay's loop where installed) ---------------------------------
 
 

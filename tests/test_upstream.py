@@ -386,44 +386,90 @@ async def test_garbage_from_the_engine_is_a_502(start_sidecar: SidecarFactory) -
         assert side.value("llmobs_requests_total", outcome="upstream_error") == 1
 
 
-async def test_a_client_that_does_not_read_pauses_the_engine(start_sidecar: SidecarFactory) -> None:
-    """Back-pressure: the sidecar does not buffer what the client cannot take."""
-    chunk = b"data: " + b"x" * 65_000 + b"\n\n"
-    total = 512  # 33 MB offered
-    sent = 0
+@dataclass
+class Flood:
+    """An engine that streams ``total`` chunks of 65 kB as fast as the sidecar reads them,
+    and notes how many it wrote and whether its connection was closed under it."""
 
-    async def flood(writer: asyncio.StreamWriter, _: int) -> bool:
-        nonlocal sent
-        writer.write(SSE_HEAD + b"\r\n")
-        for _ in range(total):
-            writer.write(b"%x\r\n%s\r\n" % (len(chunk), chunk))
-            await writer.drain()  # blocks while the sidecar does not read
-            sent += 1
-        writer.write(b"0\r\n\r\n")
-        await writer.drain()
+    total: int
+    chunk: bytes = b"data: " + b"x" * 65_000 + b"\n\n"
+    sent: int = 0
+    cut: asyncio.Event = field(default_factory=asyncio.Event)
+
+    async def __call__(self, writer: asyncio.StreamWriter, _: int) -> bool:
+        try:
+            writer.write(SSE_HEAD + b"\r\n")
+            for _ in range(self.total):
+                writer.write(b"%x\r\n%s\r\n" % (len(self.chunk), self.chunk))
+                await writer.drain()  # blocks while the sidecar does not read
+                self.sent += 1
+            writer.write(b"0\r\n\r\n")
+            await writer.drain()
+        except ConnectionError:
+            self.cut.set()
+            return False
         return True
 
+
+async def slow_client(url: str) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    """A client with a small receive buffer that has sent a streaming request."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", int(url.rsplit(":", 1)[1]))
+    sock = writer.get_extra_info("socket")
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 64 * 1024)
+    writer.write(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n\r\n{}")
+    return reader, writer
+
+
+async def read_events(reader: asyncio.StreamReader, total: int) -> int:
+    """Read until ``total`` events or the end."""
+    received = 0
+    while received < total:
+        data = await reader.read(1 << 20)
+        if not data:
+            break
+        received += data.count(b"data: ")
+    return received
+
+
+async def test_a_client_that_does_not_read_pauses_the_engine(start_sidecar: SidecarFactory) -> None:
+    """Back-pressure: the sidecar does not buffer what the client cannot take. While reads
+    are paused for the client the engine is not silent: the read timeout (0.5 s here) does
+    not run, and the stream goes on in full once the client reads again, 1.5 s later."""
+    flood = Flood(total=512)  # 33 MB offered
     async with raw_upstream(flood) as (_, url):
-        side = await start_sidecar(url, **QUIET)
-        port = int(side.url.rsplit(":", 1)[1])
-        reader, writer = await asyncio.open_connection("127.0.0.1", port)
-        sock = writer.get_extra_info("socket")
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 64 * 1024)
-        writer.write(
-            b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n\r\n{}"
-        )
+        side = await start_sidecar(url, read_timeout=0.5, **QUIET)
+        reader, writer = await slow_client(side.url)
         await asyncio.sleep(1.5)  # the client reads nothing meanwhile
-        held = sent
-        assert held < total / 2, f"the engine wrote {held} of {total} chunks to a stalled client"
-        received = 0
-        while True:
-            data = await reader.read(1 << 20)
-            if not data:
-                break
-            received += data.count(b"data: ")
-            if received == total:
-                break
-        assert received == total
+        held = flood.sent
+        assert held < flood.total / 2, (
+            f"the engine wrote {held} of {flood.total} to a stalled client"
+        )
+        assert await read_events(reader, flood.total) == flood.total
+        writer.close()
+        await eventually(lambda: side.value("llmobs_requests_total", outcome="ok") == 1)
+        assert side.value("llmobs_requests_total", outcome="upstream_timeout") == 0
+
+
+async def test_a_client_that_stops_reading_is_cut_off_after_the_client_timeout(
+    start_sidecar: SidecarFactory,
+) -> None:
+    """A stalled reader cannot hold a stream, and the engine's slot, for ever: once it has
+    taken nothing of its response for ``--client-timeout``, its connection is closed, the
+    engine's with it, and the request ends as ``client_disconnect``."""
+    flood = Flood(total=512)
+    async with raw_upstream(flood) as (_, url):
+        side = await start_sidecar(url, client_timeout=1.5, read_timeout=60, **QUIET)
+        reader, writer = await slow_client(side.url)
+        await asyncio.sleep(0.75)  # paused, and not for long enough
+        assert not flood.cut.is_set()
+        assert side.value("llmobs_requests_total", outcome="client_disconnect") == 0
+        await asyncio.wait_for(flood.cut.wait(), 15)
+        assert flood.sent < flood.total / 2
+        await eventually(
+            lambda: side.value("llmobs_requests_total", outcome="client_disconnect") == 1
+        )
+        with contextlib.suppress(ConnectionError):
+            assert await read_events(reader, flood.total) < flood.total  # cut short
         writer.close()
 
 
