@@ -11,14 +11,16 @@ from __future__ import annotations
 import gc
 import json
 import math
+import os
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import aiohttp
 import numpy as np
 import pytest
 
-from llmobs.bench import BenchOptions, run_bench
+from llmobs.bench import BenchOptions, procfs, run_bench
 from llmobs.bench.loadgen import (
     LoadSpec,
     Stream,
@@ -109,6 +111,25 @@ def test_cpu_split_separates_chunk_and_request_costs() -> None:
     assert per_request == pytest.approx(300.0)
     assert all(math.isnan(v) for v in cpu_split(runs[:1]))
     assert all(math.isnan(v) for v in cpu_split([runs[0], runs[0]]))  # collinear
+
+
+@pytest.mark.skipif(not procfs.available(), reason="needs Linux /proc")
+def test_the_kernels_share_of_cpu_tells_system_calls_from_computing() -> None:
+    """``cpu_times``/``system_share`` on this process: a loop of arithmetic is user time,
+    a loop of large reads from /dev/zero (the kernel fills the buffer) is system time."""
+    pids = [os.getpid()]
+
+    def share_of(work: Callable[[], object]) -> float:
+        before = procfs.cpu_times(pids)
+        deadline = time.process_time() + 0.3
+        while time.process_time() < deadline:
+            work()
+        return procfs.system_share(before, procfs.cpu_times(pids))
+
+    assert share_of(lambda: sum(range(10_000))) < 0.3
+    with open("/dev/zero", "rb", buffering=0) as zero:
+        assert share_of(lambda: zero.read(1 << 20)) > 0.7
+    assert math.isnan(procfs.system_share((1.0, 2.0), (1.0, 2.0)))
 
 
 def test_parse_events_reads_stamps_with_bytes_find() -> None:
@@ -206,14 +227,15 @@ CELL_FIELDS = (
     "ttft_p50_ms", "ttft_p99_ms", "ttft_path_p50_ms", "ttft_path_p99_ms", "delay_p50_ms",
     "delay_p99_ms", "delay_max_ms", "gap_p50_ms", "jitter_ms", "gap_added_jitter_ms",
     "failed", "dropped", "engine_chunks", "chunks_match", "chunks_per_s", "cpu_s",
-    "cpu_us_per_chunk", "cpu_us_per_request", "rss_idle_mib", "rss_per_active_stream_kib",
-    "scrape",
+    "cpu_us_per_chunk", "cpu_us_per_request", "cpu_system_share", "cpu_user_us_per_chunk",
+    "rss_idle_mib", "rss_per_active_stream_kib", "scrape",
 )  # fmt: skip
 SUMMARY_FIELDS = (
     "added_ttft_p50_ms", "added_ttft_p99_ms", "added_delay_p50_ms", "added_delay_p99_ms",
     "added_jitter_ms", "chunks_per_s", "cpu_us_per_chunk", "cpu_us_per_request",
     "scrape_gap_added_during_p99_ms", "scrape_gap_added_during_max_ms", "chunks_match",
-    "delay_p50_vs_direct", "cpu_us_per_chunk_vs_nginx",
+    "delay_p50_vs_direct", "cpu_us_per_chunk_vs_nginx", "cpu_system_share",
+    "cpu_user_us_per_chunk", "cpu_user_us_per_chunk_vs_nginx",
 )  # fmt: skip
 
 
@@ -239,6 +261,12 @@ async def test_short_bench_run_reports_every_figure(tmp_path: Path) -> None:
         assert 0 < cell["delay_p50_ms"] < 1000
     llmobs = [c for c in data["cells"] if c["target"] == "llmobs"]
     assert all(c["cpu_us_per_chunk"] > 0 and c["scrape"]["scrapes"] >= 1 for c in llmobs)
+    for c in llmobs:  # the kernel's share, where 10 ms ticks saw any CPU at all
+        share = c["cpu_system_share"]
+        assert share is None or 0 <= share <= 1
+        assert share is None or c["cpu_user_us_per_chunk"] == pytest.approx(
+            c["cpu_us_per_chunk"] * (1 - share)
+        )
     assert all(c["cpu_us_per_chunk"] is None for c in data["cells"] if c["target"] == "direct")
     for row in data["summary"]["paced"]:
         assert set(SUMMARY_FIELDS) <= set(row)

@@ -1,4 +1,5 @@
-"""What a target costs, read from ``/proc``: CPU time and resident memory of a process tree.
+"""What a target costs, read from ``/proc``: CPU time (and the kernel's share of it) and
+resident memory of a process tree.
 
 A target may be several processes (nginx: a master and its worker; LiteLLM: a server and
 its workers), so each figure is summed over the process and its descendants, found through
@@ -8,6 +9,7 @@ elsewhere.
 
 from __future__ import annotations
 
+import math
 import os
 from pathlib import Path
 
@@ -51,14 +53,32 @@ def cpu_seconds(pids: list[int]) -> float:
 
 
 def _stat_seconds(pids: list[int]) -> float:
-    ticks = 0
+    user, system = cpu_times(pids)
+    return user + system
+
+
+def cpu_times(pids: list[int]) -> tuple[float, float]:
+    """User and system CPU seconds used so far by ``pids`` (``utime``, ``stime`` of
+    ``/proc/<pid>/stat``, every thread of each process, in clock ticks of 10 ms): what share
+    of a target's CPU the kernel spends on its behalf. A relay's system calls are the same
+    whatever it is written in, so its user time is where relays differ (docs/benchmarks.md).
+    """
+    user = system = 0
     for pid in pids:
         try:
             fields = (_PROC / str(pid) / "stat").read_text().rsplit(")", 1)[1].split()
         except OSError:
             continue
-        ticks += int(fields[11]) + int(fields[12])
-    return ticks / os.sysconf("SC_CLK_TCK")
+        user += int(fields[11])
+        system += int(fields[12])
+    tick = os.sysconf("SC_CLK_TCK")
+    return user / tick, system / tick
+
+
+def system_share(before: tuple[float, float], after: tuple[float, float]) -> float:
+    """The kernel's share of the CPU used between two ``cpu_times``; NaN if none was."""
+    user, system = after[0] - before[0], after[1] - before[1]
+    return system / (user + system) if user + system > 0 else math.nan
 
 
 def rss_bytes(pids: list[int]) -> int:

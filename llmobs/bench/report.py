@@ -31,8 +31,8 @@ ADDED = (
 ABSOLUTE = (
     "ttft_p50_ms", "ttft_p99_ms", "ttft_path_p50_ms", "ttft_path_p99_ms", "delay_p50_ms",
     "delay_p99_ms", "delay_max_ms", "gap_p50_ms", "jitter_ms", "gap_added_jitter_ms",
-    "chunks_per_s", "cpu_us_per_chunk", "cpu_us_per_request", "rss_idle_mib",
-    "rss_per_active_stream_kib", "tpot_ms",
+    "chunks_per_s", "cpu_us_per_chunk", "cpu_us_per_request", "cpu_system_share",
+    "cpu_user_us_per_chunk", "rss_idle_mib", "rss_per_active_stream_kib", "tpot_ms",
 )  # fmt: skip
 SCRAPE = ("during_p99", "during_max", "outside_p99", "outside_max")
 
@@ -68,7 +68,8 @@ def summarize(result: BenchResult) -> dict[str, Any]:
         paced.append(row)
     _ratios(paced, ("delay_p50_ms", "delay_p99_ms", "ttft_path_p99_ms"), "direct")
     _ratios(paced, ("delay_p50_ms", "delay_p99_ms", "ttft_path_p99_ms", "cpu_us_per_chunk",
-                    "cpu_us_per_request", "rss_per_active_stream_kib"), "nginx")  # fmt: skip
+                    "cpu_user_us_per_chunk", "cpu_us_per_request", "rss_per_active_stream_kib"),
+            "nginx")  # fmt: skip
     return {"paced": paced, "saturation": _saturation(result)}
 
 
@@ -94,6 +95,9 @@ def _saturation(result: BenchResult) -> list[dict[str, Any]]:
             "chunks_per_s": median([s[long]["chunks_per_s"] for s in sats]),
             "target_cpu_util": median([_nan(s[long]["target_cpu_util"]) for s in sats]),
             "cpu_us_per_chunk": median([_nan(s[long]["cpu_us_per_chunk"]) for s in sats]),
+            "cpu_system_share": median([_nan(s[long].get("cpu_system_share")) for s in sats]),
+            "cpu_user_us_per_chunk": median([_nan(s[long].get("cpu_user_us_per_chunk"))
+                                             for s in sats]),
             "chunks_per_cpu_s": median([_nan(s[long]["chunks_per_cpu_s"]) for s in sats]),
             "fit_cpu_us_per_chunk": median([_nan(s["fit_cpu_us_per_chunk"]) for s in sats]),
             "fit_cpu_us_per_request": median([_nan(s["fit_cpu_us_per_request"]) for s in sats]),
@@ -102,12 +106,16 @@ def _saturation(result: BenchResult) -> list[dict[str, Any]]:
                                                for s in sats]),
             "failed": sum(s[k]["failed"] for s in sats for k in s if k.startswith("tokens_")),
         })  # fmt: skip
-    _ratios(rows, ("cpu_us_per_chunk", "fit_cpu_us_per_chunk"), "nginx")
+    _ratios(rows, ("cpu_us_per_chunk", "cpu_user_us_per_chunk", "fit_cpu_us_per_chunk"), "nginx")
     return rows
 
 
 def _f(value: float, digits: int = 2) -> str:
     return "-" if value is None or math.isnan(value) else f"{value:.{digits}f}"
+
+
+def _pct(share: float) -> str:
+    return _f(share * 100, 0)
 
 
 def table(result: BenchResult, summary: dict[str, Any]) -> str:
@@ -121,9 +129,11 @@ def table(result: BenchResult, summary: dict[str, Any]) -> str:
     lines += [f"skipped {t}: {why}" for t, why in result.skipped.items()]
     head = (f"{'target':12s} {'N':>4s} {'tpot':>5s} {'TTFT+p50':>8s} {'TTFT+p99':>8s} "
             f"{'dly+p50':>8s} {'dly+p99':>8s} {'dly p50':>7s} {'jit+':>6s} {'chunks/s':>8s} "
-            f"{'us/chunk':>8s} {'xnginx':>6s} {'us/req':>7s} {'KiB/str':>7s} "
+            f"{'us/chunk':>8s} {'xnginx':>6s} {'sys%':>4s} {'usr us':>6s} {'us/req':>7s} "
+            f"{'KiB/str':>7s} "
             f"{'scrape+p99/max':>14s} {'match':>5s}")  # fmt: skip
-    lines += ["", "paced (ms unless noted; scrape+: gap added to chunks in flight during a "
+    lines += ["", "paced (ms unless noted; sys%: the kernel's share of the target's CPU, usr "
+              "us: its user time per chunk; scrape+: gap added to chunks in flight during a "
               "/metrics scrape)", head, "-" * len(head)]  # fmt: skip
     order = {t: i for i, t in enumerate(result.options["targets"])}
     for r in sorted(summary["paced"], key=lambda r: (r["concurrency"], order[r["target"]])):
@@ -135,7 +145,8 @@ def table(result: BenchResult, summary: dict[str, Any]) -> str:
             f"{_f(r['added_delay_p50_ms'], 3):>8s} {_f(r['added_delay_p99_ms'], 3):>8s} "
             f"{_f(r['delay_p50_ms'], 3):>7s} {_f(r['added_jitter_ms'], 3):>6s} "
             f"{_f(r['chunks_per_s'], 0):>8s} {_f(r['cpu_us_per_chunk'], 1):>8s} "
-            f"{_f(r['cpu_us_per_chunk_vs_nginx']):>6s} {_f(r['cpu_us_per_request'], 0):>7s} "
+            f"{_f(r['cpu_us_per_chunk_vs_nginx']):>6s} {_pct(r['cpu_system_share']):>4s} "
+            f"{_f(r['cpu_user_us_per_chunk'], 1):>6s} {_f(r['cpu_us_per_request'], 0):>7s} "
             f"{_f(r['rss_per_active_stream_kib'], 1):>7s} {scrape:>14s} "
             f"{'yes' if r['chunks_match'] else 'NO':>5s}"
         )
@@ -143,7 +154,8 @@ def table(result: BenchResult, summary: dict[str, Any]) -> str:
         tokens = result.options["saturation_tokens"]
         head = (f"{'target':12s} {'chunks/s':>9s} {'cpu util':>8s} {'us/chunk':>8s} "
                 f"{'chunks/cpu-s':>12s} {'fit us/chunk':>12s} {'fit us/req':>10s} "
-                f"{'xnginx':>6s} {'open':>5s} {'KiB/open':>8s}")  # fmt: skip
+                f"{'xnginx':>6s} {'sys%':>4s} {'usr us':>6s} {'open':>5s} "
+                f"{'KiB/open':>8s}")  # fmt: skip
         lines += ["", f"saturation ({result.options['saturation_streams']} streams, unpaced "
                   f"engine, {max(tokens)} tokens; fit from {tokens[0]} and {tokens[1]} tokens)",
                   head, "-" * len(head)]  # fmt: skip
@@ -153,7 +165,8 @@ def table(result: BenchResult, summary: dict[str, Any]) -> str:
                 f"{_f(r['target_cpu_util']):>8s} {_f(r['cpu_us_per_chunk'], 1):>8s} "
                 f"{_f(r['chunks_per_cpu_s'], 0):>12s} {_f(r['fit_cpu_us_per_chunk'], 1):>12s} "
                 f"{_f(r['fit_cpu_us_per_request'], 0):>10s} "
-                f"{_f(r['cpu_us_per_chunk_vs_nginx']):>6s} {r['open_streams']:5d} "
+                f"{_f(r['cpu_us_per_chunk_vs_nginx']):>6s} {_pct(r['cpu_system_share']):>4s} "
+                f"{_f(r['cpu_user_us_per_chunk'], 1):>6s} {r['open_streams']:5d} "
                 f"{_f(r['rss_per_open_stream_kib'], 1):>8s}"
             )
     return "\n".join(lines)

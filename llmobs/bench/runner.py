@@ -174,6 +174,7 @@ async def paced_cell(
             await warm_up(session, started.url, level, o.model)
             pids = procfs.tree(started.pid) if started.pid else []
             rss_idle, cpu0 = procfs.rss_bytes(pids), procfs.cpu_seconds(pids)
+            times0 = procfs.cpu_times(pids)
             before = await engine_chunks(admin, sim)
             peak, windows = [rss_idle], list[tuple[int, int]]()
             tasks = [asyncio.ensure_future(_sample_rss(pids, peak))]
@@ -192,6 +193,7 @@ async def paced_cell(
                     task.cancel()
                 await asyncio.gather(*tasks, return_exceptions=True)
             cpu = procfs.cpu_seconds(pids) - cpu0
+            share = procfs.system_share(times0, procfs.cpu_times(pids))
             after = await engine_chunks(admin, sim)
     finally:
         launcher.stop(started)
@@ -208,6 +210,9 @@ async def paced_cell(
         "cpu_s": cpu if pids else math.nan,
         "cpu_us_per_chunk": per_unit_us(cpu, lat.chunks) if pids else math.nan,
         "cpu_us_per_request": per_unit_us(cpu, lat.requests) if pids else math.nan,
+        "cpu_system_share": share if pids else math.nan,
+        "cpu_user_us_per_chunk": per_unit_us(cpu * (1 - share), lat.chunks)
+        if pids else math.nan,
         "rss_idle_mib": rss_idle / 2**20 if pids else math.nan,
         # below 16 streams the difference is the allocator's noise, not the streams
         "rss_per_active_stream_kib": per_stream_kib(peak[0], rss_idle, level)
@@ -229,11 +234,12 @@ async def saturation_cell(
             await warm_up(session, started.url, o.saturation_streams, o.model)
             pids = procfs.tree(started.pid) if started.pid else []
             for tokens in o.saturation_tokens:
-                cpu0 = procfs.cpu_seconds(pids)
+                cpu0, times0 = procfs.cpu_seconds(pids), procfs.cpu_times(pids)
                 spec = LoadSpec(started.url, o.saturation_streams, o.saturation_duration, tokens,
                                 o.prompt_tokens, o.model, record=False)  # fmt: skip
                 result = await run_load(spec, session)
                 cpu = procfs.cpu_seconds(pids) - cpu0
+                share = procfs.system_share(times0, procfs.cpu_times(pids))
                 runs.append((cpu, result.chunks, len(result.streams)))
                 out[f"tokens_{tokens}"] = {
                     "chunks": result.chunks, "requests": len(result.streams),
@@ -241,6 +247,9 @@ async def saturation_cell(
                     "chunks_per_s": result.chunks / result.wall_s,
                     "target_cpu_util": cpu / result.wall_s if pids else math.nan,
                     "cpu_us_per_chunk": per_unit_us(cpu, result.chunks) if pids else math.nan,
+                    "cpu_system_share": share if pids else math.nan,
+                    "cpu_user_us_per_chunk": per_unit_us(cpu * (1 - share), result.chunks)
+                    if pids else math.nan,
                     "chunks_per_cpu_s": result.chunks / cpu if pids and cpu else math.nan,
                 }  # fmt: skip
         per_chunk, per_request = cpu_split(runs) if pids else (math.nan, math.nan)
