@@ -315,7 +315,7 @@ class ChunkedBody(BodyDecoder):
             if not size:  # the last chunk: whole only when it ends the read, with no trailer
                 if end + 4 != n or not data.endswith(b"\r\n\r\n"):
                     return None
-                self.done = True
+                self._state, self.done = _TRAILER, True  # where the state machine ends too
                 break
             stop = end + 2 + size
             if data[stop : stop + 2] != b"\r\n":  # cut short (or broken): the state machine

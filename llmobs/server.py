@@ -16,8 +16,9 @@ What it does, as a reverse proxy's client side should:
   answered when the handler asks for the body, so a request refused on its head alone (413)
   never makes the client send it;
 - a client that stops reading its response pauses the handler's source (``on_flow``); one
-  that then takes nothing of it for ``client_timeout`` is cut off, as by nginx's
-  ``send_timeout``, so a stalled reader cannot hold a stream and its engine slot;
+  that then takes nothing of it for ``client_timeout`` (neither from the transport's buffer
+  nor, on Linux, from the kernel's send queue) is cut off, as by nginx's ``send_timeout``,
+  so a stalled reader cannot hold a stream and its engine slot;
 - a malformed request gets a JSON 400, 431, 501 or 505 and the connection is closed;
 - a client going away (reset or close) cancels its handler, which stops the upstream work;
 - shutdown stops accepting, closes idle connections and lets handlers finish (``shutdown``).
@@ -30,9 +31,18 @@ import contextlib
 import json
 import logging
 import socket
+import struct
 from collections.abc import Awaitable, Callable, Iterable
 from email.utils import formatdate
 from http import HTTPStatus
+
+try:
+    import fcntl
+    import termios
+
+    _OUTQ: int | None = termios.TIOCOUTQ  # Linux's SIOCOUTQ: bytes in a socket's send queue
+except (ImportError, AttributeError):  # elsewhere the send timeout sees the transport only
+    _OUTQ = None
 
 from llmobs.http1 import (
     MAX_REQUEST_HEAD_BYTES,
@@ -348,6 +358,7 @@ class ServerConnection(asyncio.Protocol):
         self._idle: asyncio.TimerHandle | None = None
         self._stalled: asyncio.TimerHandle | None = None  # the send timeout, while paused
         self._stalled_at = 0  # bytes the client had not taken at the last check
+        self._fd = -1  # the socket, for its kernel send queue (the send timeout)
         self._paused = False
         self._lingering = False
         self.paused_writing = False
@@ -359,6 +370,7 @@ class ServerConnection(asyncio.Protocol):
         if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
             with contextlib.suppress(OSError):
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            self._fd = sock.fileno()
         self.transport.set_write_buffer_limits(high=HIGH_WATER, low=LOW_WATER)
         peer = transport.get_extra_info("peername")
         self.remote = str(peer[0]) if isinstance(peer, tuple) and peer else ""
@@ -390,7 +402,7 @@ class ServerConnection(asyncio.Protocol):
     def pause_writing(self) -> None:
         self.paused_writing = True
         if self._stalled is None:
-            self._stalled_at = self.transport.get_write_buffer_size()
+            self._stalled_at = self._unsent()
             self._stalled = self._loop.call_later(self._server.client_timeout, self._send_timeout)
         if self._request is not None:
             self._request._pause()
@@ -403,19 +415,30 @@ class ServerConnection(asyncio.Protocol):
         if self._request is not None:
             self._request._resume()
 
+    def _unsent(self) -> int:
+        """Bytes written for the client that it has not taken: the transport's buffer and
+        the kernel's send queue. The latter holds up to a few MiB (autotuned), and the
+        transport's buffer moves only when a third of it frees, so a client reading steadily
+        but slowly is seen to make progress only in the kernel's count."""
+        left = self.transport.get_write_buffer_size()
+        if _OUTQ is not None and self._fd >= 0:
+            with contextlib.suppress(OSError):
+                left += struct.unpack("i", fcntl.ioctl(self._fd, _OUTQ, b"\0\0\0\0"))[0]
+        return left
+
     def _send_timeout(self) -> None:
         """``client_timeout`` since the pause, or since the last check: a client that took
-        some of its buffer meanwhile gets another period (a slow reader is not a stalled
-        one); one that took nothing is cut off (its handler is cancelled, the engine's
-        connection closed with it)."""
-        left = self.transport.get_write_buffer_size()
+        some of what it was sent meanwhile gets another period (a slow reader is not a
+        stalled one); one that took nothing is cut off (its handler is cancelled, the
+        engine's connection closed with it)."""
+        left = self._unsent()
         if left < self._stalled_at:
             self._stalled_at = left
             self._stalled = self._loop.call_later(self._server.client_timeout, self._send_timeout)
             return
         self._stalled = None
         log.info(
-            "a client read nothing of its response for %g s: closing its connection",
+            "a client took none of its response for %g s: closing its connection",
             self._server.client_timeout,
         )
         self.transport.abort()

@@ -233,6 +233,7 @@ ODD_EVENTS = [  # each next to plain token events in one read: not to be counted
     _HEAD + b'"delta":{"content":"a\x01b' + _TAIL,  # a raw control character: malformed
     _HEAD + b'"delta":{"content":"a\xffb' + _TAIL,  # invalid UTF-8: malformed
     _HEAD + b'"delta":{"content":"a\\nb' + _TAIL,  # an escape: a token, read in full
+    _HEAD + b'"delta":{"content":"' + _TAIL,  # no content: no token
     _HEAD.replace(b'"index":0', b'"index":1') + b'"delta":{"content":"a' + _TAIL,  # choice 1
     _HEAD + b'"delta":{"content":"a"},"finish_reason":"stop"}]}',  # the last token
     _HEAD + b'"delta":{"content":"a"},"finish_reason":"ab"}]}',  # a tail of the same length
@@ -285,10 +286,20 @@ def test_plain_token_reads_skip_decoder_and_dialect() -> None:
     assert record is not None and record.output_tokens == len(words) + 3
 
 
-def test_whole_reads_past_a_window_are_all_timed() -> None:
+def itl_counts(sink: MetricsSink) -> list[float]:
+    return [
+        float(line.rsplit(" ", 1)[1])
+        for line in sink.collector.render().splitlines()
+        if line.startswith("llmobs_inter_token_latency_seconds_count{")
+    ]
+
+
+@pytest.mark.parametrize("per_read", [1, 3])
+def test_whole_reads_past_a_window_are_all_timed(per_read: int) -> None:
     """The whole-read path appends to the timer's times itself; a full window is taken and
     the timer starts a new array, which the path must follow: a stream longer than one window
-    (65,536 chunks) loses no chunk and no gap, and its ITLs reach the sink window by window."""
+    (65,536 chunks) loses no chunk and no gap, and its ITLs reach the sink window by window,
+    the first while the stream goes on. So with reads of several events (``count``)."""
     head = b'data: {"id":"c","object":"chat.completion.chunk","model":"m","choices":[{"index":0,'
     tail = b'"},"finish_reason":null}]}\n\n'
     sink = MetricsSink(MeterProvider().get_meter("test"), 8)
@@ -298,18 +309,14 @@ def test_whole_reads_past_a_window_are_all_timed() -> None:
     obs.response(200, "text/event-stream")
     window = obs._timer.window
     chunks = window + window // 2
-    event = head + b'"delta":{"content":"w' + tail
+    read = (head + b'"delta":{"content":"w' + tail) * per_read
     for i in range(chunks):
-        obs.chunk((i + 1) * 1_000_000, event)
+        obs.chunk((i + 1) * 1_000_000, read)
+    assert itl_counts(sink) and itl_counts(sink)[0] >= window - 1  # the first, mid-stream
     record = obs.finish(10**12, Outcome.OK)
     assert record is not None
-    assert (record.chunks, record.output_tokens) == (chunks, chunks)
-    assert record.itl_count == chunks - 1
+    assert (record.chunks, record.output_tokens) == (chunks, chunks * per_read)
+    assert record.itl_count == (chunks - 1) * per_read  # a read's gap, shared by its tokens
     assert record.itl_sum == pytest.approx((chunks - 1) / 1000)
     assert record.ttft_s == pytest.approx(0.001)
-    counts = [
-        float(line.rsplit(" ", 1)[1])
-        for line in sink.collector.render().splitlines()
-        if line.startswith("llmobs_inter_token_latency_seconds_count{")
-    ]
-    assert counts == [chunks - 1]  # both windows in the model's series (none in "other")
+    assert itl_counts(sink) == [record.itl_count]  # both windows, under the model

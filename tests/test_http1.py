@@ -6,7 +6,7 @@ from __future__ import annotations
 import contextlib
 
 import pytest
-from hypothesis import assume, given, settings
+from hypothesis import assume, example, given, settings
 from hypothesis import strategies as st
 
 from llmobs.http1 import (
@@ -222,7 +222,20 @@ READ_PIECES = st.lists(
         _PAYLOAD.map(lambda p: b"%x\r\n%sXY" % (len(p), p)),  # no CRLF after the data
         _PAYLOAD.map(lambda p: b"+%x\r\n%s\r\n" % (len(p), p)),  # not bare hex
         _PAYLOAD.map(lambda p: b"%x\r\n%s" % (len(p) + 3, p)),  # cut short
-        st.sampled_from([b"0\r\n\r\n", b"0\r\nX-T: 1\r\n\r\n", b"\r\n", b"\r\n\r\n", b"0", b"\n"]),
+        st.sampled_from(
+            [
+                b"0\r\n\r\n",
+                b"0\r\nX-T: 1\r\n\r\n",
+                b"0\r\nXY",  # the last chunk, then two bytes that are not its CRLF
+                b"0\r\n\r\r",
+                b"0" * 16 + b"1\r\nx\r\n",  # a 17-character size line: refused
+                b"0" * 15 + b"1\r\nx\r\n",  # 16: the longest taken
+                b"\r\n",
+                b"\r\n\r\n",
+                b"0",
+                b"\n",
+            ]
+        ),
         st.binary(max_size=6),
     ),
     min_size=1,
@@ -232,6 +245,8 @@ READ_PIECES = st.lists(
 
 @settings(max_examples=500, deadline=None)
 @given(READ_PIECES)
+@example([b"1\r\na\r\n", b"0" * 16 + b"1\r\nx\r\n"])  # a 17-character size line after a chunk
+@example([b"1\r\na\r\n", b"0\r\nXY"])  # the last chunk, then two bytes that are not CRLF
 def test_a_read_of_several_chunks_decodes_as_it_does_byte_by_byte(pieces: list[bytes]) -> None:
     """One read of many chunks (a busy engine's reads coalesce) takes a loop of its own
     (``ChunkedBody._whole_chunks``): the same payload, end and extra bytes as the line

@@ -10,10 +10,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import inspect
 import json
 import socket
 import sys
+import weakref
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 
@@ -1004,14 +1006,16 @@ class Flow:
     written: int = 0
 
 
-def flood(flow: Flow, chunk: int = 16 * 1024, early: int = 0) -> Handler:
+def flood(flow: Flow, chunk: int = 16 * 1024, early: int = 0, sndbuf: int | None = 4096) -> Handler:
     """Streams until told to pause (at most 64 MiB), then waits to be resumed and ends.
-    ``early`` bytes go out before ``on_flow`` is called."""
+    ``early`` bytes go out before ``on_flow`` is called; ``sndbuf``: the socket's send
+    buffer (None: the kernel's own, autotuned to a few MiB)."""
 
     async def handle(request: Request) -> None:
         transport = request.transport
-        sock = transport.get_extra_info("socket")
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)
+        if sndbuf is not None:
+            sock = transport.get_extra_info("socket")
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, sndbuf)
 
         def pause() -> None:
             flow.events.append(("pause", transport.get_write_buffer_size()))
@@ -1072,6 +1076,80 @@ async def test_on_flow_pauses_at_once_when_the_buffer_is_already_full(
     assert [e for e, _ in flow.events] == ["pause", "resume"]
 
 
+async def test_a_client_that_takes_nothing_is_cut_off(serve: ServeFactory) -> None:
+    """A client that stops reading holds its stream for ``client_timeout`` at most (0.5 s
+    here), counted from the pause; then its connection is closed and its handler ends."""
+    flow = Flow()
+    served = await serve(flood(flow), client_timeout=0.5)
+    client = await small_receiver(served)
+    await client.send(get("/flood"))
+    await asyncio.wait_for(flow.paused.wait(), WAIT)
+    loop = asyncio.get_running_loop()
+    paused = loop.time()
+    await asyncio.sleep(0.25)
+    assert served.server.connections  # not yet
+    while served.server.connections:
+        assert loop.time() - paused < WAIT, "never cut off"
+        await asyncio.sleep(0.01)
+    assert loop.time() - paused >= 0.45
+    assert not flow.resumed.is_set()
+
+
+async def test_a_client_that_caught_up_is_not_cut_off_later(serve: ServeFactory) -> None:
+    """The send timeout ends when the client's buffer drains: a client that paused once
+    and then read everything keeps its connection, here through a next request whose
+    answer takes three timeouts to come."""
+    flow = Flow()
+    streamer = flood(flow)
+
+    async def handle(request: Request) -> None:
+        if request.target == "/flood":
+            await streamer(request)
+        else:
+            await asyncio.sleep(1.5)
+            request.respond(200, b"late")
+
+    served = await serve(handle, client_timeout=0.5)
+    client = await small_receiver(served)
+    await client.send(get("/flood"))
+    await asyncio.wait_for(flow.paused.wait(), WAIT)
+    assert (await read_response(client.reader)).status == 200  # all of it, at once
+    await client.send(get("/late"))
+    response = await read_response(client.reader)
+    assert (response.status, response.body) == (200, b"late")
+
+
+async def test_a_connection_cut_while_paused_leaves_nothing_behind(serve: ServeFactory) -> None:
+    """A client gone while its response was paused takes its send timeout with it: the
+    connection is not kept alive by a pending timer."""
+    flow = Flow()
+    served = await serve(flood(flow), client_timeout=30.0)
+    client = await small_receiver(served)
+    await client.send(get("/flood"))
+    await asyncio.wait_for(flow.paused.wait(), WAIT)
+    (conn,) = served.server.connections
+    gone = weakref.ref(conn)
+    del conn
+    client.writer.transport.abort()
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + WAIT
+    while served.server.connections or gone() is not None:
+        assert loop.time() < deadline, "the connection outlived its client"
+        gc.collect()
+        await asyncio.sleep(0.01)
+
+
+async def slow_read(client: Client, size: int, pause: float) -> bytes:
+    """A whole chunked response, read ``size`` bytes at a time, ``pause`` s apart."""
+    raw = bytearray()
+    while not raw.endswith(b"\r\n0\r\n\r\n"):
+        data = await asyncio.wait_for(client.reader.read(size), WAIT)
+        assert data, f"cut off after {len(raw)} bytes"
+        raw += data
+        await asyncio.sleep(pause)
+    return bytes(raw)
+
+
 async def test_a_slow_reader_is_not_cut_off(serve: ServeFactory) -> None:
     """The send timeout is for a client that takes nothing: one that takes its response
     slowly (16 KiB every 0.1 s, so that its buffer drains from the high mark to the low one
@@ -1081,13 +1159,23 @@ async def test_a_slow_reader_is_not_cut_off(serve: ServeFactory) -> None:
     client = await small_receiver(served)
     await client.send(get("/flood"))
     await asyncio.wait_for(flow.paused.wait(), WAIT)
-    raw = bytearray()
-    while not raw.endswith(b"\r\n0\r\n\r\n"):
-        data = await asyncio.wait_for(client.reader.read(16 * 1024), WAIT)
-        assert data, f"cut off after {len(raw)} bytes"
-        raw += data
-        await asyncio.sleep(0.1)
+    raw = await slow_read(client, 16 * 1024, 0.1)
     assert [e for e, _ in flow.events] == ["pause", "resume"]
+    assert raw[raw.index(b"\r\n\r\n") :].count(b"x") == flow.written
+
+
+async def test_a_slow_reader_behind_a_large_send_buffer_is_not_cut_off(
+    serve: ServeFactory,
+) -> None:
+    """The same with the kernel's own send buffer, a few MiB: the transport's buffer moves
+    only when a third of that frees, which takes a slow reader longer than the timeout, so
+    progress is counted in the kernel's send queue too (``SIOCOUTQ``)."""
+    flow = Flow()
+    served = await serve(flood(flow, sndbuf=None), client_timeout=0.5)
+    client = await small_receiver(served)
+    await client.send(get("/flood"))
+    await asyncio.wait_for(flow.paused.wait(), WAIT)
+    raw = await slow_read(client, 128 * 1024, 0.1)
     assert raw[raw.index(b"\r\n\r\n") :].count(b"x") == flow.written
 
 

@@ -392,9 +392,11 @@ class Flood:
     and notes how many it wrote and whether its connection was closed under it."""
 
     total: int
+    silent: bool = False  # then neither end nor close until ``release``
     chunk: bytes = b"data: " + b"x" * 65_000 + b"\n\n"
     sent: int = 0
     cut: asyncio.Event = field(default_factory=asyncio.Event)
+    release: asyncio.Event = field(default_factory=asyncio.Event)
 
     async def __call__(self, writer: asyncio.StreamWriter, _: int) -> bool:
         try:
@@ -403,6 +405,8 @@ class Flood:
                 writer.write(b"%x\r\n%s\r\n" % (len(self.chunk), self.chunk))
                 await writer.drain()  # blocks while the sidecar does not read
                 self.sent += 1
+            if self.silent:
+                await asyncio.wait_for(self.release.wait(), 30)
             writer.write(b"0\r\n\r\n")
             await writer.drain()
         except ConnectionError:
@@ -448,6 +452,28 @@ async def test_a_client_that_does_not_read_pauses_the_engine(start_sidecar: Side
         writer.close()
         await eventually(lambda: side.value("llmobs_requests_total", outcome="ok") == 1)
         assert side.value("llmobs_requests_total", outcome="upstream_timeout") == 0
+
+
+async def test_an_engine_silent_after_the_client_caught_up_is_timed_out(
+    start_sidecar: SidecarFactory,
+) -> None:
+    """The read timeout stops while reads are paused for a slow client, and runs again
+    once they resume: an engine that then goes silent is timed out (``upstream_timeout``)."""
+    flood = Flood(total=256, silent=True)  # 16 MB: more than the buffers on the way hold
+    async with raw_upstream(flood) as (_, url):
+        side = await start_sidecar(url, read_timeout=0.5, client_timeout=30, **QUIET)
+        reader, writer = await slow_client(side.url)
+        await asyncio.sleep(1.0)  # paused for twice the read timeout
+        assert flood.sent < flood.total
+        assert await read_events(reader, flood.total) == flood.total
+        try:
+            assert await asyncio.wait_for(reader.read(), 10) == b""  # cut, and not cleanly
+            await eventually(
+                lambda: side.value("llmobs_requests_total", outcome="upstream_timeout") == 1
+            )
+        finally:
+            flood.release.set()
+            writer.close()
 
 
 async def test_a_client_that_stops_reading_is_cut_off_after_the_client_timeout(

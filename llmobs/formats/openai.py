@@ -276,12 +276,13 @@ class WholeEvent:
         limit, search = self.limit, PLAIN.search
         pos, size, count = 0, len(data), 0
         while pos < size:
+            if not data.startswith(head, pos):
+                return 0
             first = pos + start
             quote = data.find(b'"', first)
             if (
                 quote <= first
                 or quote + tail_size - pos > limit
-                or not data.startswith(head, pos)
                 or not data.startswith(tail, quote)
                 or search(data, first, quote) is not None
             ):
