@@ -402,8 +402,7 @@ class ServerConnection(asyncio.Protocol):
     def pause_writing(self) -> None:
         self.paused_writing = True
         if self._stalled is None:
-            self._stalled_at = self._unsent()
-            self._stalled = self._loop.call_later(self._server.client_timeout, self._send_timeout)
+            self._arm_send_timeout(self._unsent())
         if self._request is not None:
             self._request._pause()
 
@@ -414,6 +413,11 @@ class ServerConnection(asyncio.Protocol):
             self._stalled = None
         if self._request is not None:
             self._request._resume()
+
+    def _arm_send_timeout(self, left: int) -> None:
+        """Check again in ``client_timeout`` whether the client took any of ``left`` bytes."""
+        self._stalled_at = left
+        self._stalled = self._loop.call_later(self._server.client_timeout, self._send_timeout)
 
     def _unsent(self) -> int:
         """Bytes written for the client that it has not taken: the transport's buffer and
@@ -433,8 +437,7 @@ class ServerConnection(asyncio.Protocol):
         engine's connection closed with it)."""
         left = self._unsent()
         if left < self._stalled_at:
-            self._stalled_at = left
-            self._stalled = self._loop.call_later(self._server.client_timeout, self._send_timeout)
+            self._arm_send_timeout(left)
             return
         self._stalled = None
         log.info(
