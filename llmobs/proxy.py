@@ -490,8 +490,12 @@ class Relay:
 
 
 def _length(head: ResponseHead, stripper: UsageStripper | None) -> int | None:
-    """The response's Content-Length to pass on: the engine's, unless the body is rewritten."""
-    return None if stripper is not None else content_length(head.headers)
+    """The response's Content-Length to pass on: the engine's, unless the body is rewritten
+    or framed by a transfer coding, which overrides it (RFC 9112 section 6.3: the body read
+    is not that length, and a client counting on it would read the next response into it)."""
+    if stripper is not None or "Transfer-Encoding" in head.headers:
+        return None
+    return content_length(head.headers)
 
 
 def _client_gone(request: Request) -> bool:

@@ -154,7 +154,14 @@ class Connection(asyncio.Protocol):
         except ProtocolError as exc:
             self._fail(exc)
             return
-        self.reusable = head.keep_alive and not isinstance(decoder, CloseBody)
+        # both framings: a transfer coding wins, but the engine is confused or an attack is
+        # under way (RFC 9112 section 6.3): the connection is closed after this response
+        headers = head.headers
+        self.reusable = (
+            head.keep_alive
+            and not isinstance(decoder, CloseBody)
+            and not ("Transfer-Encoding" in headers and "Content-Length" in headers)
+        )
         self._decoder = decoder
         on_head, self._on_head = self._on_head, None
         assert on_head is not None

@@ -371,6 +371,36 @@ async def test_head_and_no_content_responses_have_no_body(start_sidecar: Sidecar
         assert upstream.connections == 1  # both on one connection: the framing was right
 
 
+async def test_a_transfer_coding_overrides_a_content_length(
+    start_sidecar: SidecarFactory,
+) -> None:
+    """An engine that sends both framings: the chunked body is relayed without the length
+    (a client counting 100 bytes would read the next response into this one), and the
+    connection is not reused (RFC 9112 section 6.3)."""
+
+    async def both(writer: asyncio.StreamWriter, n: int) -> bool:
+        writer.write(
+            b"HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: 100\r\n"
+            b"Transfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n5\r\nworld\r\n0\r\n\r\n"
+        )
+        await writer.drain()
+        return True
+
+    async with raw_upstream(both) as (upstream, url):
+        side = await start_sidecar(url, **QUIET)
+        port = int(side.url.rsplit(":", 1)[1])
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(b"GET /a HTTP/1.1\r\nHost: x\r\n\r\nGET /b HTTP/1.1\r\nHost: x\r\n\r\n")
+        for _ in range(2):  # two whole responses, each framed by its chunks alone
+            head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 10)
+            assert b"content-length" not in head.lower()
+            assert b"Transfer-Encoding: chunked" in head
+            body = await asyncio.wait_for(reader.readuntil(b"0\r\n\r\n"), 10)
+            assert body == b"5\r\nhello\r\n5\r\nworld\r\n0\r\n\r\n"
+        writer.close()
+        assert upstream.connections == 2  # the first connection was not reused
+
+
 async def test_garbage_from_the_engine_is_a_502(start_sidecar: SidecarFactory) -> None:
     async def garbage(writer: asyncio.StreamWriter, _: int) -> bool:
         writer.write(b"SSH-2.0-OpenSSH_9.0\r\n\r\n")
