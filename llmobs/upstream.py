@@ -284,12 +284,18 @@ class Connection(asyncio.Protocol):
             self.transport.resume_reading()
 
     def close(self) -> None:
+        """Close the connection; at once if a request is not wholly sent (a graceful close
+        would wait for an engine that may never read it, and hold the socket until then)."""
         self.reusable = False
         self._on_head = self._sink = None  # nothing more is relayed; no cycle outlives it
-        if not self._waiting:  # else the read timeout still bounds the wait: a close
-            self._stop_timer()  # waits for the write buffer, and the engine may not read it
-        if self.transport is not None:
-            self.transport.close()
+        if not self._waiting:  # else the read timeout still bounds the wait
+            self._stop_timer()
+        transport = self.transport
+        if transport is not None:
+            if transport.get_write_buffer_size():
+                transport.abort()
+            else:
+                transport.close()
 
 
 class Upstream:

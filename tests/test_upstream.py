@@ -569,10 +569,11 @@ async def test_the_cli_serves_on_uvloop(start_sim: SimFactory) -> None:
     assert b"event loop: uvloop" in err
 
 
-async def test_closing_a_connection_mid_body_keeps_the_read_timeout() -> None:
-    """A close waits for the write buffer to drain; an engine that reads nothing more never
-    drains it, so ``connection_lost`` never comes. The read timeout must still end the wait
-    for the body (the relay closes a connection whose client went away, mid-stream)."""
+async def test_closing_a_connection_mid_body_ends_it_at_once() -> None:
+    """A graceful close waits for the write buffer to drain, and an engine that reads
+    nothing more never drains it: the socket would be held, the engine never told. A close
+    with a request not wholly sent therefore aborts (the relay closes a connection whose
+    client went away, mid-stream), and the exchange ends long before its read timeout."""
 
     async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         await reader.readuntil(b"\r\n\r\n")  # the head only: the body is never read
@@ -599,12 +600,11 @@ async def test_closing_a_connection_mid_body_keeps_the_read_timeout() -> None:
 
         conn.send("POST", head, body, on_head)  # more than the engine will ever read
         start = asyncio.get_running_loop().time()
-        with pytest.raises((TimeoutError, ConnectionError)):
-            await asyncio.wait_for(conn.wait(1.0), 5.0)
+        with pytest.raises(ConnectionError):  # aborted: not the read timeout's TimeoutError
+            await asyncio.wait_for(conn.wait(30.0), 10.0)
         assert heads == [200]
-        assert asyncio.get_running_loop().time() - start < 3.0  # the read timeout, not 5 s
-        assert conn.transport is not None
-        conn.transport.abort()  # a close that cannot drain never ends by itself
+        assert asyncio.get_running_loop().time() - start < 5.0
+        assert conn.closed  # the socket is gone, not waiting to drain
     finally:
         finished.set()
         upstream.close()
