@@ -316,7 +316,11 @@ class Relay:
                     and route.dialect is OpenAIStream
                     and factory is not None  # usage is asked for to be observed
                 ):
-                    rewritten = inject_usage(body)
+                    try:
+                        rewritten = inject_usage(body)
+                    except Exception:  # a bug of the rewrite's: the body goes on as it came
+                        log.exception("%s %s: --inject-usage failed", request.method, request.path)
+                        rewritten = None
                     if rewritten is not None:
                         body, stripper = rewritten, UsageStripper()
             elif request.method in ("POST", "PUT", "PATCH"):

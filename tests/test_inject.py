@@ -31,6 +31,17 @@ def test_inject_usage_rewrites_only_streaming_requests_without_usage_options() -
     assert inject_usage(b"not json") is None
 
 
+def test_a_body_that_cannot_be_written_again_goes_on_as_it_came() -> None:
+    """Parsed, but not serialisable again: nested deeper than the encoder recurses (orjson
+    reads 1,024 levels), or holding a lone surrogate (the stdlib's parser takes one); the
+    request is then forwarded unchanged, not answered 502."""
+    deep = b'{"stream":true,"x":' + b"[" * 1000 + b"]" * 1000 + b"}"
+    assert inject_usage(deep) is None
+    assert inject_usage(b'{"stream":true,"messages":[{"content":"\\ud800"}]}') is None
+    nested = b'{"stream":true,"x":' + b"[" * 100 + b"]" * 100 + b"}"
+    assert json.loads(inject_usage(nested) or b"{}")["stream_options"] == {"include_usage": True}
+
+
 def strip(chunks: list[bytes]) -> bytes:
     stripper = UsageStripper()
     return b"".join(stripper.feed(c) for c in chunks) + stripper.flush()

@@ -31,7 +31,7 @@ def inject_usage(body: bytes) -> bytes | None:
     """The body asking for usage, or None when it is not a streaming request to rewrite."""
     try:
         obj: Any = loads(body)
-    except ValueError:
+    except (ValueError, RecursionError):  # the stdlib's parser: nested past its limit
         return None
     if not isinstance(obj, dict) or obj.get("stream") is not True:
         return None
@@ -43,7 +43,11 @@ def inject_usage(body: bytes) -> bytes | None:
     if "continuous_usage_stats" in options:
         return None
     obj["stream_options"] = {**options, "include_usage": True}
-    return json.dumps(obj, ensure_ascii=False, separators=(",", ":")).encode()
+    try:  # a body its parser took but cannot be written again goes on as it came:
+        text = json.dumps(obj, ensure_ascii=False, separators=(",", ":"))
+        return text.encode()  # nested past the recursion limit, or a lone surrogate
+    except (RecursionError, UnicodeEncodeError):
+        return None
 
 
 def _is_usage_event(block: bytes) -> bool:
