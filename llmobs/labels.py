@@ -32,10 +32,20 @@ class BoundedLabel:
         value = value[:MAX_LABEL_LENGTH]
         if value in self._known:
             return value
-        if admit and len(self._known) < self.limit:
+        if admit and len(self._known) < self.limit and _encodes(value):
             self._known.add(value)
             return value
         return OTHER
 
     def __len__(self) -> int:
         return len(self._known)
+
+
+def _encodes(value: str) -> bool:
+    """Whether ``value`` is valid Unicode: a lone surrogate (a JSON escape the stdlib's
+    parser accepts) would make every later rendering of /metrics fail to encode."""
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True

@@ -15,6 +15,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from prometheus_client import generate_latest
 
 from llmobs.formats import OLLAMA_GENERATE, OPENAI_CHAT, Route
+from llmobs.labels import OTHER, BoundedLabel
 from llmobs.metrics import (
     CATALOGUE,
     COLLECTOR_METRICS,
@@ -150,6 +151,15 @@ def test_model_label_is_bounded() -> None:
         if "gen_ai_request_model" in s.labels
     }
     assert models == {"model-0", "model-1", "model-2", "other"}
+
+
+def test_a_model_name_that_is_not_unicode_is_other() -> None:
+    """A lone surrogate (``"\\ud800"`` in JSON: the stdlib's parser, used without orjson,
+    accepts it) would fail every later rendering of /metrics if it became a label."""
+    models = BoundedLabel(3)
+    assert models.get("m\ud800") == OTHER
+    assert models.get("fine") == "fine"
+    assert len(models) == 1  # the bad name took no slot
 
 
 class BrokenHistogram(TokenHistogram):
