@@ -7,6 +7,7 @@ through a live sidecar in front of the simulated engine replaying it on its sche
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -139,3 +140,25 @@ def _has_output(t: Transcript, index: int) -> bool:
     body = b"".join(data for _, data in t.chunks[: index + 1])
     events, _ = run(t, [body])
     return bool(events)
+
+
+def test_an_anthropic_stream_cut_before_its_end_is_counted_by_its_chunks() -> None:
+    """``message_start``'s output count is a placeholder (1 from Anthropic, 0 from vLLM): a
+    stream the client left before ``message_delta`` must not report it as the engine's total."""
+    dialect = route_for_path("/v1/messages").dialect()
+    start = {"type": "message_start", "message": {"id": "m", "model": "claude",
+             "usage": {"input_tokens": 10, "output_tokens": 1}}}  # fmt: skip
+    delta = {"type": "content_block_delta", "index": 0,
+             "delta": {"type": "text_delta", "text": "hi"}}  # fmt: skip
+    assert dialect.on_data(as_json(start)) == 0
+    assert sum(dialect.on_data(as_json(delta)) for _ in range(5)) == 5
+    assert dialect.input_tokens == 10
+    assert dialect.output_tokens is None  # counted, not the placeholder
+    end = {"type": "message_delta", "delta": {"stop_reason": "end_turn"},
+           "usage": {"output_tokens": 5}}  # fmt: skip
+    dialect.on_data(as_json(end))
+    assert dialect.output_tokens == 5
+
+
+def as_json(obj: object) -> bytes:
+    return json.dumps(obj).encode()

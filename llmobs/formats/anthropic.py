@@ -4,6 +4,8 @@ vLLM and several gateways serve it. Output arrives in ``content_block_delta`` ev
 ``text_delta`` (text), ``input_json_delta`` (tool arguments), ``thinking_delta`` (reasoning);
 ``signature_delta`` is not output. ``message_start`` carries the input usage (and cache reads),
 ``message_delta`` the stop reason and the cumulative output tokens, ``error`` an engine error.
+The output count in ``message_start`` is a placeholder (1 from Anthropic, 0 from vLLM), not a
+total: a stream cut before ``message_delta`` is counted by its chunks.
 """
 
 from __future__ import annotations
@@ -38,7 +40,7 @@ class AnthropicStream(Dialect):
         if kind == "message_start":
             message = obj.get("message")
             if isinstance(message, dict):
-                self._message(message)
+                self._message(message, final=False)
         elif kind == "message_delta":
             delta = obj.get("delta")
             if isinstance(delta, dict):
@@ -55,22 +57,22 @@ class AnthropicStream(Dialect):
         if obj.get("type") == "error":
             self.error = True
             return
-        self._message(obj)
+        self._message(obj, final=True)
         self.finish(obj.get("stop_reason"))
 
-    def _message(self, message: dict[str, Any]) -> None:
+    def _message(self, message: dict[str, Any], final: bool) -> None:
         if isinstance(message.get("id"), str):
             self.response_id = message["id"]
         if isinstance(message.get("model"), str):
             self.response_model = message["model"]
-        self._usage(message.get("usage"))
+        self._usage(message.get("usage"), final)
 
-    def _usage(self, usage: Any) -> None:
+    def _usage(self, usage: Any, final: bool = True) -> None:
         if not isinstance(usage, dict):
             return
         if as_int(usage.get("input_tokens")) is not None:
             self.input_tokens = usage["input_tokens"]
         if as_int(usage.get("cache_read_input_tokens")) is not None:
             self.cached_tokens = usage["cache_read_input_tokens"]
-        if as_int(usage.get("output_tokens")) is not None:
+        if final and as_int(usage.get("output_tokens")) is not None:
             self.output_tokens = usage["output_tokens"]
