@@ -162,3 +162,15 @@ def test_an_anthropic_stream_cut_before_its_end_is_counted_by_its_chunks() -> No
 
 def as_json(obj: object) -> bytes:
     return json.dumps(obj).encode()
+
+
+def test_ollama_generate_counts_its_top_level_thinking_as_reasoning() -> None:
+    """``/api/generate`` with ``"think": true`` streams reasoning in a top-level
+    ``thinking`` field (``/api/chat`` in ``message.thinking``): it is output, timed as such."""
+    dialect = route_for_path("/api/generate").dialect()
+    think = {"model": "qwen3", "response": "", "thinking": "hmm", "done": False}
+    answer = {"model": "qwen3", "response": "ok", "done": False}
+    assert [dialect.on_data(as_json(think)) for _ in range(3)] == [1, 1, 1]
+    assert dialect.on_data(as_json(answer)) == 1
+    assert dialect.reasoning_chunks == 3
+    assert dialect.on_data(as_json({"model": "qwen3", "response": "", "done": False})) == 0

@@ -1,7 +1,8 @@
 """Dialect: Ollama's native NDJSON API (``/api/generate``, ``/api/chat``).
 
 One JSON object per line: ``response`` (generate) or ``message.content`` (chat) carries text,
-``message.thinking`` reasoning, ``message.tool_calls`` tool calls. The last line (``done``)
+``thinking`` (generate) or ``message.thinking`` (chat) reasoning, ``message.tool_calls`` tool
+calls. The last line (``done``)
 carries the engine's own counts (``eval_count``, ``prompt_eval_count``), which are used as the
 token counts, its ``done_reason``, and its durations in nanoseconds: the prompt-eval (prefill)
 and model load durations are exported as they are, since only the engine knows them.
@@ -30,6 +31,9 @@ class OllamaStream(Dialect):
         if obj.get("response"):
             self.keep(obj["response"])
             tokens = self.output(1)
+        elif obj.get("thinking"):  # /api/generate with "think": reasoning at the top level
+            self.keep(obj["thinking"])
+            tokens = self.output(1, reasoning=True)
         message = obj.get("message")
         if isinstance(message, dict) and not tokens:
             if message.get("content") or message.get("tool_calls"):
