@@ -57,7 +57,10 @@ class RequestInfo(NamedTuple):
 _PARSE_LIMIT = 1 << 20
 _SCAN = 64 * 1024
 _MODEL_RE = re.compile(rb'"model"\s*:\s*"((?:[^"\\]|\\.){1,256})"')
-_STREAM_RE = re.compile(rb'"stream"\s*:\s*true\b')
+_STREAM_RE = re.compile(rb'"stream"\s*:\s*(true|false)\b')
+# A model name longer than this is cut: it names spans and is a span attribute, and a client
+# could send megabytes of it (an OTLP batch over gRPC's 4 MiB would then be dropped whole).
+MAX_MODEL_LENGTH = 256
 
 
 def parse_request(body: bytes, route: Route = UNKNOWN, capture: bool = False) -> RequestInfo:
@@ -72,7 +75,8 @@ def parse_request(body: bytes, route: Route = UNKNOWN, capture: bool = False) ->
         ends = body[:_SCAN] + b"\n" + body[-_SCAN:]
         found = _MODEL_RE.search(ends)
         model = found.group(1).decode("utf-8", "replace") if found else None
-        flag = True if _STREAM_RE.search(ends) else None
+        stream = _STREAM_RE.search(ends)
+        flag = stream.group(1) == b"true" if stream else None
         return RequestInfo(model, route.streams(flag))
     try:
         obj: Any = loads(body)
@@ -96,7 +100,7 @@ def parse_request(body: bytes, route: Route = UNKNOWN, capture: bool = False) ->
         text = next((obj[k] for k in _PROMPT_KEYS if k in obj), None)
         prompt = truncate(text if isinstance(text, str) else json_text(text))
     return RequestInfo(
-        model if isinstance(model, str) else None,
+        model[:MAX_MODEL_LENGTH] if isinstance(model, str) else None,
         route.streams(get("stream")),
         include,
         max_tokens,

@@ -26,7 +26,7 @@ from llmobs.metrics import (
     TokenHistogram,
     status_class,
 )
-from llmobs.observer import ObserveConfig, Observer, parse_request
+from llmobs.observer import MAX_MODEL_LENGTH, ObserveConfig, Observer, parse_request
 from llmobs.stats import SMALL, TokenWindow
 from llmobs.telemetry import Telemetry, build_telemetry
 from llmobs.timing import Outcome, StreamStats, StreamTimer
@@ -280,6 +280,17 @@ def test_large_request_bodies_are_scanned_not_parsed() -> None:
     info = parse_request(big % (b"x" * (3 << 20)))
     assert (info.model, info.stream) == ("big-m", True)
     assert parse_request(b"not json") == parse_request(b"[1]")
+    # Ollama's routes stream unless told not to: a large body's "stream": false is heard
+    info = parse_request(big.replace(b"true", b"false") % (b"x" * (3 << 20)), OLLAMA_GENERATE)
+    assert info.stream is False
+    assert parse_request(b'{"messages": []}', OLLAMA_GENERATE).stream is True
+
+
+def test_a_model_name_is_cut_to_a_bounded_length() -> None:
+    """A client's model name names spans and is a span attribute: a megabyte of it would make
+    an OTLP batch too large to export."""
+    info = parse_request(b'{"model": "%s", "stream": true}' % (b"m" * 100_000))
+    assert info.model == "m" * MAX_MODEL_LENGTH
 
 
 def reference_counts(histogram: TokenHistogram, window: TokenWindow) -> list[float]:
