@@ -174,7 +174,9 @@ class Proxy:
     async def start(self, host: str, port: int) -> int:
         """Listen; returns the port bound."""
         settings = self.settings
-        self._upstream = Upstream(settings.upstream_base, settings.connect_timeout)
+        self._upstream = Upstream(
+            settings.upstream_base, settings.connect_timeout, settings.upstream_idle_timeout
+        )
         self.tracing = tracing_for(settings, self.telemetry)
         factory = (
             observer_factory(settings, self.sink, self.tracing) if settings.instrument else None

@@ -112,6 +112,15 @@ OPTIONS: tuple[Option, ...] = (
         "SECONDS",
     ),
     Option(
+        "upstream_idle_timeout",
+        "--upstream-idle-timeout",
+        "LLMOBS_UPSTREAM_IDLE_TIMEOUT",
+        float,
+        "seconds an idle connection to the upstream is kept for reuse; keep it below the "
+        "engine's own keep-alive timeout (uvicorn's and llama.cpp's: 5 s)",
+        "SECONDS",
+    ),
+    Option(
         "read_timeout",
         "--read-timeout",
         "LLMOBS_READ_TIMEOUT",
@@ -365,6 +374,7 @@ class Settings:
     metrics_host: str = "0.0.0.0"
     metrics_port: int = 9464
     connect_timeout: float = 10.0
+    upstream_idle_timeout: float = 4.0
     read_timeout: float = 300.0
     client_timeout: float = 60.0
     max_body_bytes: int = 16 * 1024**2
@@ -460,7 +470,10 @@ def _validate(s: Settings) -> None:
             raise ConfigError(f"{_source(name)}: port out of range: {value}")
     if s.shutdown_grace < 0:
         raise ConfigError(f"{_source('shutdown_grace')}: must be >= 0")
-    for name in ("connect_timeout", "read_timeout", "client_timeout", "stall_factor"):
+    for name in (
+        "connect_timeout", "upstream_idle_timeout", "read_timeout", "client_timeout",
+        "stall_factor",
+    ):  # fmt: skip
         if getattr(s, name) <= 0:
             raise ConfigError(f"{_source(name)}: must be > 0, got {getattr(s, name)}")
     if s.stall_min_gap < 0:

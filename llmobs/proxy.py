@@ -129,6 +129,7 @@ def filter_headers(
 _NOT_FORWARDED = HOP_BY_HOP | {"host", "content-length", "expect", "x-forwarded-for"}
 # not passed on to the client: the framing is the client's response's own
 _NOT_RETURNED = HOP_BY_HOP | {"content-length"}
+_IDEMPOTENT = frozenset({"GET", "HEAD", "OPTIONS", "TRACE", "PUT", "DELETE"})  # RFC 9110 9.2.2
 
 
 def upstream_headers(request: Request) -> list[tuple[str, str]]:
@@ -404,9 +405,11 @@ class Relay:
         """Send the request and relay its response through ``stream``, to its end.
 
         A pooled connection the engine closed while it sat idle fails before any byte of a
-        response; such a request is sent once more on a fresh connection (the engine never
-        saw it: nginx's ``proxy_next_upstream error`` does the same). Until a head has come
-        the connection is this method's to discard; after, the handler's (``stream.conn``).
+        response. An idempotent request is then sent once more on a fresh connection; others
+        (a POST to a completions route) are not: the engine may have read one and failed on
+        it, and a proxy must not repeat it (RFC 9110 section 9.2.2; nginx's default too). The
+        pool's idle timeout keeps that race rare. Until a head has come the connection is
+        this method's to discard; after, the handler's (``stream.conn``).
         """
         upstream = self._upstream
         read_timeout = self._settings.read_timeout
@@ -424,7 +427,7 @@ class Relay:
                 if stream.conn is not None:
                     raise
                 upstream.discard(conn)
-                if not reused or attempt or conn.responded:
+                if not reused or attempt or conn.responded or method not in _IDEMPOTENT:
                     raise
             except BaseException:
                 if stream.conn is None:

@@ -86,6 +86,7 @@ class Connection(asyncio.Protocol):
         self._timer: asyncio.TimerHandle | None = None
         self._paused = False  # reads paused for a slow client: the engine is not silent
         self.last_read = 0.0
+        self.idle_since = 0.0  # when it went back to the pool (the response's last read)
 
     # -- asyncio.Protocol -------------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -301,7 +302,7 @@ class Connection(asyncio.Protocol):
 class Upstream:
     """The engine's address and a pool of idle connections to it."""
 
-    def __init__(self, base_url: str, connect_timeout: float) -> None:
+    def __init__(self, base_url: str, connect_timeout: float, idle_timeout: float = 4.0) -> None:
         parts = urlsplit(base_url)
         self.https = parts.scheme == "https"
         self.host = parts.hostname or "127.0.0.1"
@@ -311,6 +312,10 @@ class Upstream:
         self.host_header = host if default else f"{host}:{self.port}"
         self.prefix = parts.path.rstrip("/")
         self._connect_timeout = connect_timeout
+        # An engine closes a connection idle for its keep-alive timeout (uvicorn, llama.cpp:
+        # 5 s); one reused just then fails, and a POST may not be sent again (RFC 9110
+        # 9.2.2): a pooled connection is therefore given up well before.
+        self._idle_timeout = idle_timeout
         self._ssl: ssl.SSLContext | None = ssl.create_default_context() if self.https else None
         self._idle: list[Connection] = []
         self._busy: set[Connection] = set()
@@ -321,12 +326,18 @@ class Upstream:
         Returns it and whether it was reused (a reused one may have been closed by the
         engine an instant ago; the caller may retry such a failure once).
         """
+        loop = asyncio.get_running_loop()
+        oldest = loop.time() - self._idle_timeout
         while self._idle:
-            conn = self._idle.pop()
+            conn = self._idle.pop()  # the most recent first: the rest are older still
+            if conn.idle_since < oldest:
+                for stale in (conn, *self._idle):
+                    stale.close()
+                self._idle.clear()
+                break
             if not conn.closed and conn.transport is not None and not conn.transport.is_closing():
                 self._busy.add(conn)
                 return conn, True
-        loop = asyncio.get_running_loop()
         try:
             async with asyncio.timeout(self._connect_timeout):
                 transport, conn = await loop.create_connection(
@@ -351,6 +362,7 @@ class Upstream:
             idle[:] = [c for c in idle if not c.closed]
         if conn.reusable and not conn.closed and len(idle) < MAX_IDLE:
             conn.resume_reading()
+            conn.idle_since = conn.last_read
             self._idle.append(conn)
         else:
             conn.close()

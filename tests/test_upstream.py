@@ -131,23 +131,35 @@ async def test_a_connection_the_engine_closed_after_a_response_is_not_reused_bli
         assert side.value("llmobs_requests_total", outcome="ok") == 10
 
 
+async def get(session: aiohttp.ClientSession, url: str) -> tuple[int, bytes]:
+    async with session.get(url + "/v1/models") as r:
+        return r.status, await r.read()
+
+
 @pytest.mark.parametrize(
-    ("reply", "statuses", "requests"),
+    ("send", "reply", "statuses", "requests"),
     [
-        # closed without a byte (its idle timeout fired as the request came): the engine never
-        # answered it, so the sidecar sends it again on a new connection
-        (b"", [200, 200], 3),
+        # closed without a byte (its idle timeout fired as the request came): an idempotent
+        # request is sent again on a new connection
+        (get, b"", [200, 200], 3),
+        # a POST is not: the engine read it, and may have failed on it (RFC 9110 9.2.2)
+        (post, b"", [200, 502], 2),
         # a byte of a response means the engine took it: a cut there is a 502, never the
         # request sent a second time
-        (b"HTTP/1.1 200 OK\r\nContent-Ty", [200, 502], 2),
+        (get, b"HTTP/1.1 200 OK\r\nContent-Ty", [200, 502], 2),
     ],
-    ids=["closed-silent-is-retried", "cut-mid-head-is-not"],
+    ids=["get-closed-silent-is-retried", "post-is-not", "cut-mid-head-is-not"],
 )
 async def test_a_pooled_connection_closed_as_a_request_arrives(
-    start_sidecar: SidecarFactory, reply: bytes, statuses: list[int], requests: int
+    start_sidecar: SidecarFactory,
+    send: Callable[[aiohttp.ClientSession, str], Awaitable[tuple[int, bytes]]],
+    reply: bytes,
+    statuses: list[int],
+    requests: int,
 ) -> None:
     """The race itself: the engine takes the second request on the pooled connection and
-    closes it, with ``reply`` written first. Retried once exactly when nothing came."""
+    closes it, with ``reply`` written first. Retried once exactly when nothing came and the
+    request may be repeated."""
 
     async def close_second(writer: asyncio.StreamWriter, n: int) -> bool:
         if n == 2:
@@ -159,7 +171,7 @@ async def test_a_pooled_connection_closed_as_a_request_arrives(
     async with raw_upstream(close_second) as (upstream, url):
         side = await start_sidecar(url, **QUIET)
         async with aiohttp.ClientSession() as session:
-            results = [await post(session, side.url) for _ in range(2)]
+            results = [await send(session, side.url) for _ in range(2)]
         assert [s for s, _ in results] == statuses
         assert results[0][1].endswith(b"data: [DONE]\n\n")
         assert upstream.requests == requests
@@ -167,6 +179,21 @@ async def test_a_pooled_connection_closed_as_a_request_arrives(
         ok = statuses.count(200)
         await eventually(lambda: side.value("llmobs_requests_total", outcome="ok") == ok)
         assert side.value("llmobs_requests_total", outcome="upstream_error") == 2 - ok
+
+
+async def test_a_connection_idle_past_the_idle_timeout_is_not_reused(
+    start_sidecar: SidecarFactory,
+) -> None:
+    """An engine closes a connection idle for its keep-alive timeout, and a request sent on
+    it just then fails: the pool gives connections up before (``--upstream-idle-timeout``)."""
+    async with raw_upstream(keep_alive) as (upstream, url):
+        side = await start_sidecar(url, upstream_idle_timeout=0.3, **QUIET)
+        async with aiohttp.ClientSession() as session:
+            for pause in (0.0, 0.0, 0.6, 0.0):
+                await asyncio.sleep(pause)
+                assert (await post(session, side.url))[0] == 200
+        assert upstream.requests == 4
+        assert upstream.connections == 2  # a new one after the pause only
 
 
 async def test_a_new_connection_closed_without_a_response_is_a_502_not_a_retry(
