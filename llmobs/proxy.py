@@ -129,6 +129,12 @@ def filter_headers(
 _NOT_FORWARDED = HOP_BY_HOP | {"host", "content-length", "expect", "x-forwarded-for"}
 # not passed on to the client: the framing is the client's response's own
 _NOT_RETURNED = HOP_BY_HOP | {"content-length"}
+
+
+class _ShutDown(Exception):
+    """A request still waiting for its response head when a shutdown's grace ran out."""
+
+
 _IDEMPOTENT = frozenset({"GET", "HEAD", "OPTIONS", "TRACE", "PUT", "DELETE"})  # RFC 9110 9.2.2
 
 
@@ -266,6 +272,7 @@ class Relay:
         self._new_observer = new_observer
         self._streams: set[Connection] = set()  # connections whose response is being relayed
         self._aborted: set[Connection] = set()  # ended by a shutdown's grace
+        self._pending: set[Connection] = set()  # sent, their response head not come yet
         self._later = Later()  # each request's bookkeeping, once the pending I/O is served
 
     async def __call__(self, request: Request) -> None:
@@ -356,6 +363,9 @@ class Relay:
         except asyncio.CancelledError:
             outcome = Outcome.CLIENT_DISCONNECT
             raise
+        except _ShutDown:
+            outcome = Outcome.SHUTDOWN
+            self._local(request, observer(), 503, "llmobs: shutting down", close=True)
         except BodyTooLarge:
             outcome = Outcome.REJECTED
             self._local(
@@ -413,8 +423,10 @@ class Relay:
         """
         upstream = self._upstream
         read_timeout = self._settings.read_timeout
+        pending = self._pending
         for attempt in (0, 1):
             conn, reused = await upstream.acquire()
+            pending.add(conn)
             try:
                 conn.send(method, raw_head, body, stream.on_head)
                 sent = stream.on_sent
@@ -427,12 +439,17 @@ class Relay:
                 if stream.conn is not None:
                     raise
                 upstream.discard(conn)
+                if conn in self._aborted:  # no head by the end of a shutdown's grace
+                    self._aborted.discard(conn)
+                    raise _ShutDown() from None
                 if not reused or attempt or conn.responded or method not in _IDEMPOTENT:
                     raise
             except BaseException:
                 if stream.conn is None:
                     upstream.discard(conn)
                 raise
+            finally:
+                pending.discard(conn)
         raise AssertionError("unreachable")  # the second attempt returns or raises
 
     def _finish(self, obs: RequestObserver, t_ns: int, outcome: Outcome) -> None:
@@ -451,12 +468,14 @@ class Relay:
         return len(self._streams)
 
     def abort_streams(self) -> int:
-        """End every stream still relayed (a shutdown's grace is over); returns how many.
+        """End every exchange still under way (a shutdown's grace is over); returns how many.
 
-        Each upstream response is closed; its handler then ends the client's response with a
-        clean end (the final chunk), records the ``shutdown`` outcome and returns.
+        Each upstream connection is closed. A handler whose response has started ends it with
+        a clean end (the final chunk); one still waiting for its response head (a request
+        queued in the engine, or not streamed) answers 503 and closes. Either records the
+        ``shutdown`` outcome and returns.
         """
-        streams = list(self._streams)
+        streams = self._streams | self._pending
         for conn in streams:
             self._aborted.add(conn)
             conn.close()

@@ -73,6 +73,34 @@ async def test_streams_still_running_after_the_grace_end_cleanly_and_are_counted
     await eventually(lambda: sim.engine.stats.cancelled == 3)  # the engine stopped generating
 
 
+async def test_requests_still_waiting_for_a_response_at_the_grace_get_a_503(
+    start_sim: SimFactory, start_sidecar: SidecarFactory
+) -> None:
+    """A request whose response head has not come by the end of the grace (not streamed,
+    or queued in the engine) is answered 503 then, not cut without an answer after the
+    grace and 5 s more; it is a ``shutdown``, and the engine stops working on it."""
+    sim = await start_sim(**SCHEDULE, output_tokens_min=300, output_tokens_max=300)
+    exporter = InMemorySpanExporter()
+    side = await start_sidecar(sim.url, build_telemetry(span_exporter=exporter), shutdown_grace=0.3)
+
+    async def whole(url: str) -> tuple[int, bytes]:
+        body, path = {**BODY, "stream": False}, url + "/v1/chat/completions"
+        async with aiohttp.ClientSession() as s, s.post(path, json=body) as r:
+            return r.status, await r.read()
+
+    waiting = asyncio.ensure_future(whole(side.url))
+    await eventually(lambda: sim.engine.stats.running == 1)  # decoding, its answer not begun
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    await side.sidecar.stop()
+    assert loop.time() - started < 2.0  # the grace, not the grace and 5 s
+    status, body = await waiting
+    assert status == 503
+    assert b"shutting down" in body
+    assert outcomes(exporter) == ["shutdown"]
+    await eventually(lambda: sim.engine.stats.cancelled == 1)
+
+
 async def test_metrics_bearer_token(start_sim: SimFactory, start_sidecar: SidecarFactory) -> None:
     sim = await start_sim(**SCHEDULE)
     side = await start_sidecar(sim.url, metrics_token="s3cret-token")
