@@ -261,6 +261,15 @@ class CloseBody(BodyDecoder):
 
 _SIZE, _DATA, _DATA_END, _TRAILER = range(4)
 
+# RFC 9112 section 7.1: chunk-size [ chunk-ext ], nothing else (what a strict parser takes)
+_TCHAR = rb"[!#$%&'*+\-.^_`|~0-9A-Za-z]+"
+_QDTEXT = rb"[^\"\\\x00-\x08\x0a-\x1f\x7f]"  # a quoted string's text, and what \ may quote
+_QUOTED = rb'"(?:' + _QDTEXT + rb"|\\(?:" + _QDTEXT + rb'|["\\]))*"'
+_STRICT_SIZE_LINE = re.compile(
+    rb"[0-9A-Fa-f]{1,16}"
+    + rb"(?:[ \t]*;[ \t]*" + _TCHAR + rb"(?:[ \t]*=[ \t]*(?:" + _TCHAR + rb"|" + _QUOTED + rb"))?)*"
+)  # fmt: skip
+
 
 class ChunkedBody(BodyDecoder):
     """``Transfer-Encoding: chunked``; chunk extensions ignored, trailers dropped.
@@ -269,10 +278,14 @@ class ChunkedBody(BodyDecoder):
     takes one ``find`` and one slice; a read of several whole chunks takes a loop of those.
     """
 
-    __slots__ = ("_line", "_plain", "_remaining", "_state")
+    __slots__ = ("_line", "_plain", "_remaining", "_state", "_strict")
 
-    def __init__(self) -> None:
+    def __init__(self, strict: bool = False) -> None:
         super().__init__()
+        # A client's body is read strictly (lines end in CRLF, a size line is RFC 9112's
+        # grammar): a front proxy that reads a lenient form differently would disagree with
+        # the sidecar on where the request ends (smuggling). An engine's is read leniently.
+        self._strict = strict
         self._state = _SIZE
         self._line = b""  # a size or trailer line split across reads
         self._remaining = 0  # payload bytes left in the current chunk
@@ -328,6 +341,8 @@ class ChunkedBody(BodyDecoder):
     def _size(self, line: bytes) -> int:
         if line.translate(None, _HEX):  # not bare hex digits: an extension, or spaces
             self._plain = False
+            if self._strict and _STRICT_SIZE_LINE.fullmatch(line) is None:
+                raise ProtocolError(f"bad chunk size line: {line[:64]!r}")
             line = line.split(b";", 1)[0].strip()
             if line.translate(None, _HEX):
                 raise ProtocolError(f"bad chunk size line: {line[:64]!r}")
@@ -359,6 +374,8 @@ class ChunkedBody(BodyDecoder):
             line = self._line + data[pos:end]
             if line[-1:] != b"\r" or line[-2:-1] == b"\r":
                 self._plain = False  # not one CRLF (a bare LF, CR CR LF): re-framed, not relayed
+                if self._strict:
+                    raise ProtocolError("a chunk line not ended by one CRLF")
             line = line.rstrip(b"\r")
             self._line = b""
             pos = end + 1
@@ -423,7 +440,7 @@ def request_body_decoder(head: RequestHead) -> BodyDecoder | None:
             raise BadRequest(400, "chunked is not the final transfer coding")
         if codings != "chunked":
             raise BadRequest(501, "transfer coding not implemented")
-        return ChunkedBody()
+        return ChunkedBody(strict=True)
     if not lengths:
         return None
     values = {v.strip() for line in lengths for v in line.split(",")}

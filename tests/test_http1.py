@@ -304,6 +304,51 @@ def test_broken_chunked_framing_is_a_protocol_error(data: bytes) -> None:
         ChunkedBody().feed(data)
 
 
+LENIENT = [
+    b"3\nabc\n0\n\n",  # bare LFs
+    b"3;x\nabc\r\n0\r\n\r\n",  # a bare LF after an extension
+    b"3\r\r\nabc\r\n0\r\n\r\n",  # CR CR LF
+    b" 3 \r\nabc\r\n0\r\n\r\n",  # spaces around the size
+    b"3 \r\nabc\r\n0\r\n\r\n",
+    b"3;\r\nabc\r\n0\r\n\r\n",  # an empty extension
+    b"3;a b\r\nabc\r\n0\r\n\r\n",  # an extension that is no token
+    b'3;a="x\r\nabc\r\n0\r\n\r\n',  # an unclosed quoted string
+]
+
+
+@pytest.mark.parametrize("data", LENIENT)
+def test_a_request_body_is_framed_strictly(data: bytes) -> None:
+    """An engine's odd chunk framing is tolerated; a client's is refused (400): behind a
+    front proxy that reads such a form another way, the two would disagree on where the
+    request ends, and a second request could hide in the first's body (smuggling)."""
+    assert ChunkedBody().feed(data) == b"abc"
+    decoder = decoder_for(b"Transfer-Encoding: chunked")
+    assert isinstance(decoder, ChunkedBody)
+    with pytest.raises(ProtocolError):
+        feed_bytewise(decoder, data)
+
+
+def feed_bytewise(decoder: ChunkedBody, data: bytes) -> None:
+    for i in range(len(data)):  # at any split: byte by byte
+        decoder.feed(data[i : i + 1])
+
+
+@pytest.mark.parametrize(
+    "data",
+    [
+        b"3\r\nabc\r\n0\r\n\r\n",
+        b"3;a\r\nabc\r\n0\r\n\r\n",
+        b"3 ; a = b;c\r\nabc\r\n0\r\n\r\n",
+        b'3;a="x \\" y"\r\nabc\r\n0;z\r\nX-Trailer: 1\r\n\r\n',
+    ],
+)
+def test_a_strict_body_takes_what_the_grammar_allows(data: bytes) -> None:
+    for cut in range(len(data) + 1):
+        decoder = ChunkedBody(strict=True)
+        assert decoder.feed(data[:cut]) + decoder.feed(data[cut:]) == b"abc"
+        assert decoder.done
+
+
 @given(st.binary(max_size=100), st.lists(st.integers(0, 200), max_size=6), st.binary(max_size=5))
 def test_length_body_stops_at_its_length(body: bytes, cuts: list[int], after: bytes) -> None:
     decoder = LengthBody(len(body))
