@@ -74,7 +74,7 @@ class StreamStats(NamedTuple):
     response_model: str | None = None
     response_id: str | None = None
     finish_reasons: tuple[str, ...] = ()
-    finish_reason: str = "none"  # the bounded label: first choice's normalized reason
+    finish_reason: str = "none"  # the bounded label: the first normalized reason seen
     reasoning_tokens: int | None = None
     reasoning_source: TokenSource = TokenSource.USAGE
     cached_tokens: int | None = None

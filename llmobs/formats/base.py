@@ -161,7 +161,7 @@ class Dialect:
 
     @property
     def finish_reason(self) -> str:
-        """The request's label: the first choice's reason, or ``none``."""
+        """The request's label: the reason of the choice that finished first, or ``none``."""
         return self.finish_reasons[0] if self.finish_reasons else NONE
 
 
