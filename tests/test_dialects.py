@@ -174,3 +174,18 @@ def test_ollama_generate_counts_its_top_level_thinking_as_reasoning() -> None:
     assert dialect.on_data(as_json(answer)) == 1
     assert dialect.reasoning_chunks == 3
     assert dialect.on_data(as_json({"model": "qwen3", "response": "", "done": False})) == 0
+
+
+def test_a_chunk_carrying_several_choices_counts_each() -> None:
+    """vLLM sends one choice per chunk; a gateway may merge them: each choice's token is
+    its own (accounted by its index), not one token of the first."""
+    dialect = route_for_path("/v1/chat/completions").dialect()
+    chunk = {"id": "c", "model": "m", "choices": [
+        {"index": 0, "delta": {"content": "a"}},
+        {"index": 1, "delta": {"content": "b"}},
+        {"index": 2, "delta": {"reasoning_content": "c"}},
+        {"index": 3, "delta": {}},
+    ]}  # fmt: skip
+    assert dialect.on_data(as_json(chunk)) == 3
+    assert dialect.pending == {1: 1, 2: 1}  # choice 0's share is the rest
+    assert dialect.reasoning_chunks == 1

@@ -189,6 +189,7 @@ class OpenAIStream(Dialect):
         if "error" in obj:
             self.error = True
         kind, choice = 0, 0
+        more: list[tuple[int, int]] | None = None  # other choices' output in this chunk
         choices = obj.get("choices")
         if isinstance(choices, list):
             for item in choices:
@@ -200,10 +201,15 @@ class OpenAIStream(Dialect):
                 )
                 if found and self.captured is not None:
                     self.keep(_text_of(delta) if isinstance(delta, dict) else item.get("text"))
-                if found and not kind:
-                    kind = found
+                if found:
                     index = item.get("index")
-                    choice = index if isinstance(index, int) and 0 <= index < 64 else 0
+                    at = index if isinstance(index, int) and 0 <= index < 64 else 0
+                    if not kind:
+                        kind, choice = found, at
+                    elif more is None:  # a gateway that merges the choices' chunks
+                        more = [(at, found)]
+                    else:
+                        more.append((at, found))
                 reason = item.get("finish_reason")
                 if reason:
                     self.finish(reason)
@@ -212,7 +218,13 @@ class OpenAIStream(Dialect):
             tokens = self._usage(usage, bool(choices), kind != 0)
             if tokens is not None:
                 return self.output(tokens, choice, kind == 2)
-        return self.output(1, choice, kind == 2) if kind else 0
+        if not kind:
+            return 0
+        tokens = self.output(1, choice, kind == 2)
+        if more is not None:
+            for at, found in more:
+                tokens += self.output(1, at, found == 2)
+        return tokens
 
     def _usage(self, usage: dict[str, Any], has_choices: bool, output: bool) -> int | None:
         """Record usage; for a chunk with choices and continuous usage, its exact tokens."""
