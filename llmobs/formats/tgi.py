@@ -1,10 +1,12 @@
 """Dialect: Text Generation Inference native API (``/generate_stream``, ``/generate``).
 
 TGI streams exactly one token per event: ``{"token": {"text", "special"}, "generated_text",
-"details"}``. Special tokens (the final EOS) are generated but not shown, so they are not
-output for timing; the last event's ``details.generated_tokens`` is the engine's own count
-(EOS included) and ``details.finish_reason`` (``length``, ``eos_token``, ``stop_sequence``) the
-reason. Input tokens are known only when the client asked for ``decoder_input_details``.
+"details"}``. A special token (the final EOS) is not shown, but it is generated: it took a
+decode step, it is in the engine's count, and the stream's end waits for it, so it is output
+for timing too (else the count, EOS included, over the timed chunks, EOS excluded, would make
+TPOT too small by one step). The last event's ``details.generated_tokens`` is the engine's own
+count and ``details.finish_reason`` (``length``, ``eos_token``, ``stop_sequence``) the reason.
+Input tokens are known only when the client asked for ``decoder_input_details``.
 TGI's Messages API (``/v1/chat/completions``) is the OpenAI dialect.
 """
 
@@ -28,7 +30,11 @@ class TgiStream(Dialect):
         if isinstance(details, dict):
             self._details(details)
         token = obj.get("token")
-        if isinstance(token, dict) and token.get("text") and not token.get("special"):
+        if not isinstance(token, dict):
+            return 0
+        if token.get("special"):
+            return self.output(1) if "id" in token or token.get("text") else 0
+        if token.get("text"):
             self.keep(token["text"])
             return self.output(1)
         return 0
