@@ -36,7 +36,7 @@ from llmobs.proxy import ObserverFactory, Relay
 from llmobs.series import exposition_async
 from llmobs.server import ProxyServer
 from llmobs.telemetry import Telemetry
-from llmobs.timing import StreamStats
+from llmobs.timing import StreamStats, unparsed
 from llmobs.tracing import Arrival, RequestMeta, Tracing
 from llmobs.upstream import Upstream
 
@@ -183,9 +183,16 @@ class Proxy:
         )
         self.relay = Relay(settings, self._upstream, factory)
         self._server = ProxyServer(
-            self.relay, client_timeout=settings.client_timeout, max_body=settings.max_body_bytes
+            self.relay,
+            client_timeout=settings.client_timeout,
+            max_body=settings.max_body_bytes,
+            on_reject=self._rejected if settings.instrument else None,
         )
         return await self._server.listen(host, port)
+
+    def _rejected(self, status: int, duration_s: float) -> None:
+        """A request the server refused unparsed still ends in an outcome (``rejected``)."""
+        self.sink.record_request(unparsed(status, duration_s))
 
     async def stop(self, grace: float) -> None:
         """Stop accepting; wait up to ``grace`` seconds for requests in flight; close the

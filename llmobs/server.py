@@ -100,6 +100,8 @@ def error_body(status: int, message: str) -> bytes:
 
 
 Handler = Callable[["Request"], Awaitable[None]]
+# told of each request refused before it could be parsed: its status, seconds since its head began
+OnReject = Callable[[int, float], None]
 
 
 class Request:
@@ -353,6 +355,7 @@ class ServerConnection(asyncio.Protocol):
         self.remote = ""
         self.closing = False  # close once the current response has ended
         self._buf = b""
+        self._head_t = 0.0  # when the head in ``_buf`` began to arrive (loop time)
         self._request: Request | None = None
         self._task: asyncio.Task[None] | None = None
         self._idle: asyncio.TimerHandle | None = None
@@ -396,7 +399,11 @@ class ServerConnection(asyncio.Protocol):
                 self._paused = True
                 self.transport.pause_reading()
             return
-        self._buf = self._buf + data if self._buf else data
+        if self._buf:
+            self._buf += data
+        else:  # a new request's head begins
+            self._buf = data
+            self._head_t = self._loop.time()
         self._next()
 
     def pause_writing(self) -> None:
@@ -498,9 +505,16 @@ class ServerConnection(asyncio.Protocol):
         self._task = self._loop.create_task(self._run(request))
 
     def _reject(self, exc: BadRequest) -> None:
-        """Answer a request that cannot be parsed, and close (the stream is out of sync)."""
+        """Answer a request that cannot be parsed, and close (the stream is out of sync).
+        It still ends in an outcome (``on_reject``): malformed requests are worth seeing."""
         self._buf = b""
         log.debug("rejected a request: %s", exc)
+        on_reject = self._server.on_reject
+        if on_reject is not None:
+            try:
+                on_reject(exc.status, self._loop.time() - self._head_t)
+            except Exception:
+                log.exception("could not record a rejected request")
         body = error_body(exc.status, f"llmobs: {exc}")
         head = (
             f"HTTP/1.1 {exc.status} {reason_phrase(exc.status)}\r\n"
@@ -595,8 +609,10 @@ class ProxyServer:
         client_timeout: float,
         max_body: int,
         loop: asyncio.AbstractEventLoop | None = None,
+        on_reject: OnReject | None = None,
     ) -> None:
         self.handler = handler
+        self.on_reject = on_reject
         self.client_timeout = client_timeout
         self.max_body = max_body
         self.loop = loop or asyncio.get_running_loop()

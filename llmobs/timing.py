@@ -83,6 +83,15 @@ class StreamStats(NamedTuple):
     dialect: str = "openai"
 
 
+def unparsed(status: int, duration_s: float) -> StreamStats:
+    """The record of a request the server refused before it could be parsed (a malformed
+    head: 400, 431, 505): no route, no model, nothing relayed; its outcome is ``rejected``."""
+    return StreamStats(
+        "other", None, Outcome.REJECTED, status, False, duration_s, None, None, None, 0,
+        TokenSource.COUNTED, 0, 0.0, 0.0, 0.0, 0.0, 0, None, dialect="none",
+    )  # fmt: skip
+
+
 class StreamTimer:
     """Collects output-chunk times of one request; windows of ITLs; the final stats."""
 

@@ -52,6 +52,10 @@ async def test_request_smuggling_is_rejected_not_forwarded(
     assert answer.split(b"\r\n", 1)[0].endswith(b" 400 Bad Request"), answer[:80]
     await asyncio.sleep(0.1)
     assert upstream.received == []  # neither request reached the engine
+    # refused before it was parsed, it still ends in an outcome: attempts show on /metrics
+    rejected = {"gen_ai_operation_name": "other", "outcome": "rejected", "status_class": "4xx"}
+    assert side.value("llmobs_requests_total", **rejected) == 1
+    assert side.value("llmobs_requests_total") == 1
 
 
 async def test_no_secret_in_metrics_spans_or_logs(
