@@ -273,6 +273,7 @@ class Relay:
         self._streams: set[Connection] = set()  # connections whose response is being relayed
         self._aborted: set[Connection] = set()  # ended by a shutdown's grace
         self._pending: set[Connection] = set()  # sent, their response head not come yet
+        self._ending = False  # a shutdown's grace is over: nothing more goes upstream
         self._later = Later()  # each request's bookkeeping, once the pending I/O is served
 
     async def __call__(self, request: Request) -> None:
@@ -426,6 +427,9 @@ class Relay:
         pending = self._pending
         for attempt in (0, 1):
             conn, reused = await upstream.acquire()
+            if self._ending:  # the grace ran out while it connected (or before it was sent)
+                upstream.discard(conn)
+                raise _ShutDown()
             pending.add(conn)
             try:
                 conn.send(method, raw_head, body, stream.on_head)
@@ -475,6 +479,7 @@ class Relay:
         queued in the engine, or not streamed) answers 503 and closes. Either records the
         ``shutdown`` outcome and returns.
         """
+        self._ending = True
         streams = self._streams | self._pending
         for conn in streams:
             self._aborted.add(conn)

@@ -578,7 +578,8 @@ class ServerConnection(asyncio.Protocol):
             self._paused = False
             transport.resume_reading()
         self._arm_idle()
-        if self._buf:
+        if self._buf:  # a pipelined request: its turn starts now
+            self._head_t = self._loop.time()
             self._next()
 
     @property

@@ -58,6 +58,34 @@ async def test_request_smuggling_is_rejected_not_forwarded(
     assert side.value("llmobs_requests_total") == 1
 
 
+async def test_a_pipelined_request_refused_unparsed_is_timed_from_its_own_turn(
+    start_sim: SimFactory, start_sidecar: SidecarFactory
+) -> None:
+    """A malformed request pipelined behind a slow one waits for it, in the sidecar's
+    buffer; its duration starts when its turn does, not with the first request's head."""
+    sim = await start_sim(
+        decode_base=0.02, prefill_base=0.001, error_rate=0.0,
+        output_tokens_min=20, output_tokens_max=20,
+    )  # fmt: skip
+    side = await start_sidecar(sim.url)
+    body = b'{"model": "m", "messages": [{"role": "user", "content": "hi"}], "stream": true}'
+    port = int(side.url.rsplit(":", 1)[1])
+    first = (
+        b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        b"Content-Length: %d\r\n\r\n%s" % (len(body), body)
+    )
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write(first + b"GET / HTTP/1.1\r\nHost : x\r\n\r\n")  # whitespace before a colon
+    answers = await asyncio.wait_for(reader.read(), 10)  # the stream, then the 400 and a close
+    writer.close()
+    assert answers.startswith(b"HTTP/1.1 200 OK")
+    assert b" 400 Bad Request" in answers
+    await eventually(lambda: side.value("llmobs_requests_total") == 2)
+    duration = "gen_ai_server_request_duration_seconds_sum"
+    assert side.value(duration, gen_ai_operation_name="chat") > 0.3  # 20 tokens, 20 ms apart
+    assert side.value(duration, gen_ai_operation_name="other") < 0.1
+
+
 async def test_no_secret_in_metrics_spans_or_logs(
     start_sim: SimFactory, start_sidecar: SidecarFactory, caplog: pytest.LogCaptureFixture
 ) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 from typing import Any
 
 import aiohttp
@@ -99,6 +100,34 @@ async def test_requests_still_waiting_for_a_response_at_the_grace_get_a_503(
     assert b"shutting down" in body
     assert outcomes(exporter) == ["shutdown"]
     await eventually(lambda: sim.engine.stats.cancelled == 1)
+
+
+async def test_a_request_that_reaches_the_relay_after_the_grace_gets_a_503(
+    start_sim: SimFactory, start_sidecar: SidecarFactory
+) -> None:
+    """One still sending its body when the grace ends goes upstream no more: the engine
+    would start work nobody waits for. It is answered 503, as those waiting for a head."""
+    sim = await start_sim(**SCHEDULE)
+    exporter = InMemorySpanExporter()
+    side = await start_sidecar(sim.url, build_telemetry(span_exporter=exporter), shutdown_grace=0.2)
+    body = json.dumps(BODY).encode()
+    port = int(side.url.rsplit(":", 1)[1])
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write(
+        b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        b"Content-Length: %d\r\n\r\n%s" % (len(body), body[:10])
+    )
+    await writer.drain()
+    await asyncio.sleep(0.2)  # its head is in: the sidecar is reading its body
+    stopping = asyncio.ensure_future(side.sidecar.stop())
+    await asyncio.sleep(0.5)  # past the grace: the relay has ended what it had
+    writer.write(body[10:])
+    answer = await asyncio.wait_for(reader.read(), 10)
+    writer.close()
+    await stopping
+    assert answer.startswith(b"HTTP/1.1 503 "), answer[:40]
+    assert outcomes(exporter) == ["shutdown"]
+    assert sim.engine.stats.requests_received == 0  # never sent
 
 
 async def test_metrics_bearer_token(start_sim: SimFactory, start_sidecar: SidecarFactory) -> None:
