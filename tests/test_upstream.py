@@ -18,7 +18,7 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from llmobs.http1 import ResponseHead
+from llmobs.http1 import ChunkedBody, ResponseHead
 from llmobs.upstream import Connection, Sink, Upstream
 from tests.conftest import SidecarFactory, SimFactory, eventually
 
@@ -482,13 +482,19 @@ async def slow_client(url: str) -> tuple[asyncio.StreamReader, asyncio.StreamWri
 
 
 async def read_events(reader: asyncio.StreamReader, total: int) -> int:
-    """Read until ``total`` events or the end."""
-    received = 0
+    """Read until ``total`` whole events or the end. The body is decoded first (the sidecar
+    re-frames partial reads, so chunk lines fall anywhere), and an event counts at its end:
+    its head alone, or an end split across reads, is not miscounted."""
+    await reader.readuntil(b"\r\n\r\n")  # the response head
+    decoder = ChunkedBody()
+    received, tail = 0, b""
     while received < total:
         data = await reader.read(1 << 20)
         if not data:
             break
-        received += data.count(b"data: ")
+        window = tail + decoder.feed(data)
+        received += window.count(b"\n\n")
+        tail = window[-1:]  # shorter than the mark: no mark is counted twice
     return received
 
 
