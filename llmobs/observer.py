@@ -56,11 +56,11 @@ class RequestInfo(NamedTuple):
 
 _PARSE_LIMIT = 1 << 20
 _SCAN = 64 * 1024
-_MODEL_RE = re.compile(rb'"model"\s*:\s*"((?:[^"\\]|\\.){1,256})"')
-_STREAM_RE = re.compile(rb'"stream"\s*:\s*(true|false)\b')
 # A model name longer than this is cut: it names spans and is a span attribute, and a client
 # could send megabytes of it (an OTLP batch over gRPC's 4 MiB would then be dropped whole).
 MAX_MODEL_LENGTH = 256
+_MODEL_RE = re.compile(rb'"model"\s*:\s*"((?:[^"\\]|\\.){1,%d})"' % MAX_MODEL_LENGTH)
+_STREAM_RE = re.compile(rb'"stream"\s*:\s*(true|false)\b')
 
 
 def parse_request(body: bytes, route: Route = UNKNOWN, capture: bool = False) -> RequestInfo:

@@ -272,7 +272,9 @@ class Relay:
         self._new_observer = new_observer
         self._streams: set[Connection] = set()  # connections whose response is being relayed
         self._aborted: set[Connection] = set()  # ended by a shutdown's grace
-        self._pending: set[Connection] = set()  # sent, their response head not come yet
+        # sent, until their exchange ends (the head awaited, then the body relayed): a
+        # shutdown's grace ends them; ``_streams`` is those whose head came (``active``)
+        self._pending: set[Connection] = set()
         self._ending = False  # a shutdown's grace is over: nothing more goes upstream
         self._later = Later()  # each request's bookkeeping, once the pending I/O is served
 

@@ -85,7 +85,7 @@ class StreamStats(NamedTuple):
 
 def unparsed(status: int, duration_s: float) -> StreamStats:
     """The record of a request the server refused before it could be parsed (a malformed
-    head: 400, 431, 505): no route, no model, nothing relayed; its outcome is ``rejected``."""
+    head: 400, 431, 501, 505): no route, no model, nothing relayed; its outcome is ``rejected``."""
     return StreamStats(
         "other", None, Outcome.REJECTED, status, False, duration_s, None, None, None, 0,
         TokenSource.COUNTED, 0, 0.0, 0.0, 0.0, 0.0, 0, None, dialect="none",

@@ -302,7 +302,7 @@ class Connection(asyncio.Protocol):
 class Upstream:
     """The engine's address and a pool of idle connections to it."""
 
-    def __init__(self, base_url: str, connect_timeout: float, idle_timeout: float = 4.0) -> None:
+    def __init__(self, base_url: str, connect_timeout: float, idle_timeout: float) -> None:
         parts = urlsplit(base_url)
         self.https = parts.scheme == "https"
         self.host = parts.hostname or "127.0.0.1"

@@ -422,7 +422,7 @@ async def test_a_request_goes_upstream_before_it_is_observed(
     listener, thread = _engine_in_a_thread(received)
     url = f"http://127.0.0.1:{listener.getsockname()[1]}"
     factory = _SlowFactory(traces)
-    relay = Relay(Settings(upstream=url), Upstream(url, 5.0), factory)
+    relay = Relay(Settings(upstream=url), Upstream(url, 5.0, 4.0), factory)
     server = ProxyServer(relay, client_timeout=5.0, max_body=1 << 20)
     port = await server.listen("127.0.0.1", 0)
     reader, writer = await asyncio.open_connection("127.0.0.1", port)

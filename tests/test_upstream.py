@@ -620,7 +620,7 @@ async def test_closing_a_connection_mid_body_ends_it_at_once() -> None:
     finished = asyncio.Event()
     server = await asyncio.start_server(serve, "127.0.0.1", 0)
     port = server.sockets[0].getsockname()[1]
-    upstream = Upstream(f"http://127.0.0.1:{port}", 1.0)
+    upstream = Upstream(f"http://127.0.0.1:{port}", 1.0, 4.0)
     try:
         conn, _ = await upstream.acquire()
         body = b"x" * (16 << 20)  # far more than the socket buffers hold

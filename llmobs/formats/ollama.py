@@ -2,10 +2,10 @@
 
 One JSON object per line: ``response`` (generate) or ``message.content`` (chat) carries text,
 ``thinking`` (generate) or ``message.thinking`` (chat) reasoning, ``message.tool_calls`` tool
-calls. The last line (``done``)
-carries the engine's own counts (``eval_count``, ``prompt_eval_count``), which are used as the
-token counts, its ``done_reason``, and its durations in nanoseconds: the prompt-eval (prefill)
-and model load durations are exported as they are, since only the engine knows them.
+calls. The last line (``done``) carries the engine's own counts (``eval_count``,
+``prompt_eval_count``), which are used as the token counts, its ``done_reason``, and its
+durations in nanoseconds: the prompt-eval (prefill) and model load durations are exported as
+they are, since only the engine knows them.
 """
 
 from __future__ import annotations
