@@ -260,6 +260,11 @@ class CloseBody(BodyDecoder):
 
 
 _SIZE, _DATA, _DATA_END, _TRAILER = range(4)
+# Read length -> (where its size line is, the size line, where its payload is), of reads that
+# were exactly one chunk: what ``ChunkedBody`` remembers, for at most _FRAMES lengths (token
+# events take a few dozen). Pure: any chunked body may share it (an upstream connection's do).
+Frames = dict[int, tuple[slice, bytes, slice]]
+_FRAMES = 256
 
 # RFC 9112 section 7.1: chunk-size [ chunk-ext ], nothing else (what a strict parser takes)
 _TCHAR = rb"[!#$%&'*+\-.^_`|~0-9A-Za-z]+"
@@ -276,11 +281,14 @@ class ChunkedBody(BodyDecoder):
 
     The common case, a read that holds exactly one whole chunk (how engines write a token),
     takes one ``find`` and one slice; a read of several whole chunks takes a loop of those.
+    Once a read of some length was one chunk, a later read of that length is one chunk if it
+    starts with the same size line and ends in CRLF (``_frames``): two slices compared, two
+    calls fewer than ``find`` and ``endswith``, which parse their arguments by format string.
     """
 
-    __slots__ = ("_line", "_plain", "_remaining", "_state", "_strict")
+    __slots__ = ("_frames", "_line", "_plain", "_remaining", "_state", "_strict")
 
-    def __init__(self, strict: bool = False) -> None:
+    def __init__(self, strict: bool = False, frames: Frames | None = None) -> None:
         super().__init__()
         # A client's body is read strictly (lines end in CRLF, a size line is RFC 9112's
         # grammar): a front proxy that reads a lenient form differently would disagree with
@@ -290,6 +298,7 @@ class ChunkedBody(BodyDecoder):
         self._line = b""  # a size or trailer line split across reads
         self._remaining = 0  # payload bytes left in the current chunk
         self._plain = True  # this read: no chunk extension, no trailer field
+        self._frames = {} if frames is None else frames
 
     def feed(self, data: bytes) -> bytes:
         if self.done:
@@ -297,6 +306,10 @@ class ChunkedBody(BodyDecoder):
             self.whole = False
             return b""
         if self._state == _SIZE and not self._line:
+            frame = self._frames.get(len(data))
+            if frame is not None and data[frame[0]] == frame[1] and data[-2:] == b"\r\n":
+                self.whole = True
+                return data[frame[2]]  # exactly one chunk, of a length seen before
             end = data.find(b"\r\n")
             line = data[:end]
             if 0 < end <= 16 and not line.translate(None, _HEX):
@@ -304,6 +317,12 @@ class ChunkedBody(BodyDecoder):
                 stop = end + 2 + size
                 if size and len(data) == stop + 2 and data.endswith(b"\r\n"):
                     self.whole = True
+                    if len(self._frames) < _FRAMES:
+                        self._frames[stop + 2] = (
+                            slice(end + 2),
+                            data[: end + 2],
+                            slice(end + 2, stop),
+                        )
                     return data[end + 2 : stop]  # exactly one chunk: the hot path
                 payload = self._whole_chunks(data)
                 if payload is not None:
@@ -402,15 +421,17 @@ class ChunkedBody(BodyDecoder):
         return out[0] if len(out) == 1 else b"".join(out)
 
 
-def body_decoder(head: ResponseHead, method: str) -> BodyDecoder:
-    """The decoder RFC 9112 section 6.3 prescribes for this response."""
+def body_decoder(head: ResponseHead, method: str, frames: Frames | None = None) -> BodyDecoder:
+    """The decoder RFC 9112 section 6.3 prescribes for this response; a chunked body
+    remembers its one-chunk read lengths in ``frames`` (a connection's, shared by its
+    responses) when given."""
     status = head.status
     if method == "HEAD" or status in (204, 304) or 100 <= status < 200:
         return NoBody()
     encoding = head.headers.get("Transfer-Encoding", "")
     if encoding:
         if encoding.replace(" ", "").lower().rsplit(",", 1)[-1] == "chunked":
-            return ChunkedBody()
+            return ChunkedBody(frames=frames)
         return CloseBody()  # another final coding: read until close
     lengths = head.headers.getall("Content-Length", ())
     if lengths:

@@ -141,6 +141,7 @@ class Observer:
         "_decoder",
         "_dialect",
         "_failed",
+        "_fast",
         "_finished",
         "_forwarded_ns",
         "_last_ns",
@@ -195,6 +196,7 @@ class Observer:
         self._openai = dialect if isinstance(dialect, OpenAIStream) else None
         self._sse: SseDecoder | None = None
         self._whole: WholeEvent | None = None  # see WholeEvent
+        self._fast: WholeEvent | None = None  # _whole, while a whole event is only timed
         self._whole_of: Template | None = None  # the dialect's template it was made from
         self._pending = self._dialect.pending
         self._body: list[bytes] | None = None
@@ -202,7 +204,9 @@ class Observer:
         self._queued = False
         self._finished = False
         self._failed = False
-        self._last_ns = start_ns  # arrival of the latest chunk
+        # arrival of the latest read not taken by the fast path: what a flush at the end
+        # finds, a read left there (the fast path takes reads only while nothing is pending)
+        self._last_ns = start_ns
         sink.request_started()
 
     def _fail(self, where: str) -> None:
@@ -210,7 +214,7 @@ class Observer:
         if not self._failed:
             self._failed = True
             self._decoder = None
-            self._whole = self._openai = None
+            self._whole = self._fast = self._openai = None
             self._body = None
             log.exception("observation failed in %s; the relay continues", where)
         with contextlib.suppress(Exception):  # a broken sink must not break the relay
@@ -246,7 +250,7 @@ class Observer:
     def response(self, status: int, content_type: str) -> None:
         """Response headers arrived: choose how to read the body."""
         self.status = status
-        self._sse = self._whole = self._whole_of = None  # whole reads: this body's decoder only
+        self._sse = self._whole = self._fast = self._whole_of = None  # this body's decoder only
         try:
             kind = detect_stream(content_type)
             if kind == "sse":
@@ -260,36 +264,37 @@ class Observer:
 
     def chunk(self, t_ns: int, data: bytes) -> None:
         """A chunk of the response body was relayed at ``t_ns``. The hot path: a few
-        microseconds per read, so no per-event objects or lookups that can be hoisted; the
-        usual read, one plain token event, is recognised whole (``WholeEvent``), and so is a
-        read of several (``WholeEvent.count``)."""
-        self._last_ns = t_ns
-        whole = self._whole
-        if whole is not None:
+        microseconds per read, so no per-event objects or lookups that can be hoisted. The
+        usual read, one plain token event of a stream past its first token, is recognised
+        whole and only timed (``_fast``); a read of several is counted whole
+        (``WholeEvent.count``); the rest goes through decoder and dialect."""
+        fast = self._fast
+        if fast is not None:
             size = len(data)
             if (
-                whole.size < size <= whole.limit
-                and data.startswith(whole.head)
-                and data.endswith(whole.tail)
-                and whole.decoder.idle
-                and PLAIN.search(data, whole.start, size - whole.tail_size) is None
+                fast.size < size <= fast.limit
+                and data[fast.at_head] == fast.head
+                and data[fast.at_tail] == fast.tail
+                and PLAIN.search(data, fast.start, size - fast.tail_size) is None
             ):
-                try:
-                    if self._queued or self._pending:
-                        self._record(t_ns, 1)
-                    else:  # choice 0's timer.output(t_ns, 1), inlined
-                        times = self._times
-                        times.append(t_ns)
-                        if len(times) > self._window:
-                            self._take(self._timer)
+                try:  # choice 0's timer.output(t_ns, 1), inlined
+                    times = self._times
+                    times.append(t_ns)
+                    if len(times) > self._window:
+                        self._take(self._timer)
                 except Exception:
                     self._fail("chunk")
                 return
-            if size > 2 * whole.size and whole.decoder.idle:  # several token events?
+        self._last_ns = t_ns
+        whole = self._whole
+        if whole is not None:  # not taken by the fast path: several token events?
+            size = len(data)
+            if size > 2 * whole.size and whole.decoder.idle:
                 tokens = whole.count(data)
                 if tokens:
                     try:
                         self._record(t_ns, tokens)
+                        self._arm()
                     except Exception:
                         self._fail("chunk")
                     return
@@ -324,8 +329,20 @@ class Observer:
                     self._whole = WholeEvent.of(
                         openai.template, self._sse, self._config.max_line_bytes
                     )
+            self._arm()
         except Exception:
             self._fail("chunk")
+
+    def _arm(self) -> None:
+        """Take the fast path for the next read if a whole event would only be timed there:
+        nothing left in the decoder, and past the first token (a template is made from a
+        token, so always, unless a request were forwarded after its response began). Only
+        the other paths change either, so they re-arm it after each read. (Other choices'
+        tokens are never pending here: ``_record`` drains them in the read that counts them.)"""
+        whole = self._whole
+        self._fast = (
+            whole if whole is not None and whole.decoder.idle and not self._queued else None
+        )
 
     def _record(self, t_ns: int, tokens: int) -> None:
         """Attribute a read's output tokens to their choices' timers: choices other than 0

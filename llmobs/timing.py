@@ -135,7 +135,9 @@ class StreamTimer:
         # Anchor (previous window's last chunk) + this window's chunks. Appending a time here
         # is ``output(t, 1)`` (the observer's hot path does it directly): chunks of one token
         # are counted by their times alone; ``_extra`` adds what other counts differ by.
-        self.times = array("q")
+        # unsigned: array's signed setitem parses each int with a format string, which makes
+        # an append a third dearer (times from perf_counter_ns are never negative)
+        self.times = array("Q")
         self._extra = 0
         # (index in times, tokens) of this window's chunks after the first that carried
         # other than one token, flat; None while there are none (the usual case)
@@ -243,7 +245,7 @@ class StreamTimer:
             )
         else:
             window = stats.token_window(
-                np.frombuffer(times, dtype=np.int64),
+                np.frombuffer(times, dtype=np.int64),  # the same bytes: times are < 2**63
                 pending if isinstance(pending, np.ndarray) else None,
                 factor=self.factor,
                 min_gap=self.min_gap,
@@ -257,7 +259,7 @@ class StreamTimer:
         self._itl_max = max(self._itl_max, window.itl_max)
         self.flushed_tokens += spread + head
         self._base += chunks
-        self.times = array("q", [times[-1]])
+        self.times = array("Q", [times[-1]])
         self._odd = None
         return window
 

@@ -30,6 +30,7 @@ from llmobs.http1 import (
     MAX_HEAD_BYTES,
     BodyDecoder,
     CloseBody,
+    Frames,
     ProtocolError,
     ResponseHead,
     body_decoder,
@@ -87,6 +88,7 @@ class Connection(asyncio.Protocol):
         self._paused = False  # reads paused for a slow client: the engine is not silent
         self.last_read = 0.0
         self.idle_since = 0.0  # when it went back to the pool (the response's last read)
+        self._frames: Frames = {}  # what its chunked responses learnt of their reads' framing
 
     # -- asyncio.Protocol -------------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -151,7 +153,7 @@ class Connection(asyncio.Protocol):
             break
         self._head_buf = b""
         try:
-            decoder = body_decoder(head, self._method)
+            decoder = body_decoder(head, self._method, self._frames)
         except ProtocolError as exc:
             self._fail(exc)
             return

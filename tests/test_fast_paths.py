@@ -250,13 +250,16 @@ def test_coalesced_reads_with_another_event_give_what_decoder_and_dialect_give(
 ) -> None:
     """A read of several events is counted whole only when every event in it is a plain
     token event of the template, each within the line limit; anything else in it sends the
-    whole read through decoder and dialect."""
+    whole read through decoder and dialect. So with a read of one event, between plain
+    reads, and with a plain read after a read that left an event unfinished."""
     plain = [b"data: " + _HEAD + b'"delta":{"content":"%d' % i + _TAIL + b"\n\n" for i in range(6)]
     other = b"data: " + odd + b"\n\n"
     reads = [plain[0], plain[1] + other, other + plain[2], plain[3] + plain[4] + other, plain[5]]
     cut = len(plain[0]) // 2  # and after a read that ends inside an event, nothing is whole
     reads += [plain[0] + plain[1][:cut], plain[1][cut:] + plain[2] + plain[3], plain[4] + plain[5]]
     reads += [plain[0][:-1], plain[1] + plain[2]]  # one line: its event takes the next line in
+    reads += [plain[3], other, plain[4]]  # alone, between plain reads (the fast path's)
+    reads += [plain[0][:-1], plain[1], plain[2]]  # and a plain read after an unfinished event
     max_line = 1 << 20 if unlimited else len(plain[0]) + 8
     assert observe(reads, True, max_line) == observe(reads, False, max_line)
 

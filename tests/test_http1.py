@@ -14,6 +14,7 @@ from llmobs.http1 import (
     BadRequest,
     ChunkedBody,
     CloseBody,
+    Frames,
     LengthBody,
     NoBody,
     ProtocolError,
@@ -268,6 +269,61 @@ def test_a_read_of_several_chunks_decodes_as_it_does_byte_by_byte(pieces: list[b
     if payload is not None:
         assert (fast.done, fast.extra) == (slow.done, slow.extra)
         assert fast.whole == strictly_whole(read)
+
+
+@st.composite
+def same_length_reads(draw: st.DrawFn) -> list[bytes]:
+    """Reads of a few lengths, each a whole chunk or one made wrong where a remembered
+    length would not look (its last two bytes, its size line's digits or case), so that
+    ``ChunkedBody._frames`` is asked about reads it must not take."""
+    reads = []
+    for _ in range(draw(st.integers(1, 12))):
+        payload = draw(st.sampled_from([b"a", b"bc", b"de", b"x" * 16, b"y" * 16, b"z" * 30]))
+        read = b"%x\r\n%s\r\n" % (len(payload), payload)
+        how = draw(st.sampled_from(["good", "good", "good", "tail", "upper", "digit", "two"]))
+        if how == "tail":
+            read = read[:-2] + draw(st.sampled_from([b"\r\r", b"XY", b"\n\n", b"\r\n"]))
+        elif how == "upper":
+            read = read.upper()
+        elif how == "digit":  # the same length, another size: a chunk and a cut one
+            read = b"%x" % (len(payload) - 1) + read[read.index(b"\r\n") :]
+        elif how == "two" and len(payload) > 6:  # the same length, two chunks
+            read = b"1\r\nq\r\n" + b"%x\r\n%s\r\n" % (len(payload) - 6, payload[6:])
+        reads.append(read)
+    return reads
+
+
+@settings(max_examples=400, deadline=None)
+@given(same_length_reads(), st.booleans())
+def test_remembered_read_lengths_decode_as_byte_by_byte(reads: list[bytes], reused: bool) -> None:
+    """A read of a length that was one whole chunk before is checked against the size line
+    remembered for that length and for its final CRLF (``ChunkedBody._frames``): fed read by
+    read, a body decodes as it does fed one byte at a time, fails where that fails, and reads
+    are marked whole exactly when they are, as long as every read before was whole. So on a
+    reused connection, whose earlier responses remembered the lengths."""
+    frames: Frames = {}
+    if reused:
+        earlier = ChunkedBody(frames=frames)
+        for known in (b"a", b"bc", b"x" * 16, b"z" * 30):
+            earlier.feed(b"%x\r\n%s\r\n" % (len(known), known))
+        assert len(frames) == 4
+    fast, slow = ChunkedBody(frames=frames), ChunkedBody()
+    aligned = True  # every read so far was whole: the next starts at a chunk
+    for read in reads:
+        try:
+            payload: bytes | None = fast.feed(read)
+        except ProtocolError:
+            payload = None
+        try:
+            expected: bytes | None = b"".join(slow.feed(read[i : i + 1]) for i in range(len(read)))
+        except ProtocolError:
+            expected = None
+        assert payload == expected, read
+        if payload is None:
+            return
+        if aligned:
+            assert fast.whole == strictly_whole(read), read
+        aligned = aligned and fast.whole
 
 
 def test_whole_reads_are_marked_as_such() -> None:
