@@ -34,9 +34,11 @@ import numpy.typing as npt
 
 MIN_GAPS = 3
 # Windows with fewer gaps than this (most requests: one window of a few dozen chunks) are
-# computed in plain Python by ``small_window``: below a few dozen values, numpy's fixed cost
-# per call (~1 us, a dozen calls per window) is most of the work.
-SMALL = 32  # at most 128: pairwise_sum follows numpy that far
+# computed in plain Python by ``small_window``: below ~100 values, numpy's fixed cost per
+# call (~1 us warm, more in the relay, a dozen calls per window) is most of the work. Measured
+# where it runs (``benchmarks/inproc.py time --probe``): a 64-token request's observation took
+# 14 us less in plain Python, a 120-token one's 5 us more (docs/benchmarks.md).
+SMALL = 96  # at most 128: pairwise_sum follows numpy that far
 
 FloatArray = npt.NDArray[np.float64]
 IntArray = npt.NDArray[np.int64]
