@@ -262,7 +262,7 @@ class CloseBody(BodyDecoder):
 _SIZE, _DATA, _DATA_END, _TRAILER = range(4)
 # Read length -> (where its size line is, the size line, where its payload is), of reads that
 # were exactly one chunk: what ``ChunkedBody`` remembers, for at most _FRAMES lengths (token
-# events take a few dozen). Pure: any chunked body may share it (an upstream connection's do).
+# events take a few dozen). Pure: any chunked bodies may share one (the upstream pool's all do).
 Frames = dict[int, tuple[slice, bytes, slice]]
 _FRAMES = 256
 
@@ -423,8 +423,8 @@ class ChunkedBody(BodyDecoder):
 
 def body_decoder(head: ResponseHead, method: str, frames: Frames | None = None) -> BodyDecoder:
     """The decoder RFC 9112 section 6.3 prescribes for this response; a chunked body
-    remembers its one-chunk read lengths in ``frames`` (a connection's, shared by its
-    responses) when given."""
+    remembers its one-chunk read lengths in ``frames`` (the upstream pool's, shared by
+    all its connections) when given."""
     status = head.status
     if method == "HEAD" or status in (204, 304) or 100 <= status < 200:
         return NoBody()

@@ -70,7 +70,7 @@ class UpstreamTimeout(TimeoutError):
 class Connection(asyncio.Protocol):
     """One connection to the upstream; carries one exchange at a time."""
 
-    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+    def __init__(self, loop: asyncio.AbstractEventLoop, frames: Frames | None = None) -> None:
         self._loop = loop
         self.transport: asyncio.Transport | None = None
         self.closed = False
@@ -88,7 +88,8 @@ class Connection(asyncio.Protocol):
         self._paused = False  # reads paused for a slow client: the engine is not silent
         self.last_read = 0.0
         self.idle_since = 0.0  # when it went back to the pool (the response's last read)
-        self._frames: Frames = {}  # what its chunked responses learnt of their reads' framing
+        # what chunked responses learnt of their reads' framing: the pool's, shared
+        self._frames: Frames = {} if frames is None else frames
 
     # -- asyncio.Protocol -------------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -318,6 +319,9 @@ class Upstream:
         # 5 s); one reused just then fails, and a POST may not be sent again (RFC 9110
         # 9.2.2): a pooled connection is therefore given up well before.
         self._idle_timeout = idle_timeout
+        # one-chunk read lengths the connections' chunked responses have seen (http1.Frames):
+        # pure, so shared by all, and bounded (256 lengths, ~60 KiB) for the whole pool
+        self._frames: Frames = {}
         self._ssl: ssl.SSLContext | None = ssl.create_default_context() if self.https else None
         self._idle: list[Connection] = []
         self._busy: set[Connection] = set()
@@ -343,7 +347,7 @@ class Upstream:
         try:
             async with asyncio.timeout(self._connect_timeout):
                 transport, conn = await loop.create_connection(
-                    lambda: Connection(loop),
+                    lambda: Connection(loop, self._frames),
                     self.host,
                     self.port,
                     ssl=self._ssl,

@@ -299,8 +299,8 @@ def test_remembered_read_lengths_decode_as_byte_by_byte(reads: list[bytes], reus
     """A read of a length that was one whole chunk before is checked against the size line
     remembered for that length and for its final CRLF (``ChunkedBody._frames``): fed read by
     read, a body decodes as it does fed one byte at a time, fails where that fails, and reads
-    are marked whole exactly when they are, as long as every read before was whole. So on a
-    reused connection, whose earlier responses remembered the lengths."""
+    are marked whole exactly when they are, as long as every read before was whole. So with
+    lengths that earlier responses remembered (the upstream pool shares them)."""
     frames: Frames = {}
     if reused:
         earlier = ChunkedBody(frames=frames)
@@ -324,6 +324,19 @@ def test_remembered_read_lengths_decode_as_byte_by_byte(reads: list[bytes], reus
         if aligned:
             assert fast.whole == strictly_whole(read), read
         aligned = aligned and fast.whole
+
+
+def test_remembered_read_lengths_are_bounded() -> None:
+    """The memory of read lengths is the whole pool's: it stops growing at 256 lengths, and
+    reads of other lengths still decode (by the full path)."""
+    frames: Frames = {}
+    for size in range(1, 400):
+        payload = b"p" * size
+        decoder = ChunkedBody(frames=frames)
+        assert decoder.feed(b"%x\r\n%s\r\n" % (size, payload)) == payload
+        assert decoder.whole
+        assert decoder.feed(b"%x\r\n%s\r\n" % (size, payload)) == payload  # remembered, or not
+    assert len(frames) == 256
 
 
 def test_whole_reads_are_marked_as_such() -> None:
