@@ -197,6 +197,7 @@ def plot(summary: dict[str, Any], path: Path) -> str | None:
 
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt  # noqa: PLC0415
+        from matplotlib import ticker  # noqa: PLC0415
         from matplotlib.lines import Line2D  # noqa: PLC0415
     except ImportError:
         return "matplotlib not installed (pip install 'llmobs[bench]'): no PNG written"
@@ -211,16 +212,29 @@ def plot(summary: dict[str, Any], path: Path) -> str | None:
     for row in summary["paced"]:
         by_target[row["target"]].append(row)
     colours = {t: f"C{i}" for i, t in enumerate(by_target)}  # one colour per target throughout
+    levels = sorted({r["concurrency"] for r in summary["paced"]})
+    plain = ticker.FuncFormatter(lambda v, _: f"{v:g}")  # as the table prints them
     for ax, (name, title) in zip(axes.flat, panels, strict=True):
+        values = []
         for target, unsorted in by_target.items():
             rows = sorted(unsorted, key=lambda r: r["concurrency"])
             ys = [r[name] for r in rows]
             if all(math.isnan(y) for y in ys):
                 continue
+            values += [abs(y) for y in ys if not math.isnan(y)]
             ax.plot([r["concurrency"] for r in rows], ys, marker="o", label=target,
                     color=colours[target])  # fmt: skip
         ax.set_xscale("log", base=2)
-        ax.set_yscale("symlog", linthresh=1.0)  # sub-ms and seconds on one axis
+        ax.set_xticks(levels)
+        ax.xaxis.set_major_formatter(plain)
+        ax.xaxis.set_minor_formatter(ticker.NullFormatter())
+        if name == "cpu_us_per_chunk":  # all positive, tens to hundreds of us
+            ax.set_yscale("log")
+            ax.yaxis.set_major_locator(ticker.LogLocator(subs=(1.0, 2.0, 5.0)))
+        elif max(values, default=0.0) > 10.0:  # sub-ms and seconds on one axis
+            ax.set_yscale("symlog", linthresh=1.0)
+        ax.yaxis.set_major_formatter(plain)
+        ax.yaxis.set_minor_formatter(ticker.NullFormatter())
         ax.set_xlabel("concurrent streams")
         ax.set_title(title)
         ax.grid(True, alpha=0.3)
