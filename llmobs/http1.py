@@ -262,7 +262,9 @@ class CloseBody(BodyDecoder):
 _SIZE, _DATA, _DATA_END, _TRAILER = range(4)
 # Read length -> (where its size line is, the size line, where its payload is), of reads that
 # were exactly one chunk: what ``ChunkedBody`` remembers, for at most _FRAMES lengths (token
-# events take a few dozen). Pure: any chunked bodies may share one (the upstream pool's all do).
+# events take a few dozen; when full it starts again, so that the lengths of other bodies
+# cannot keep the tokens' out for good). Pure: any chunked bodies may share one (the upstream
+# pool's all do).
 Frames = dict[int, tuple[slice, bytes, slice]]
 _FRAMES = 256
 
@@ -317,12 +319,13 @@ class ChunkedBody(BodyDecoder):
                 stop = end + 2 + size
                 if size and len(data) == stop + 2 and data.endswith(b"\r\n"):
                     self.whole = True
-                    if len(self._frames) < _FRAMES:
-                        self._frames[stop + 2] = (
-                            slice(end + 2),
-                            data[: end + 2],
-                            slice(end + 2, stop),
-                        )
+                    if len(self._frames) >= _FRAMES:
+                        self._frames.clear()
+                    self._frames[stop + 2] = (
+                        slice(end + 2),
+                        data[: end + 2],
+                        slice(end + 2, stop),
+                    )
                     return data[end + 2 : stop]  # exactly one chunk: the hot path
                 payload = self._whole_chunks(data)
                 if payload is not None:

@@ -235,6 +235,7 @@ class Observer:
     def forwarded(self, t_ns: int) -> None:
         """The request went upstream: a streaming request now waits for its first token."""
         self._forwarded_ns = t_ns
+        self._fast = None  # (the proxy forwards before any response) reads leave the queue
         try:
             if self.info.stream and not self._queued:
                 self._queued = True
@@ -336,8 +337,8 @@ class Observer:
     def _arm(self) -> None:
         """Take the fast path for the next read if a whole event would only be timed there:
         nothing left in the decoder, and past the first token (a template is made from a
-        token, so always, unless a request were forwarded after its response began). Only
-        the other paths change either, so they re-arm it after each read. (Other choices'
+        token, so always; ``forwarded`` disarms it, should it come after the response began).
+        Only the other paths change either, so they re-arm it after each read. (Other choices'
         tokens are never pending here: ``_record`` drains them in the read that counts them.)"""
         whole = self._whole
         self._fast = (

@@ -289,6 +289,31 @@ def test_plain_token_reads_skip_decoder_and_dialect() -> None:
     assert record is not None and record.output_tokens == len(words) + 3
 
 
+def test_a_request_forwarded_after_its_first_token_leaves_the_queue_on_the_next() -> None:
+    """The fast path times a read and nothing else, so it must not be armed while the request
+    waits in the prefill queue: ``forwarded`` disarms it, and should it come late (the proxy
+    forwards before any response; a retry or another caller might not), the next token
+    still takes the request out of the queue."""
+    head = b'data: {"id":"c","object":"chat.completion.chunk","model":"m","choices":[{"index":0,'
+    tail = b'"},"finish_reason":null}]}\n\n'
+    sink = MetricsSink(MeterProvider().get_meter("test"), 8)
+    obs = Observer(sink, ObserveConfig(), OPENAI_CHAT, 0)
+    obs.request_body(b'{"model": "m", "stream": true}')
+    obs.response(200, "text/event-stream")
+    obs.chunk(1, head + b'"delta":{"content":"a' + tail)  # the template: the fast path armed
+    obs.forwarded(2)
+
+    def depth() -> str:
+        render = sink.collector.render().splitlines()
+        return next(line for line in render if line.startswith("llmobs_prefill_queue_depth"))
+
+    assert depth().endswith(" 1.0")
+    obs.chunk(3, head + b'"delta":{"content":"b' + tail)
+    assert depth().endswith(" 0.0")
+    record = obs.finish(4, Outcome.OK)
+    assert record is not None and record.output_tokens == 2
+
+
 def itl_counts(sink: MetricsSink) -> list[float]:
     return [
         float(line.rsplit(" ", 1)[1])
