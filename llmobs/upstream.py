@@ -70,7 +70,7 @@ class UpstreamTimeout(TimeoutError):
 class Connection(asyncio.Protocol):
     """One connection to the upstream; carries one exchange at a time."""
 
-    def __init__(self, loop: asyncio.AbstractEventLoop, frames: Frames | None = None) -> None:
+    def __init__(self, loop: asyncio.AbstractEventLoop, frames: Frames) -> None:
         self._loop = loop
         self.transport: asyncio.Transport | None = None
         self.closed = False
@@ -88,8 +88,7 @@ class Connection(asyncio.Protocol):
         self._paused = False  # reads paused for a slow client: the engine is not silent
         self.last_read = 0.0
         self.idle_since = 0.0  # when it went back to the pool (the response's last read)
-        # what chunked responses learnt of their reads' framing: the pool's, shared
-        self._frames: Frames = {} if frames is None else frames
+        self._frames = frames  # the pool's: what chunked responses learnt of their framing
 
     # -- asyncio.Protocol -------------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
