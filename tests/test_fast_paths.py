@@ -167,11 +167,16 @@ def test_sse_payloads_fast_path_gives_the_events_of_feed(
 def observe(
     reads: list[bytes], whole: bool, max_line: int
 ) -> tuple[Any, dict[str, Any], tuple[int, int], str]:
-    """A streaming chat request of ``reads``: its record, dialect and decoder state, series."""
+    """A streaming chat request of ``reads``: its record, dialect and decoder state, series.
+    ``whole`` False: the reference, with none of the shortcuts (neither the observer's nor the
+    dialect's), so that a shortcut wrong in both places is still found."""
     sink = MetricsSink(MeterProvider().get_meter("test"), 8)
     obs = Observer(sink, ObserveConfig(max_line_bytes=max_line), OPENAI_CHAT, 0)
-    if not whole:
-        obs._openai = None  # never builds a WholeEvent: every read through decoder and dialect
+    if not whole:  # every read through decoder and the dialect's full parse
+        obs._openai = None  # never builds a WholeEvent
+        dialect = obs._dialect
+        assert isinstance(dialect, OpenAIStream)
+        dialect.fast = False  # nor a template
     obs.request_body(b'{"model": "m", "stream": true}')
     obs.forwarded(0)
     obs.response(200, "text/event-stream")
