@@ -26,7 +26,8 @@ Rules, and why:
 from __future__ import annotations
 
 from bisect import bisect_left
-from itertools import pairwise
+from itertools import repeat
+from operator import sub, truediv
 from typing import NamedTuple
 
 import numpy as np
@@ -200,20 +201,22 @@ def small_window(
     n = len(times_ns) - 1
     if n < 1:
         return TokenWindow([], None if tokens is None else [], 0, baseline_median)
-    gaps = [(b - a) / 1e9 for a, b in pairwise(times_ns)]
+    # (b - a) / 1e9 for each pair, in C's loops: a comprehension's frame costs a quarter more
+    gaps = list(map(truediv, map(sub, times_ns[1:], times_ns), repeat(1e9, n)))
     ordered = sorted(gaps)
     if tokens is None:
         weights = None
         itl = gaps
         count = float(n)
         itl_max = ordered[-1]
-        sumsq = pairwise_sum([g * g for g in gaps])
+        total, sumsq = pairwise_sums(gaps)
     else:
         weights = [t if t > 1.0 else 1.0 for t in tokens[:n]]
         itl = [g / w for g, w in zip(gaps, weights, strict=True)]
         count = float(sum(weights))  # whole numbers: exact in any order
         itl_max = max(itl)
         sumsq = pairwise_sum([i * g for i, g in zip(itl, gaps, strict=True)])
+        total = pairwise_sum(gaps)
     median = ordered[n // 2] if n >= MIN_GAPS else baseline_median
     stalls = 0
     threshold = None
@@ -226,7 +229,7 @@ def small_window(
         stalls,
         median,
         count,
-        pairwise_sum(gaps),
+        total,
         sumsq,
         itl_max,
         times_ns,
@@ -262,6 +265,48 @@ def pairwise_sum(values: list[float]) -> float:
     for i in range(end, n):
         total += values[i]
     return 0.0 + total
+
+
+def pairwise_sums(values: list[float]) -> tuple[float, float]:
+    """``(pairwise_sum(values), pairwise_sum([v * v for v in values]))`` in one pass, to the
+    last bit: the same partial sums in the same order, with no list of squares (a third of
+    the time of the two calls for a request's 64 gaps)."""
+    n = len(values)
+    if n < 8:
+        total = square = -0.0
+        for value in values:
+            total += value
+            square += value * value
+        return 0.0 + total, 0.0 + square
+    r0, r1, r2, r3, r4, r5, r6, r7 = values[:8]
+    q0, q1, q2, q3 = r0 * r0, r1 * r1, r2 * r2, r3 * r3
+    q4, q5, q6, q7 = r4 * r4, r5 * r5, r6 * r6, r7 * r7
+    end = n - n % 8
+    for i in range(8, end, 8):
+        a, b, c, d, e, f, g, h = values[i : i + 8]
+        r0 += a
+        r1 += b
+        r2 += c
+        r3 += d
+        r4 += e
+        r5 += f
+        r6 += g
+        r7 += h
+        q0 += a * a
+        q1 += b * b
+        q2 += c * c
+        q3 += d * d
+        q4 += e * e
+        q5 += f * f
+        q6 += g * g
+        q7 += h * h
+    total = ((r0 + r1) + (r2 + r3)) + ((r4 + r5) + (r6 + r7))
+    square = ((q0 + q1) + (q2 + q3)) + ((q4 + q5) + (q6 + q7))
+    for i in range(end, n):
+        value = values[i]
+        total += value
+        square += value * value
+    return 0.0 + total, 0.0 + square
 
 
 def upper_median(values: FloatArray) -> float:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from hypothesis import given
+from hypothesis import example, given
 from hypothesis import strategies as st
 
 from llmobs import stats
@@ -208,10 +208,15 @@ def test_small_window_is_numpy_window(
 
 @FAST
 @given(st.lists(st.floats(-1e3, 1e3) | st.sampled_from([0.0, -0.0, 1e-9, 0.02]), max_size=127))
-def test_pairwise_sum_is_numpy_sum(values: list[float]) -> None:
+@example([1e-08, 3.0, 1e8, 3.0, 0.001, 0.001, 0.001, 0.7])  # the tree of lanes matters here
+def test_pairwise_sums_are_numpy_sums(values: list[float]) -> None:
     want = float(np.add.reduce(np.array(values, dtype=np.float64)))
     got = stats.pairwise_sum(values)
     assert (got, repr(got)) == (want, repr(want))
+    squares = np.array(values, dtype=np.float64) ** 2
+    got_both = stats.pairwise_sums(values)
+    want_both = (want, float(np.add.reduce(squares)))
+    assert (got_both, repr(got_both)) == (want_both, repr(want_both))
 
 
 @st.composite
