@@ -23,16 +23,24 @@ MAX_REQUEST_HEAD_BYTES = 32 * 1024  # a client's request line and headers (then 
 MAX_REQUEST_HEADERS = 128
 MAX_CHUNK_LINE = 4096  # a chunk-size line with extensions
 
-# RFC 9110 token characters (methods, field names): ``x.translate(None, _TOKEN)`` is empty
-# exactly when every byte of ``x`` is one.
+# Byte sets, tested as ``x.lstrip(SET)``: empty exactly when every byte of ``x`` is in SET.
+# A memchr per byte, and an empty result is a shared object: a third of ``translate(None,
+# SET)``'s time (which builds a table each call), and a fifth of ``re``'s.
+#
+# RFC 9110 token characters (methods, field names).
 _TOKEN = b"!#$%&'*+-.^_`|~0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"
 
 
 _HEX = b"0123456789abcdefABCDEF"
 
-# Bytes no request target may hold (RFC 9112 3.2, RFC 3986): controls; a space ends it. A
-# CR or LF inside one would become a header line of its own in the request sent upstream.
-_CTL = re.compile(rb"[\x00-\x1f\x7f]")
+# What a request target may hold (RFC 9112 3.2, RFC 3986): anything but controls and DEL; a
+# space ends it. A CR or LF inside one would become a header line of its own in the request
+# sent upstream.
+_TARGET = bytes(range(0x20, 0x7F)) + bytes(range(0x80, 0x100))
+
+# A single byte is looked for as an int (``13 in value``): ``bytes in bytes`` first tries the
+# needle as an int, and the TypeError it raises and clears costs ~200 ns.
+_CR, _LF, _NUL = 13, 10, 0
 
 
 def _is_digits(value: str) -> bool:
@@ -94,7 +102,8 @@ def parse_head(raw: bytes) -> ResponseHead:
         if not line:
             continue
         name, sep, value = line.partition(b":")
-        if not sep or not name or name != name.strip() or line[:1] in b" \t":
+        # (a line that starts with whitespace, obsolete folding, fails the strip compare)
+        if not sep or not name or name != name.strip():
             raise ProtocolError(f"bad header line: {line[:64]!r}")
         fields.append((name.decode("latin-1"), value.strip().decode("latin-1")))
     reason = parts[2].decode("latin-1") if len(parts) > 2 else ""
@@ -143,7 +152,7 @@ def parse_request_head(raw: bytes) -> RequestHead:
     """
     lines = raw.split(b"\r\n")
     parts = lines[0].split(b" ")
-    if len(parts) != 3 or not parts[1] or not parts[0] or parts[0].translate(None, _TOKEN):
+    if len(parts) != 3 or not parts[1] or not parts[0] or parts[0].lstrip(_TOKEN):
         raise BadRequest(400, "malformed request line")
     version = parts[2]
     if len(version) != 8 or not version.startswith(b"HTTP/") or version[6:7] != b".":
@@ -151,7 +160,7 @@ def parse_request_head(raw: bytes) -> RequestHead:
     if version[5:6] != b"1" or version[7:8] not in (b"0", b"1"):
         raise BadRequest(505, "HTTP version not supported")
     target = parts[1]
-    if _CTL.search(target):
+    if target.lstrip(_TARGET):
         raise BadRequest(400, "invalid character in the request target")
     if target[:1] != b"/":
         scheme, sep, rest = target.partition(b"://")
@@ -167,10 +176,10 @@ def parse_request_head(raw: bytes) -> RequestHead:
     fields: list[tuple[str, str]] = []
     for line in lines[1:]:
         name, sep, value = line.partition(b":")
-        if not sep or not name or name.translate(None, _TOKEN):
+        if not sep or not name or name.lstrip(_TOKEN):
             raise BadRequest(400, "malformed header field")
         value = value.strip(b" \t")
-        if b"\r" in value or b"\n" in value or b"\x00" in value:
+        if _CR in value or _LF in value or _NUL in value:
             raise BadRequest(400, "invalid character in a header field")
         fields.append((name.decode("ascii"), value.decode("latin-1")))
     return RequestHead(
@@ -314,7 +323,7 @@ class ChunkedBody(BodyDecoder):
                 return data[frame[2]]  # exactly one chunk, of a length seen before
             end = data.find(b"\r\n")
             line = data[:end]
-            if 0 < end <= 16 and not line.translate(None, _HEX):
+            if 0 < end <= 16 and not line.lstrip(_HEX):
                 size = int(line, 16)
                 stop = end + 2 + size
                 if size and len(data) == stop + 2 and data.endswith(b"\r\n"):
@@ -344,7 +353,7 @@ class ChunkedBody(BodyDecoder):
             if end <= pos:  # no size line of 1-16 characters here
                 return None
             line = data[pos:end]
-            if line.translate(None, _HEX):
+            if line.lstrip(_HEX):
                 return None
             size = int(line, 16)
             if not size:  # the last chunk: whole only when it ends the read, with no trailer
@@ -361,12 +370,12 @@ class ChunkedBody(BodyDecoder):
         return out[0] if len(out) == 1 else b"".join(out)
 
     def _size(self, line: bytes) -> int:
-        if line.translate(None, _HEX):  # not bare hex digits: an extension, or spaces
+        if line.lstrip(_HEX):  # not bare hex digits: an extension, or spaces
             self._plain = False
             if self._strict and _STRICT_SIZE_LINE.fullmatch(line) is None:
                 raise ProtocolError(f"bad chunk size line: {line[:64]!r}")
             line = line.split(b";", 1)[0].strip()
-            if line.translate(None, _HEX):
+            if line.lstrip(_HEX):
                 raise ProtocolError(f"bad chunk size line: {line[:64]!r}")
         if not line or len(line) > 16:
             raise ProtocolError(f"bad chunk size line: {line[:64]!r}")

@@ -85,6 +85,12 @@ def test_arbitrary_bytes_never_raise_and_chunking_is_irrelevant(
     assert decode(split_at(data, cuts), max_line=64)[0] == whole
 
 
+def test_an_id_with_a_nul_is_ignored_and_others_are_kept() -> None:
+    """The SSE spec: an ``id`` field whose value holds a NUL does not set the last event ID."""
+    events = SseDecoder().feed(b"id: 7\ndata: a\n\nid: 8\x009\ndata: b\n\nid: 9\ndata: c\n\n")
+    assert [(e.data, e.id) for e in events] == [(b"a", "7"), (b"b", "7"), (b"c", "9")]
+
+
 def test_bom_is_dropped_and_missing_final_blank_line_still_dispatches() -> None:
     events, _ = decode([b"\xef\xbb\xbfdata: x\n\ndata: tail"])
     assert events == [SseEvent(b"x"), SseEvent(b"tail")]

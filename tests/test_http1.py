@@ -61,6 +61,7 @@ def test_keep_alive_follows_version_and_connection(raw: bytes, keep: bool) -> No
         b"HTTP/1.1 OK",
         b"HTTP/1.1 200 OK\r\nno colon here",
         b"HTTP/1.1 200 OK\r\n folded: continuation",
+        b"HTTP/1.1 200 OK\r\n\tfolded: continuation",
         b"HTTP/1.1 200 OK\r\nBad Name : x",
     ],
 )
@@ -589,7 +590,9 @@ def test_too_many_header_fields_is_431_and_the_limit_itself_is_fine() -> None:
     assert info.value.status == 431
 
 
-@pytest.mark.parametrize("target", [b"/a\rb", b"/a\nX-Injected:\t1", b"/a\x00b", b"/a\tb"])
+@pytest.mark.parametrize(
+    "target", [b"/a\rb", b"/a\nX-Injected:\t1", b"/a\x00b", b"/a\tb", b"/a\x1fb", b"/a\x7fb"]
+)
 def test_a_control_character_in_the_request_target_is_400(target: bytes) -> None:
     """RFC 9112 3.2 / 2.2: a target is URI characters; a bare CR or LF in it is invalid. The
     relay writes ``target`` verbatim into the upstream request line, so one that gets through
@@ -597,6 +600,13 @@ def test_a_control_character_in_the_request_target_is_400(target: bytes) -> None
     with pytest.raises(BadRequest) as info:
         parse_request_head(b"GET " + target + b" HTTP/1.1\r\nHost: x")
     assert info.value.status == 400
+
+
+def test_a_target_with_bytes_beyond_ascii_is_passed_on_as_sent() -> None:
+    """Not URI characters either, but not dangerous in a request line, and sent by clients
+    that do not encode UTF-8 paths: relayed unchanged, as nginx does."""
+    head = parse_request_head(b"GET /caf\xc3\xa9?q=\xff HTTP/1.1\r\nHost: x")
+    assert head.target == "/caf\xc3\xa9?q=\xff"
 
 
 @pytest.mark.parametrize(

@@ -110,7 +110,7 @@ class SseDecoder:
             self._skip_lf = False
             if chunk[:1] == b"\n":
                 chunk = chunk[1:]
-        if b"\r" in chunk:
+        if 13 in chunk:  # a CR (as an int: ``bytes in bytes`` raises and clears a TypeError)
             self._skip_lf = chunk.endswith(b"\r")
             chunk = chunk.replace(b"\r\n", b"\n").replace(b"\r", b"\n")
         if self._discarding:
@@ -229,7 +229,7 @@ class SseDecoder:
         elif field == b"event":
             self._event = value.decode("utf-8", "replace")
         elif field == b"id":
-            if b"\0" not in value:
+            if 0 not in value:  # no NUL
                 self._last_id = value.decode("utf-8", "replace")
         elif field != b"retry":
             self.malformed += 1  # not an SSE field: e.g. a raw JSON line

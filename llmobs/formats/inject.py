@@ -51,7 +51,8 @@ def inject_usage(body: bytes) -> bytes | None:
 
 
 def _is_usage_event(block: bytes) -> bool:
-    if b'"usage"' not in block or b'"choices"' not in block:
+    # find, not ``in``: ``bytes in bytes`` first tries the needle as an int (a TypeError)
+    if block.find(b'"usage"') < 0 or block.find(b'"choices"') < 0:
         return False
     for line in block.splitlines():
         if line.startswith(b"data:"):
@@ -91,7 +92,7 @@ class UsageStripper:
         if end < 0:
             return self._hold(data)
         head = data[:end]
-        released = self._strip(head) if b'"usage"' in head else head
+        released = self._strip(head) if head.find(b'"usage"') >= 0 else head
         return released + self._hold(data[end:])
 
     def _strip(self, head: bytes) -> bytes:

@@ -319,6 +319,6 @@ class WholeEvent:
         if template is None or template.choice:
             return None
         around = template.head + template.tail
-        if b"\n" in around or b"\r" in around:  # would be framed as other lines
+        if 10 in around or 13 in around:  # LF or CR: would be framed as other lines
             return None
         return cls(template, decoder, max_line)
