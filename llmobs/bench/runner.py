@@ -286,7 +286,7 @@ def sim_flags(o: BenchOptions, tpot: float, batch: int, tokens: int) -> list[str
     ]  # fmt: skip
 
 
-async def _start_sim(launcher: Launcher, flags: list[str], model: str) -> Started:
+async def start_sim(launcher: Launcher, flags: list[str], model: str) -> Started:
     sim = launcher.sim(flags)
     async with session_for(2) as session:
         await wait_ready(session, sim, model)
@@ -319,7 +319,7 @@ async def run_bench(
             for rnd in range(o.rounds):
                 for level in o.concurrency:
                     tpot = tpot_for(o, level)
-                    sim = await _start_sim(launcher, sim_flags(o, tpot, batch, o.tokens), o.model)
+                    sim = await start_sim(launcher, sim_flags(o, tpot, batch, o.tokens), o.model)
                     try:
                         for target in targets:
                             cell = await paced_cell(o, launcher, sim, target, level, rnd)
@@ -331,7 +331,7 @@ async def run_bench(
                         launcher.stop(sim)
                 if o.saturation:
                     flags = sim_flags(o, 0.0, batch, max(o.saturation_tokens))
-                    sim = await _start_sim(launcher, flags, o.model)
+                    sim = await start_sim(launcher, flags, o.model)
                     try:
                         for target in targets:
                             sat = await saturation_cell(o, launcher, sim, target, rnd)
