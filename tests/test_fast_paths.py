@@ -121,6 +121,45 @@ def test_openai_fast_path_gives_the_full_parse_state(stream: list[bytes]) -> Non
         slow.pending.clear()
 
 
+@st.composite
+def template_streams(draw: st.DrawFn) -> list[bytes]:
+    """The common shape first (it makes a template), then the template's bytes around drawn
+    content, odd bytes or a raw string body: what the template path decides on, read after
+    read (``events`` reaches it only now and then)."""
+    compact = draw(st.booleans())
+    delta = {"content": draw(plain_words)}
+    choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": None}
+    base = {"id": "chatcmpl-1", "object": "chat.completion.chunk", "model": "m",
+            "choices": [choice]}  # fmt: skip
+    first = dumps(base, compact, draw(st.booleans()))
+    sep = b'"content":"' if compact else b'"content": "'
+    head, _, rest = first.partition(sep)
+    tail = b'"' + rest.partition(b'"')[2]
+    out = [first]
+    for _ in range(draw(st.integers(1, 12))):
+        body = draw(
+            plain_words.map(str.encode)
+            | texts.map(lambda t: json.dumps(t)[1:-1].encode())  # escaped as JSON would
+            | st.binary(max_size=8)
+            | st.sampled_from([b"\\x", b"a\\", b"\\", b'a"', b"\x7f", b"\xc3\xa9", b"\xff"])
+        )
+        out.append(head + sep + body + tail)
+    return out
+
+
+@FAST
+@given(template_streams())
+def test_openai_template_path_gives_the_full_parse_state(stream: list[bytes]) -> None:
+    fast, slow = OpenAIStream(), OpenAIStream()
+    slow.fast = False
+    for i, data in enumerate(stream):
+        assert fast.on_data(data) == slow.on_data(data), data
+        assert state(fast) == state(slow), data
+        assert i or fast.template is not None  # the first event made one
+        fast.pending.clear()
+        slow.pending.clear()
+
+
 def test_the_fast_path_is_taken_for_the_common_shape() -> None:
     head = b'{"id":"c","object":"chat.completion.chunk","model":"m","choices":[{"index":0,'
     dialect = OpenAIStream()
