@@ -210,13 +210,12 @@ def test_small_window_is_numpy_window(
 @given(st.lists(st.floats(-1e3, 1e3) | st.sampled_from([0.0, -0.0, 1e-9, 0.02]), max_size=127))
 @example([1e-08, 3.0, 1e8, 3.0, 0.001, 0.001, 0.001, 0.7])  # the tree of lanes matters here
 def test_pairwise_sums_are_numpy_sums(values: list[float]) -> None:
-    want = float(np.add.reduce(np.array(values, dtype=np.float64)))
-    got = stats.pairwise_sum(values)
-    assert (got, repr(got)) == (want, repr(want))
-    squares = np.array(values, dtype=np.float64) ** 2
-    got_both = stats.pairwise_sums(values)
-    want_both = (want, float(np.add.reduce(squares)))
-    assert (got_both, repr(got_both)) == (want_both, repr(want_both))
+    array = np.array(values, dtype=np.float64)
+    want = float(np.add.reduce(array))
+    for by, products in ((None, array * array), (values[::-1], array * array[::-1])):
+        got = stats.pairwise_sums(values, by)
+        expected = (want, float(np.add.reduce(products)))
+        assert (got, repr(got)) == (expected, repr(expected))
 
 
 @st.composite
