@@ -24,8 +24,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from collections.abc import Callable, Iterable, MutableMapping
+from time import perf_counter_ns
 from typing import Protocol
 
 from llmobs.config import Settings
@@ -235,22 +235,24 @@ class _Stream:
         request.begin(head.status, head.reason, fields, _length(head, self.stripper))
         self._chunked = request.chunked
         request.on_flow(conn.pause_reading, conn.resume_reading)
+        request.on_gone(self.client_gone)
         return self.feed
 
+    def client_gone(self) -> None:
+        """The client went away mid-stream: close the engine's connection, so that it stops
+        generating for nobody and nothing more comes to ``feed`` (the handler, cancelled on
+        the loop's next round, records the outcome)."""
+        self.gone = True
+        conn = self.conn
+        if conn is not None:
+            conn.close()
+
     def feed(self, data: bytes, frame: bytes | None, last: bool) -> None:
-        now = time.perf_counter_ns()
-        transport = self._transport
-        if transport.is_closing():
-            if not self.gone:
-                self.gone = True
-                conn = self.conn
-                if conn is not None:
-                    conn.close()  # the engine stops generating for nobody
-            return
+        now = perf_counter_ns()
         if self.stripper is not None:
             self._request.write(self.stripper.feed(data))
         elif frame is not None and self._chunked:
-            transport.write(frame)  # the hot path: the engine's bytes, as they came
+            self._transport.write(frame)  # the hot path: the engine's bytes, as they came
             if last:
                 self._request.last_chunk_sent = True
         else:
@@ -279,7 +281,7 @@ class Relay:
         self._later = Later()  # each request's bookkeeping, once the pending I/O is served
 
     async def __call__(self, request: Request) -> None:
-        clock = time.perf_counter_ns
+        clock = perf_counter_ns
         start = clock()
         route = route_for_path(request.path)
         factory = self._new_observer
@@ -404,6 +406,7 @@ class Relay:
                 request.abort()
         finally:
             request.on_flow(None, None)
+            request.on_gone(None)
             conn = stream.conn if stream is not None else None
             if conn is not None:
                 self._streams.discard(conn)

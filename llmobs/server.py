@@ -20,7 +20,9 @@ What it does, as a reverse proxy's client side should:
   nor, on Linux, from the kernel's send queue) is cut off, as by nginx's ``send_timeout``,
   so a stalled reader cannot hold a stream and its engine slot;
 - a malformed request gets a JSON 400, 431, 501 or 505 and the connection is closed;
-- a client going away (reset or close) cancels its handler, which stops the upstream work;
+- a client going away (reset, close or EOF) cancels its handler, which stops the upstream
+  work; a handler that relays from a source can also be told at once (``on_gone``), since
+  the cancellation lands a loop round later and a closed transport must not be written to;
 - shutdown stops accepting, closes idle connections and lets handlers finish (``shutdown``).
 """
 
@@ -118,6 +120,7 @@ class Request:
         "_decoder",
         "_expect_continue",
         "_flow",
+        "_gone",
         "_limit",
         "_parts",
         "_size",
@@ -165,6 +168,7 @@ class Request:
         self._size = 0
         self._waiter: asyncio.Future[None] | None = None
         self._flow: tuple[Callable[[], None], Callable[[], None]] | None = None
+        self._gone: Callable[[], None] | None = None
         expect = head.headers.get("Expect", "")
         self._expect_continue = head.version >= (1, 1) and expect.lower() == "100-continue"
         self.body_complete = decoder is None
@@ -332,6 +336,19 @@ class Request:
         if self._flow is not None and self._conn.paused_writing:
             pause()  # type: ignore[misc]  # not None, checked above
 
+    def on_gone(self, gone: Callable[[], None] | None) -> None:
+        """Call ``gone`` once when the client goes away (its EOF, or the connection lost)
+        before the response has ended; ``None`` stops it. The handler is cancelled too, but
+        only on the loop's next round, and the source may deliver more before then: this
+        stops it at once, so that nothing is written to a closed transport and the relay's
+        hot path needs no check of its own per write."""
+        self._gone = gone
+
+    def _went(self) -> None:
+        gone, self._gone = self._gone, None
+        if gone is not None:
+            gone()
+
     def _pause(self) -> None:
         if self._flow is not None:
             self._flow[0]()
@@ -454,9 +471,13 @@ class ServerConnection(asyncio.Protocol):
         self.transport.abort()
 
     def eof_received(self) -> bool:
+        if self._request is not None:
+            self._request._went()
         return False  # the client is gone: close (and cancel its handler)
 
     def connection_lost(self, exc: Exception | None) -> None:
+        if self._request is not None:
+            self._request._went()
         self._server.connections.discard(self)
         if self._idle is not None:
             self._idle.cancel()

@@ -324,6 +324,9 @@ class Upstream:
         self._ssl: ssl.SSLContext | None = ssl.create_default_context() if self.https else None
         self._idle: list[Connection] = []
         self._busy: set[Connection] = set()
+        # the loop its connections live on, taken at the first acquire: on CPython 3.11
+        # asyncio.get_running_loop() makes a getpid system call, once a request otherwise
+        self._loop: asyncio.AbstractEventLoop | None = None
 
     async def acquire(self) -> tuple[Connection, bool]:
         """A connection: a pooled one when there is a live one, else a new one.
@@ -331,7 +334,9 @@ class Upstream:
         Returns it and whether it was reused (a reused one may have been closed by the
         engine an instant ago; the caller may retry such a failure once).
         """
-        loop = asyncio.get_running_loop()
+        loop = self._loop
+        if loop is None:
+            loop = self._loop = asyncio.get_running_loop()
         oldest = loop.time() - self._idle_timeout
         while self._idle:
             conn = self._idle.pop()  # the most recent first: the rest are older still

@@ -14,13 +14,17 @@ import sys
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import aiohttp
 import pytest
 
+from llmobs.app import Sidecar
+from llmobs.config import Settings
 from llmobs.http1 import ChunkedBody, ResponseHead
+from llmobs.telemetry import build_telemetry
 from llmobs.upstream import Connection, Sink, Upstream
-from tests.conftest import SidecarFactory, SimFactory, eventually
+from tests.conftest import SidecarFactory, SidecarHandle, SimFactory, eventually
 
 QUIET = {"engine_scrape_interval": 0, "gpu_sample_interval": 0}
 ROOT = Path(__file__).resolve().parent.parent
@@ -539,6 +543,27 @@ async def test_an_engine_silent_after_the_client_caught_up_is_timed_out(
             writer.close()
 
 
+async def test_a_client_that_half_closes_behind_a_full_buffer_frees_the_engine_at_once(
+    start_sidecar: SidecarFactory,
+) -> None:
+    """A client's EOF ends its stream, as nginx takes it (a client that closed "prematurely").
+    With its response backed up, the engine's reads are paused and no read would notice; the
+    transport waits for a buffer that never drains. The EOF itself closes the engine's
+    connection, long before the send timeout (30 s here) would."""
+    flood = Flood(total=512)
+    async with raw_upstream(flood) as (_, url):
+        side = await start_sidecar(url, client_timeout=30, read_timeout=60, **QUIET)
+        _reader, writer = await slow_client(side.url)
+        await asyncio.sleep(0.75)  # the buffers on the way fill, and the engine is paused
+        assert not flood.cut.is_set()
+        writer.write_eof()
+        await asyncio.wait_for(flood.cut.wait(), 5)
+        await eventually(
+            lambda: side.value("llmobs_requests_total", outcome="client_disconnect") == 1
+        )
+        writer.close()
+
+
 async def test_a_client_that_stops_reading_is_cut_off_after_the_client_timeout(
     start_sidecar: SidecarFactory,
 ) -> None:
@@ -600,6 +625,73 @@ async def test_the_cli_serves_on_uvloop(start_sim: SimFactory) -> None:
         proc.terminate()
         _, err = await asyncio.wait_for(proc.communicate(), 30)
     assert b"event loop: uvloop" in err
+
+
+@pytest.mark.skipif(importlib.util.find_spec("uvloop") is None, reason="uvloop not installed")
+def test_clients_that_vanish_mid_stream_on_uvloop() -> None:
+    """On uvloop a transport is dead once its ``connection_lost`` has run: a write to it
+    raises. The handler's cancellation lands a loop round later, and an engine that streams
+    can deliver a read in between. So the relay stops relaying when the client goes
+    (``Request.on_gone``) rather than write into a dead transport, whose error would reach
+    the loop's exception handler and cut the engine's connection uncleanly. 20 clients reset
+    their connections while an engine writes a token every loop round."""
+    uvloop = pytest.importorskip("uvloop")
+    event = b'data: {"choices":[{"index":0,"delta":{"content":"x"}}]}\n\n'
+    chunk = b"%x\r\n%b\r\n" % (len(event), event)
+    clients = 20
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        errors: list[dict[str, Any]] = []
+        loop.set_exception_handler(lambda _, context: errors.append(context))
+        ended = 0
+
+        async def engine(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            nonlocal ended
+            head = await reader.readuntil(b"\r\n\r\n")
+            length = int(head.lower().split(b"content-length:")[1].split(b"\r\n")[0])
+            await reader.readexactly(length)
+            writer.write(SSE_HEAD + b"\r\n")
+            try:
+                while not writer.transport.is_closing():
+                    writer.write(chunk)
+                    await asyncio.sleep(0)  # a token every loop round
+            finally:
+                ended += 1
+
+        server = await asyncio.start_server(engine, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        settings = Settings(
+            upstream=f"http://127.0.0.1:{port}", host="127.0.0.1", port=0,
+            metrics_host="127.0.0.1", metrics_port=0, engine_scrape_interval=0,
+            gpu_sample_interval=0,
+        )  # fmt: skip
+        telemetry = build_telemetry()
+        sidecar = Sidecar(settings, telemetry)
+        await sidecar.start()
+        side = SidecarHandle("", "", telemetry.registry, sidecar)
+        body = json.dumps(BODY).encode()
+        request = (
+            f"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n"
+            f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
+        ).encode() + body
+        try:
+            for n in range(1, clients + 1):
+                reader, writer = await asyncio.open_connection("127.0.0.1", sidecar.port)
+                writer.write(request)
+                await reader.readuntil(b"\r\n\r\n")
+                for _ in range(3):
+                    await reader.readuntil(b"\n\n")
+                writer.transport.abort()  # a reset, with the stream in full flow
+                await eventually(lambda: side.value("llmobs_requests_total") == n)  # noqa: B023
+                await eventually(lambda: ended == n)  # noqa: B023  # the engine saw it end
+            assert errors == []
+            assert side.value("llmobs_requests_total", outcome="client_disconnect") == clients
+        finally:
+            await sidecar.stop()
+            server.close()
+
+    uvloop.run(main())
 
 
 async def test_closing_a_connection_mid_body_ends_it_at_once() -> None:
