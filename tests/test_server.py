@@ -1062,6 +1062,37 @@ async def test_a_client_that_does_not_read_pauses_and_then_resumes_the_handler(
     assert at_resume <= LOW_WATER
 
 
+async def test_on_gone_is_told_once_when_the_client_goes(serve: ServeFactory) -> None:
+    """``on_gone`` hears of a client's going (its EOF here, then the connection lost) once,
+    before the handler's cancellation reaches it; a handler that cleared it with
+    ``on_gone(None)`` hears nothing."""
+    heard: list[tuple[str, bool]] = []  # (which request, cancelled by then)
+    begun: dict[str, asyncio.Event] = {"/keep": asyncio.Event(), "/clear": asyncio.Event()}
+    cancelled: dict[str, asyncio.Event] = {"/keep": asyncio.Event(), "/clear": asyncio.Event()}
+
+    async def handle(request: Request) -> None:
+        target = request.target
+        request.begin(200, "OK", [("Content-Type", "text/event-stream")], None)
+        request.on_gone(lambda: heard.append((target, cancelled[target].is_set())))
+        if target == "/clear":
+            request.on_gone(None)
+        begun[target].set()
+        try:
+            await asyncio.sleep(WAIT)
+        except asyncio.CancelledError:
+            cancelled[target].set()
+            raise
+
+    served = await serve(handle)
+    for target in ("/keep", "/clear"):
+        client = await served.connect()
+        await client.send(get(target))
+        await asyncio.wait_for(begun[target].wait(), WAIT)
+        client.writer.write_eof()
+        await asyncio.wait_for(cancelled[target].wait(), WAIT)
+    assert heard == [("/keep", False)]
+
+
 async def test_on_flow_pauses_at_once_when_the_buffer_is_already_full(
     serve: ServeFactory,
 ) -> None:
