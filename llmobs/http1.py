@@ -269,12 +269,13 @@ class CloseBody(BodyDecoder):
 
 
 _SIZE, _DATA, _DATA_END, _TRAILER = range(4)
-# Read length -> (where its size line is, the size line, where its payload is), of reads that
-# were exactly one chunk: what ``ChunkedBody`` remembers, for at most _FRAMES lengths (token
-# events take a few dozen; when full it starts again, so that the lengths of other bodies
-# cannot keep the tokens' out for good). Pure: any chunked bodies may share one (the upstream
-# pool's all do).
-Frames = dict[int, tuple[slice, bytes, slice]]
+# Read length -> (the length of its size line with CRLF, that line), of reads that were
+# exactly one chunk: what ``ChunkedBody`` remembers, for at most _FRAMES lengths (token events
+# take a few dozen; when full it starts again, so that the lengths of other bodies cannot keep
+# the tokens' out for good). Pure: any chunked bodies may share one (the upstream pool's all
+# do). Plain ints, not slice objects: a slice built in place comes from the interpreter's
+# one-slice cache, warm, where a stored one is an object more to fetch on every read.
+Frames = dict[int, tuple[int, bytes]]
 _FRAMES = 256
 
 # RFC 9112 section 7.1: chunk-size [ chunk-ext ], nothing else (what a strict parser takes)
@@ -318,9 +319,11 @@ class ChunkedBody(BodyDecoder):
             return b""
         if self._state == _SIZE and not self._line:
             frame = self._frames.get(len(data))
-            if frame is not None and data[frame[0]] == frame[1] and data[-2:] == b"\r\n":
-                self.whole = True
-                return data[frame[2]]  # exactly one chunk, of a length seen before
+            if frame is not None:
+                at, line = frame
+                if data[:at] == line and data[-2:] == b"\r\n":
+                    self.whole = True
+                    return data[at:-2]  # exactly one chunk, of a length seen before
             end = data.find(b"\r\n")
             line = data[:end]
             if 0 < end <= 16 and not line.lstrip(_HEX):
@@ -330,11 +333,7 @@ class ChunkedBody(BodyDecoder):
                     self.whole = True
                     if len(self._frames) >= _FRAMES:
                         self._frames.clear()
-                    self._frames[stop + 2] = (
-                        slice(end + 2),
-                        data[: end + 2],
-                        slice(end + 2, stop),
-                    )
+                    self._frames[stop + 2] = (end + 2, data[: end + 2])
                     return data[end + 2 : stop]  # exactly one chunk: the hot path
                 payload = self._whole_chunks(data)
                 if payload is not None:

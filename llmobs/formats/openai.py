@@ -272,9 +272,7 @@ class WholeEvent:
     observers with and without this path to the same records.
     """
 
-    __slots__ = (
-        "at_content", "at_head", "decoder", "head", "limit", "size", "start", "tail", "tail_size",
-    )  # fmt: skip
+    __slots__ = ("decoder", "head", "limit", "size", "start", "tail", "tail_size")
 
     def __init__(self, template: Template, decoder: SseDecoder, max_line: int) -> None:
         self.decoder = decoder
@@ -282,11 +280,6 @@ class WholeEvent:
         self.tail = template.tail + b"\n\n"
         self.start = len(self.head)
         self.tail_size = len(self.tail)
-        # where the head and the rest are in a read: a slice and a compare take fewer
-        # instructions than startswith and endswith, which parse their arguments with a
-        # format string
-        self.at_head = slice(None, self.start)
-        self.at_content = slice(self.start, None)  # the content, then the tail
         self.size = self.start + self.tail_size
         self.limit = max_line + 2  # the decoder's line limit, with the blank line
 
