@@ -133,6 +133,8 @@ def json_text(value: Any) -> str:
 class Observer:
     """Observation of one proxied request."""
 
+    # Slots are laid out in sorted order: the fast path's three (``_fast*``) are named to sit
+    # side by side, so that a read touches one cache line of this object, not three.
     __slots__ = (
         "_body",
         "_body_size",
@@ -142,6 +144,8 @@ class Observer:
         "_dialect",
         "_failed",
         "_fast",
+        "_fast_times",
+        "_fast_window",
         "_finished",
         "_forwarded_ns",
         "_last_ns",
@@ -153,11 +157,9 @@ class Observer:
         "_sink",
         "_sse",
         "_timer",
-        "_times",
         "_trace",
         "_whole",
         "_whole_of",
-        "_window",
         "info",
         "operation",
         "route",
@@ -190,8 +192,8 @@ class Observer:
             self._dialect.captured = []
         self._on_data = self._dialect.on_data  # bound once: called per event
         self._output = self._timer.output  # bound once: called per output chunk
-        self._times = self._timer.times  # choice 0's times: one-token chunks append here
-        self._window = self._timer.window
+        self._fast_times = self._timer.times  # choice 0's times: one-token chunks append here
+        self._fast_window = self._timer.window
         dialect = self._dialect
         self._openai = dialect if isinstance(dialect, OpenAIStream) else None
         self._sse: SseDecoder | None = None
@@ -283,9 +285,9 @@ class Observer:
                 and data[start:].lstrip(PLAIN) == fast.tail
             ):
                 try:  # choice 0's timer.output(t_ns, 1), inlined
-                    times = self._times
+                    times = self._fast_times
                     times.append(t_ns)
-                    if len(times) > self._window:
+                    if len(times) > self._fast_window:
                         self._take(self._timer)
                 except Exception:
                     self._fail("chunk")
@@ -370,7 +372,7 @@ class Observer:
     def _take(self, timer: StreamTimer) -> None:
         """A timer's window is full: its ITLs go to the sink now (long streams only)."""
         window = timer.take_window()
-        self._times = self._timer.times  # a new array after each window
+        self._fast_times = self._timer.times  # a new array after each window
         # a long stream of a 2xx/3xx response: its model gets its label now, as its request
         # will at the end, so that its first window is not counted under "other"
         admit = 200 <= self.status < 400
@@ -476,7 +478,7 @@ class Observer:
         timers = [self._timer] if choices is None else [self._timer, *choices.values()]
         total = None if dialect.per_chunk_usage or len(timers) > 1 else dialect.output_tokens
         windows = [t.take_window(total) for t in timers]
-        self._times = self._timer.times
+        self._fast_times = self._timer.times
         reasoning, reasoning_source = dialect.reasoning_tokens, TokenSource.USAGE
         if reasoning is None and dialect.reasoning_chunks:
             reasoning, reasoning_source = dialect.reasoning_chunks, TokenSource.COUNTED
