@@ -220,10 +220,15 @@ class _Stream:
         self._obs = obs
 
     def on_head(self, conn: Connection, head: ResponseHead) -> Sink:
-        """The response head came on ``conn``: pass it on; the body goes to ``feed``."""
+        """The response head came on ``conn``: pass it on; the body goes to ``feed``. A
+        client gone before it (the handler's cancellation not yet delivered) gets nothing:
+        the exchange fails at once, and no byte goes to a closed transport."""
         self.conn = conn
         self._relayed.add(conn)
         request = self._request
+        if request.transport.is_closing():
+            self.gone = True
+            raise ConnectionResetError("the client went away before the response head")
         response_headers = head.headers
         content_type = response_headers.get("Content-Type", "")
         if response_headers.get("Content-Encoding", "").lower() not in ("", "identity"):
@@ -241,10 +246,12 @@ class _Stream:
     def client_gone(self) -> None:
         """The client went away mid-stream: close the engine's connection, so that it stops
         generating for nobody and nothing more comes to ``feed`` (the handler, cancelled on
-        the loop's next round, records the outcome)."""
-        self.gone = True
+        the loop's next round, records the outcome). If the response ended in this same
+        loop round, the client had all of it: the request stays ``ok`` and the connection
+        goes back to the pool, as when the client leaves after its handler is done."""
         conn = self.conn
-        if conn is not None:
+        if conn is not None and conn.relaying:
+            self.gone = True
             conn.close()
 
     def feed(self, data: bytes, frame: bytes | None, last: bool) -> None:

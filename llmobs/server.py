@@ -338,16 +338,20 @@ class Request:
 
     def on_gone(self, gone: Callable[[], None] | None) -> None:
         """Call ``gone`` once when the client goes away (its EOF, or the connection lost)
-        before the response has ended; ``None`` stops it. The handler is cancelled too, but
-        only on the loop's next round, and the source may deliver more before then: this
-        stops it at once, so that nothing is written to a closed transport and the relay's
-        hot path needs no check of its own per write."""
+        while the handler runs; ``None`` stops it. The handler is cancelled too, but only on
+        the loop's next round, and the source may deliver more before then: this stops it at
+        once, so that nothing is written to a closed transport and the relay's hot path needs
+        no check of its own per write. (A source whose response has already ended, in that
+        same round, may ignore it: the client had it all.)"""
         self._gone = gone
 
     def _went(self) -> None:
         gone, self._gone = self._gone, None
         if gone is not None:
-            gone()
+            try:
+                gone()
+            except Exception:  # the handler's bug: the connection's cleanup goes on
+                log.exception("%s %s: on_gone failed", self.method, self.path)
 
     def _pause(self) -> None:
         if self._flow is not None:
@@ -477,7 +481,7 @@ class ServerConnection(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         if self._request is not None:
-            self._request._went()
+            self._request._went()  # before the cancellation, which lands a round later
         self._server.connections.discard(self)
         if self._idle is not None:
             self._idle.cancel()

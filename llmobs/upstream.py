@@ -113,6 +113,11 @@ class Connection(asyncio.Protocol):
         self.idle_since = 0.0  # when it went back to the pool (the response's last read)
         self._frames = frames  # the pool's: what chunked responses learnt of their framing
 
+    @property
+    def relaying(self) -> bool:
+        """A response is on its way: its head has come, its body has not ended or failed."""
+        return self._decoder is not None
+
     # -- asyncio.Protocol -------------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]  # a TCP (or TLS) transport

@@ -14,6 +14,7 @@ import gc
 import inspect
 import json
 import socket
+import struct
 import sys
 import weakref
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -1065,15 +1066,23 @@ async def test_a_client_that_does_not_read_pauses_and_then_resumes_the_handler(
 async def test_on_gone_is_told_once_when_the_client_goes(serve: ServeFactory) -> None:
     """``on_gone`` hears of a client's going (its EOF here, then the connection lost) once,
     before the handler's cancellation reaches it; a handler that cleared it with
-    ``on_gone(None)`` hears nothing."""
+    ``on_gone(None)`` hears nothing; one whose callback raises is still cancelled when the
+    client resets (``connection_lost`` alone)."""
+    targets = ("/keep", "/clear", "/raise")
     heard: list[tuple[str, bool]] = []  # (which request, cancelled by then)
-    begun: dict[str, asyncio.Event] = {"/keep": asyncio.Event(), "/clear": asyncio.Event()}
-    cancelled: dict[str, asyncio.Event] = {"/keep": asyncio.Event(), "/clear": asyncio.Event()}
+    begun = {target: asyncio.Event() for target in targets}
+    cancelled = {target: asyncio.Event() for target in targets}
 
     async def handle(request: Request) -> None:
         target = request.target
+
+        def gone() -> None:
+            heard.append((target, cancelled[target].is_set()))
+            if target == "/raise":  # a bug of the handler's: the connection's cleanup goes on
+                raise RuntimeError("on_gone failed")
+
         request.begin(200, "OK", [("Content-Type", "text/event-stream")], None)
-        request.on_gone(lambda: heard.append((target, cancelled[target].is_set())))
+        request.on_gone(gone)
         if target == "/clear":
             request.on_gone(None)
         begun[target].set()
@@ -1084,13 +1093,18 @@ async def test_on_gone_is_told_once_when_the_client_goes(serve: ServeFactory) ->
             raise
 
     served = await serve(handle)
-    for target in ("/keep", "/clear"):
+    for target in targets:
         client = await served.connect()
         await client.send(get(target))
         await asyncio.wait_for(begun[target].wait(), WAIT)
-        client.writer.write_eof()
+        if target == "/raise":  # a reset: connection_lost alone, which must cancel still
+            sock = client.writer.get_extra_info("socket")
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+            client.writer.transport.abort()
+        else:
+            client.writer.write_eof()
         await asyncio.wait_for(cancelled[target].wait(), WAIT)
-    assert heard == [("/keep", False)]
+    assert heard == [("/keep", False), ("/raise", False)]
 
 
 async def test_on_flow_pauses_at_once_when_the_buffer_is_already_full(

@@ -10,6 +10,7 @@ import importlib.util
 import io
 import json
 import socket
+import struct
 import sys
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
@@ -562,6 +563,92 @@ async def test_a_client_that_half_closes_behind_a_full_buffer_frees_the_engine_a
             lambda: side.value("llmobs_requests_total", outcome="client_disconnect") == 1
         )
         writer.close()
+
+
+async def test_a_client_that_leaves_as_its_response_ends_is_still_ok(
+    start_sidecar: SidecarFactory,
+) -> None:
+    """The engine's last read and the client's EOF, ready in the same loop round, in that
+    order: the client had the whole response, so the request is ``ok`` and the engine's
+    connection goes back to the pool, as when the client leaves a round later."""
+    event = b'data: {"choices":[{"index":0,"delta":{"content":"x"}}]}\n\n'
+    chunk = b"%x\r\n%b\r\n" % (len(event), event)
+    engines: list[asyncio.StreamWriter] = []
+    finished = asyncio.Event()
+
+    async def respond(writer: asyncio.StreamWriter, n: int) -> bool:
+        if n > 1:
+            writer.write(SSE_HEAD + b"\r\n" + chunk + b"0\r\n\r\n")
+            return True
+        writer.write(SSE_HEAD + b"\r\n" + chunk)
+        engines.append(writer)
+        await finished.wait()
+        return True
+
+    async with raw_upstream(respond) as (upstream, url):
+        side = await start_sidecar(url, **QUIET)
+        body = json.dumps(BODY).encode()
+        request = (
+            b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n"
+            % len(body)
+        ) + body
+        reader, writer = await asyncio.open_connection("127.0.0.1", int(side.url.rsplit(":")[2]))
+        writer.write(request)
+        await reader.readuntil(b"\n\n")  # the head and the first event
+        engines[0].write(chunk + b"0\r\n\r\n")  # the last read, then at once the EOF:
+        writer.write_eof()  # no loop round between them
+        finished.set()
+        await eventually(lambda: side.value("llmobs_requests_total") == 1)
+        assert side.value("llmobs_requests_total", outcome="ok") == 1
+        writer.close()
+        async with aiohttp.ClientSession() as session:
+            status, _ = await post(session, side.url)
+        assert status == 200
+        assert upstream.connections == 1  # the first request's went back to the pool
+
+
+async def test_a_client_gone_before_the_response_head_is_sent_nothing(
+    start_sidecar: SidecarFactory,
+) -> None:
+    """A client resets while the engine is silent, and the engine's head (with a first
+    token) comes in the loop round that runs the client's ``connection_lost``, before the
+    handler's cancellation lands. Nothing of it is relayed or observed: the exchange ends
+    there, the request is ``client_disconnect`` with no first token, and the engine's
+    connection is closed."""
+    event = b'data: {"choices":[{"index":0,"delta":{"content":"x"}}]}\n\n'
+    go = asyncio.Event()
+    cut = asyncio.Event()
+
+    async def respond(writer: asyncio.StreamWriter, _: int) -> bool:
+        await go.wait()
+        writer.write(SSE_HEAD + b"\r\n" + b"%x\r\n%b\r\n" % (len(event), event))
+        with contextlib.suppress(ConnectionError):
+            while True:  # until the sidecar closes the connection
+                await asyncio.sleep(0.01)
+                writer.write(b"%x\r\n%b\r\n" % (len(event), event))
+                await writer.drain()
+        cut.set()
+        return False
+
+    async with raw_upstream(respond) as (upstream, url):
+        side = await start_sidecar(url, **QUIET)
+        body = json.dumps(BODY).encode()
+        sock = socket.create_connection(("127.0.0.1", int(side.url.rsplit(":")[2])))
+        sock.sendall(
+            b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n"
+            % len(body)
+            + body
+        )
+        await eventually(lambda: upstream.requests == 1)
+        # a reset now; the engine answers in the next round (the sidecar reads the reset in
+        # that round too, after the engine's write, and runs connection_lost in the one after)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        sock.close()
+        go.set()
+        await asyncio.wait_for(cut.wait(), 5)
+        await eventually(lambda: side.value("llmobs_requests_total") == 1)
+        assert side.value("llmobs_requests_total", outcome="client_disconnect") == 1
+        assert side.value("gen_ai_server_time_to_first_token_seconds_count") == 0
 
 
 async def test_a_client_that_stops_reading_is_cut_off_after_the_client_timeout(
