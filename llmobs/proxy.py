@@ -182,7 +182,9 @@ class _Stream:
     are chunked and the read was whole chunks, the read goes on as it came: one write, no
     re-framing, and a last chunk that came with the last token goes in the same write (one
     send fewer per request). A slow client pauses upstream reads until its buffer drains (the
-    client transport's write-buffer limits call back, see ``server``), at no cost per chunk.
+    client transport's write-buffer limits call back, see ``server``), at no cost per chunk;
+    a client that goes away closes the engine's connection (``client_gone``, called by the
+    server), so ``feed`` never checks for it.
     """
 
     __slots__ = (
