@@ -27,7 +27,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import gc
-import os
 import re
 import shutil
 import subprocess
@@ -271,7 +270,8 @@ def _instructions(args: argparse.Namespace, tokens: int, requests: int) -> int:
     """Instructions callgrind counts for a child serving ``requests`` of ``tokens``."""
     command = [
         "valgrind", "--tool=callgrind", "--callgrind-out-file=/dev/null",
-        os.path.realpath(sys.executable), __file__, "serve", "--root", args.root,
+        # the interpreter as invoked: a virtual environment's (a link) keeps its packages
+        sys.executable, __file__, "serve", "--root", args.root,
         "--instrument", args.instrument, "--tokens", str(tokens), "--requests", str(requests),
         "--streams", str(args.streams), "--runs", "1",
     ]  # fmt: skip

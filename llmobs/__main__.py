@@ -23,6 +23,7 @@ from llmobs.config import (
     settings_from_args,
 )
 from llmobs.demo import add_demo_arguments, run_demo
+from llmobs.logs import configure as configure_logging
 from llmobs.sim import add_sim_arguments, run_sim, sim_settings_from_args
 from llmobs.telemetry import build_telemetry
 
@@ -72,14 +73,6 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _configure_logging(level: str) -> None:
-    logging.basicConfig(
-        level=level.upper(),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-        stream=sys.stderr,
-    )
-
-
 async def _until_signalled(main: asyncio.Event) -> None:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -88,7 +81,7 @@ async def _until_signalled(main: asyncio.Event) -> None:
 
 
 async def _serve(settings: Settings, otel: OtelSettings) -> int:
-    _configure_logging(settings.log_level)
+    configure_logging(settings.log_level)
     tune_process()
     logging.getLogger("llmobs").debug("event loop: %s", type(asyncio.get_running_loop()).__module__)
     stop = asyncio.Event()
@@ -112,7 +105,7 @@ async def _serve(settings: Settings, otel: OtelSettings) -> int:
 
 async def _sim(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
     settings = sim_settings_from_args(args, environ)
-    _configure_logging("info")
+    configure_logging("info")
     task = asyncio.ensure_future(run_sim(settings))
     stop = asyncio.Event()
     await _until_signalled(stop)

@@ -210,6 +210,16 @@ class Proxy:
             await asyncio.to_thread(tracing.close)
 
 
+def _authorized(given: str, expected: bytes) -> bool:
+    """Whether an ``Authorization`` value is the expected bearer token. aiohttp keeps bytes
+    that are not UTF-8 as surrogates; such a value is no token of ours (401, not a 500)."""
+    try:
+        raw = given.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return hmac.compare_digest(raw, expected)
+
+
 @dataclass
 class Lifecycle:
     """State both applications share: whether the sidecar is shutting down."""
@@ -234,14 +244,12 @@ def build_admin_app(
     expected = f"Bearer {settings.metrics_token}".encode() if settings.metrics_token else b""
 
     async def metrics(request: web.Request) -> web.Response:
-        if expected:
-            given = request.headers.get("Authorization", "").encode()
-            if not hmac.compare_digest(given, expected):
-                return web.json_response(
-                    {"error": "a bearer token is required for /metrics"},
-                    status=401,
-                    headers={"WWW-Authenticate": 'Bearer realm="llmobs"'},
-                )
+        if expected and not _authorized(request.headers.get("Authorization", ""), expected):
+            return web.json_response(
+                {"error": "a bearer token is required for /metrics"},
+                status=401,
+                headers={"WWW-Authenticate": 'Bearer realm="llmobs"'},
+            )
         # The bytes generate_latest(registry) gives, but the request series are written by
         # their own renderer on the event loop a few hundred microseconds at a time (no GIL
         # contention with a thread, no garbage to collect: max loop lag at the label cap

@@ -143,7 +143,8 @@ OPTIONS: tuple[Option, ...] = (
         "--max-body-bytes",
         "LLMOBS_MAX_BODY_BYTES",
         _parse_size,
-        "largest request body accepted (then 413); accepts KiB/MiB suffixes",
+        "largest request body accepted as it comes over the wire, chunked framing included "
+        "(then 413); accepts KiB/MiB suffixes",
         "BYTES",
     ),
     Option(

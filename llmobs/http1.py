@@ -13,6 +13,7 @@ connection unfit for reuse; a request's are the next pipelined request).
 from __future__ import annotations
 
 import re
+from enum import IntEnum
 from typing import NamedTuple
 from urllib.parse import unquote
 
@@ -40,7 +41,7 @@ _TARGET = bytes(range(0x20, 0x7F)) + bytes(range(0x80, 0x100))
 
 # A single byte is looked for as an int (``13 in value``): ``bytes in bytes`` first tries the
 # needle as an int, and the TypeError it raises and clears costs ~200 ns.
-_CR, _LF, _NUL = 13, 10, 0
+_CR, _LF, _NUL, _DOT, _PERCENT = 13, 10, 0, 46, 37
 
 
 def _is_digits(value: str) -> bool:
@@ -96,16 +97,21 @@ def parse_head(raw: bytes) -> ResponseHead:
     minor = parts[0][7:8]
     if not parts[1].isdigit() or len(parts[1]) != 3 or not minor.isdigit():
         raise ProtocolError(f"bad status line: {status_line[:64]!r}")
+    # Every header goes on to the client as it came: no CR but at a line's end, and no NUL,
+    # which would end a line early for the client or be read as one by another parser
+    # (response splitting); a name is a token (a line that starts with whitespace, obsolete
+    # folding, is not). nginx answers such a head with 502 too.
+    if _NUL in raw or _CR in status_line:
+        raise ProtocolError("a NUL or a bare CR in the response head")
     fields: list[tuple[str, str]] = []
     for raw_line in lines[1:]:
         line = raw_line.rstrip(b"\r")
         if not line:
             continue
         name, sep, value = line.partition(b":")
-        # (a line that starts with whitespace, obsolete folding, fails the strip compare)
-        if not sep or not name or name != name.strip():
+        if not sep or not name or name.lstrip(_TOKEN) or _CR in value:
             raise ProtocolError(f"bad header line: {line[:64]!r}")
-        fields.append((name.decode("latin-1"), value.strip().decode("latin-1")))
+        fields.append((name.decode("ascii"), value.strip().decode("latin-1")))
     reason = parts[2].decode("latin-1") if len(parts) > 2 else ""
     return ResponseHead((1, int(minor)), int(parts[1]), reason, CIMultiDict(fields), fields)
 
@@ -142,6 +148,23 @@ def _keep_alive(version: tuple[int, int], headers: CIMultiDict[str]) -> bool:
     return "keep-alive" in tokens
 
 
+def climbs_above_root(target: str) -> bool:
+    """Whether the path of ``target``, percent-decoded, has more ``..`` segments than
+    segments before them (RFC 3986 5.2.4 would stop at the root; nginx answers 400). The
+    relay passes a path on as sent, behind ``--upstream``'s base path: ``/../admin`` would
+    reach the engine as ``/base/../admin``, which it resolves outside the base."""
+    path = unquote(target.split("?", 1)[0])
+    depth = 0
+    for segment in path.split("/")[1:]:
+        if segment == "..":
+            depth -= 1
+            if depth < 0:
+                return True
+        elif segment != ".":
+            depth += 1
+    return False
+
+
 def parse_request_head(raw: bytes) -> RequestHead:
     """Parse ``raw`` (request line and headers, without the blank line that ends them).
 
@@ -159,6 +182,8 @@ def parse_request_head(raw: bytes) -> RequestHead:
         raise BadRequest(400, "malformed request line")
     if version[5:6] != b"1" or version[7:8] not in (b"0", b"1"):
         raise BadRequest(505, "HTTP version not supported")
+    if parts[0] == b"CONNECT":  # a tunnel: a reverse proxy has none to offer (as nginx)
+        raise BadRequest(405, "CONNECT is not supported")
     target = parts[1]
     if target.lstrip(_TARGET):
         raise BadRequest(400, "invalid character in the request target")
@@ -171,6 +196,9 @@ def parse_request_head(raw: bytes) -> RequestHead:
         target = rest[cut:]
         if target[:1] != b"/":
             target = b"/" + target
+    # "." or "%" (ints: see _CR) first: most paths have neither, and need no decoding
+    if (_DOT in target or _PERCENT in target) and climbs_above_root(target.decode("latin-1")):
+        raise BadRequest(400, "the request path climbs above the root")
     if len(lines) > MAX_REQUEST_HEADERS + 1:
         raise BadRequest(431, "too many header fields")
     fields: list[tuple[str, str]] = []
@@ -198,17 +226,31 @@ class BodyDecoder:
     chunk included when ``done``, then with no trailer): the read itself is then a valid
     ``chunked`` framing of its payload, and a relay whose client side is chunked too can
     write it on as it came, with no re-framing (``proxy``).
+
+    ``backlog`` says that ``feed`` stopped before the end of its read, having done its share
+    of work (``FEED_BUDGET``): the caller lets other connections run, then takes the rest with
+    ``resume`` (the I/O layers pause reading meanwhile). Only framing that costs work per
+    chunk ever stops early; a length-delimited body never does.
     """
 
-    __slots__ = ("done", "extra", "whole")
+    __slots__ = ("backlog", "done", "extra", "whole")
 
     def __init__(self) -> None:
         self.done = False
         self.extra = b""  # bytes after the end of the body
         self.whole = False
+        self.backlog = False
 
     def feed(self, data: bytes) -> bytes:
         raise NotImplementedError
+
+    def resume(self) -> bytes:
+        """The payload of more of the read that ``feed`` left (``backlog``)."""
+        return b""
+
+    def pending(self) -> int:
+        """Bytes of the last read not decoded yet (``backlog``)."""
+        return 0
 
     def eof(self) -> bool:
         """The connection closed: True if that ends the body cleanly."""
@@ -268,7 +310,16 @@ class CloseBody(BodyDecoder):
         return True
 
 
-_SIZE, _DATA, _DATA_END, _TRAILER = range(4)
+class ChunkState(IntEnum):
+    """Where a chunked body's decoder stands between reads."""
+
+    SIZE = 0  # at a size line
+    DATA = 1  # inside a chunk's data
+    DATA_END = 2  # at the CRLF after a chunk's data
+    TRAILER = 3  # in the trailer section, after the last chunk
+
+
+_SIZE, _DATA, _DATA_END, _TRAILER = ChunkState
 # Read length -> (the length of its size line with CRLF, that line), of reads that were
 # exactly one chunk: what ``ChunkedBody`` remembers, for at most _FRAMES lengths (token events
 # take a few dozen; when full it starts again, so that the lengths of other bodies cannot keep
@@ -277,6 +328,14 @@ _SIZE, _DATA, _DATA_END, _TRAILER = range(4)
 # one-slice cache, warm, where a stored one is an object more to fetch on every read.
 Frames = dict[int, tuple[int, bytes]]
 _FRAMES = 256
+
+# The work one ``feed`` (or ``resume``) does at most: lines of framing (size lines, trailer
+# fields), a long line counting once per 64 bytes (the strict grammar's regex runs over it).
+# Chunk data costs a copy, not a step per byte, and is not counted. A read of more framing
+# than this (a body of 1-byte chunks) is decoded over several turns of the event loop, so
+# that one connection cannot hold up the streams of all the others.
+FEED_BUDGET = 256
+MAX_TRAILER_BYTES = 16 * 1024  # a chunked body's trailer section (then FieldsTooLarge)
 
 # RFC 9112 section 7.1: chunk-size [ chunk-ext ], nothing else (what a strict parser takes)
 _TCHAR = rb"[!#$%&'*+\-.^_`|~0-9A-Za-z]+"
@@ -288,17 +347,39 @@ _STRICT_SIZE_LINE = re.compile(
 )  # fmt: skip
 
 
+class FieldsTooLarge(ProtocolError):
+    """A chunked body's trailer section passed ``MAX_TRAILER_BYTES`` (a client gets 431)."""
+
+
 class ChunkedBody(BodyDecoder):
     """``Transfer-Encoding: chunked``; chunk extensions ignored, trailers dropped.
 
     The common case, a read that holds exactly one whole chunk (how engines write a token),
-    takes one ``find`` and one slice; a read of several whole chunks takes a loop of those.
-    Once a read of some length was one chunk, a later read of that length is one chunk if it
-    starts with the same size line and ends in CRLF (``_frames``): two slices compared, two
-    calls fewer than ``find`` and ``endswith``, which parse their arguments by format string.
+    takes one ``find`` and one slice. Once a read of some length was one chunk, a later read
+    of that length is one chunk if it starts with the same size line and ends in CRLF
+    (``_frames``): two slices compared, two calls fewer than ``find`` and ``endswith``, which
+    parse their arguments by format string. Other reads alternate between ``_scan``, a loop of
+    ``find`` and slices over plainly framed whole chunks (a busy engine's coalesced reads, a
+    client's upload), and a line state machine for the rest (a chunk cut by the read, an
+    extension, the trailer), within ``FEED_BUDGET`` (``backlog``).
+
+    Why our own: httptools (llhttp) decodes 1-byte chunks ~20 times faster, but tells no
+    offset where a body ends (the bytes after it are the next pipelined request), sets no
+    bound on a chunk extension or a trailer section, and calls back per chunk without a way
+    to stop part way through a read; the budget bounds what ours costs per turn instead.
     """
 
-    __slots__ = ("_frames", "_line", "_plain", "_remaining", "_state", "_strict")
+    __slots__ = (
+        "_frames",
+        "_line",
+        "_plain",
+        "_remaining",
+        "_rest",
+        "_rest_at",
+        "_state",
+        "_strict",
+        "_trailer",
+    )
 
     def __init__(self, strict: bool = False, frames: Frames | None = None) -> None:
         super().__init__()
@@ -311,12 +392,19 @@ class ChunkedBody(BodyDecoder):
         self._remaining = 0  # payload bytes left in the current chunk
         self._plain = True  # this read: no chunk extension, no trailer field
         self._frames = {} if frames is None else frames
+        self._trailer = 0  # bytes of trailer section so far
+        self._rest = b""  # the read that ``feed`` left part of (``backlog``) ...
+        self._rest_at = 0  # ... and where it stopped
 
     def feed(self, data: bytes) -> bytes:
         if self.done:
             self.extra += data
             self.whole = False
             return b""
+        if self.backlog:  # the caller must ``resume`` first: keep the order of the bytes
+            self._rest = self._rest[self._rest_at :] + data
+            self._rest_at = 0
+            return self.resume()
         if self._state == _SIZE and not self._line:
             frame = self._frames.get(len(data))
             if frame is not None:
@@ -329,44 +417,115 @@ class ChunkedBody(BodyDecoder):
             if 0 < end <= 16 and not line.lstrip(_HEX):
                 size = int(line, 16)
                 stop = end + 2 + size
-                if size and len(data) == stop + 2 and data.endswith(b"\r\n"):
+                if len(data) == stop + 2 and data.endswith(b"\r\n"):
                     self.whole = True
+                    if not size:  # the last chunk alone, with no trailer
+                        self._state, self.done = _TRAILER, True
+                        return b""
                     if len(self._frames) >= _FRAMES:
                         self._frames.clear()
                     self._frames[stop + 2] = (end + 2, data[: end + 2])
                     return data[end + 2 : stop]  # exactly one chunk: the hot path
-                payload = self._whole_chunks(data)
-                if payload is not None:
-                    return payload
-        return self._feed(data)
+            out: list[bytes] = []
+            pos, budget = _scan(data, 0, out, FEED_BUDGET)
+            n = len(data)
+            if pos == n or (pos == n - 5 and data.endswith(b"0\r\n\r\n")):
+                # whole chunks, and perhaps the last (no trailer): a busy engine's reads
+                self.whole = True
+                if pos != n:
+                    self._state, self.done = _TRAILER, True
+                return out[0] if len(out) == 1 else b"".join(out)
+            return self._decode(data, pos, out, budget, True)
+        return self._decode(data, 0, [], FEED_BUDGET, False)
 
-    def _whole_chunks(self, data: bytes) -> bytes | None:
-        """The payload of a read of several whole, plainly framed chunks (a token and the
-        last chunk; the reads of a busy engine, which coalesce), or None, with nothing
-        changed, for any other read: ``_feed`` then takes it a line at a time. One pass of
-        ``find`` and slices instead of the line state machine's several calls per line."""
-        out: list[bytes] = []
-        pos, n = 0, len(data)
-        while pos < n:
-            end = data.find(b"\r\n", pos, pos + 18)
-            if end <= pos:  # no size line of 1-16 characters here
-                return None
-            line = data[pos:end]
-            if line.lstrip(_HEX):
-                return None
-            size = int(line, 16)
-            if not size:  # the last chunk: whole only when it ends the read, with no trailer
-                if end + 4 != n or not data.endswith(b"\r\n\r\n"):
-                    return None
-                self._state, self.done = _TRAILER, True  # where the state machine ends too
+    def resume(self) -> bytes:
+        if not self.backlog:
+            return b""
+        data, at = self._rest, self._rest_at
+        self._rest, self.backlog = b"", False
+        return self._decode(data, at, [], FEED_BUDGET, False)
+
+    def pending(self) -> int:
+        return len(self._rest) - self._rest_at if self.backlog else 0
+
+    def _decode(self, data: bytes, pos: int, out: list[bytes], budget: int, plain: bool) -> bytes:
+        """The line state machine, with ``_scan`` at each chunk's start, from ``pos`` on;
+        ``plain``: the read began at a chunk, so it may turn out whole."""
+        n = len(data)
+        # whole chunks only: the read starts at a chunk's size line ...
+        self._plain = plain
+        while pos < n and not self.done:
+            if budget <= 0:  # its share done: the rest waits for ``resume``
+                self._rest, self._rest_at, self.backlog = data, pos, True
+                self._plain = False
                 break
-            stop = end + 2 + size
-            if data[stop : stop + 2] != b"\r\n":  # cut short (or broken): the state machine
-                return None
-            out.append(data[end + 2 : stop])
-            pos = stop + 2
-        self.whole = True
+            if self._state == _SIZE and not self._line:
+                scanned, budget = _scan(data, pos, out, budget)
+                if data.startswith(b"0\r\n\r\n", scanned):  # the last chunk, no trailer
+                    pos, self._state, self.done = scanned + 5, _TRAILER, True
+                    break
+                if scanned != pos:
+                    pos = scanned
+                    continue
+            if self._state == _DATA:
+                take = min(self._remaining, n - pos)
+                out.append(data[pos : pos + take])
+                pos += take
+                self._remaining -= take
+                if not self._remaining:
+                    self._state = _DATA_END
+                continue
+            end = data.find(b"\n", pos)
+            if end < 0:
+                self._line += data[pos:]
+                self._check_line(len(self._line))
+                break
+            line = self._line + data[pos:end]
+            self._check_line(len(line))
+            budget -= 1 + (len(line) >> 6)
+            pos = end + 1
+            self._line = b""
+            self._step(line)
+        if pos < n and self.done:
+            self.extra = data[pos:]
+        # ... and ends at one, or at the end of the body with nothing after it
+        self.whole = self._plain and (
+            (self._state == _SIZE and not self._line) if not self.done else not self.extra
+        )
         return out[0] if len(out) == 1 else b"".join(out)
+
+    def _check_line(self, length: int) -> None:
+        """Every line is bounded, whole in one read or not; the trailer section as well."""
+        if self._state == _TRAILER:
+            if self._trailer + length > MAX_TRAILER_BYTES:
+                raise FieldsTooLarge("trailer section too large")
+        elif length > MAX_CHUNK_LINE:
+            raise ProtocolError("chunk line too long")
+
+    def _step(self, line: bytes) -> None:
+        """One line of framing (with its LF, without): a size line, the CRLF after a
+        chunk's data, or a line of the trailer section."""
+        if line[-1:] != b"\r" or line[-2:-1] == b"\r":
+            self._plain = False  # not one CRLF (a bare LF, CR CR LF): re-framed, not relayed
+            if self._strict:
+                raise ProtocolError("a chunk line not ended by one CRLF")
+        line = line.rstrip(b"\r")
+        state = self._state
+        if state == _DATA_END:
+            if line:
+                raise ProtocolError("chunk data not followed by CRLF")
+            self._state = _SIZE
+        elif state == _SIZE:
+            size = self._size(line)
+            if size:
+                self._state, self._remaining = _DATA, size
+            else:
+                self._state = _TRAILER
+        elif not line:  # _TRAILER: the blank line ends the body
+            self.done = True
+        else:
+            self._trailer += len(line) + 2
+            self._plain = False  # a trailer field: dropped, so not relayed as it came
 
     def _size(self, line: bytes) -> int:
         if line.lstrip(_HEX):  # not bare hex digits: an extension, or spaces
@@ -380,56 +539,31 @@ class ChunkedBody(BodyDecoder):
             raise ProtocolError(f"bad chunk size line: {line[:64]!r}")
         return int(line, 16)
 
-    def _feed(self, data: bytes) -> bytes:
-        out: list[bytes] = []
-        pos, n = 0, len(data)
-        # whole chunks only: the read starts at a chunk's size line ...
-        self._plain = self._state == _SIZE and not self._line
-        while pos < n and not self.done:
-            state = self._state
-            if state == _DATA:
-                take = min(self._remaining, n - pos)
-                out.append(data[pos : pos + take])
-                pos += take
-                self._remaining -= take
-                if not self._remaining:
-                    self._state = _DATA_END
-                continue
-            end = data.find(b"\n", pos)
-            if end < 0:
-                self._line += data[pos:]
-                if len(self._line) > MAX_CHUNK_LINE:
-                    raise ProtocolError("chunk line too long")
-                break
-            line = self._line + data[pos:end]
-            if line[-1:] != b"\r" or line[-2:-1] == b"\r":
-                self._plain = False  # not one CRLF (a bare LF, CR CR LF): re-framed, not relayed
-                if self._strict:
-                    raise ProtocolError("a chunk line not ended by one CRLF")
-            line = line.rstrip(b"\r")
-            self._line = b""
-            pos = end + 1
-            if state == _DATA_END:
-                if line:
-                    raise ProtocolError("chunk data not followed by CRLF")
-                self._state = _SIZE
-            elif state == _SIZE:
-                size = self._size(line)
-                if size:
-                    self._state, self._remaining = _DATA, size
-                else:
-                    self._state = _TRAILER
-            elif not line:  # _TRAILER: the blank line ends the body
-                self.done = True
-            else:
-                self._plain = False  # a trailer field: dropped, so not relayed as it came
-        if pos < n and self.done:
-            self.extra = data[pos:]
-        # ... and ends at one, or at the end of the body with nothing after it
-        self.whole = self._plain and (
-            (self._state == _SIZE and not self._line) if not self.done else not self.extra
-        )
-        return out[0] if len(out) == 1 else b"".join(out)
+
+def _scan(data: bytes, pos: int, out: list[bytes], budget: int) -> tuple[int, int]:
+    """Whole, plainly framed chunks from ``pos`` on (bare hex sizes, CRLFs, data present in
+    full), their payloads appended to ``out``; returns where it stopped and the budget left.
+    It stops, with nothing taken of it, at anything else: the last chunk, an extension, a
+    chunk the read cut short or a broken one, which the line state machine then decides.
+    A loop of ``find`` and slices per chunk: a state change per line costs several times
+    more, and a body of tiny chunks is all lines."""
+    find = data.find
+    append = out.append
+    while budget > 0:
+        end = find(b"\r\n", pos, pos + 18)
+        if end <= pos:  # no size line of 1-16 characters here
+            break
+        line = data[pos:end]
+        if line.lstrip(_HEX):
+            break
+        size = int(line, 16)
+        stop = end + 2 + size
+        if not size or data[stop : stop + 2] != b"\r\n":
+            break
+        append(data[end + 2 : stop])
+        pos = stop + 2
+        budget -= 1
+    return pos, budget
 
 
 def body_decoder(head: ResponseHead, method: str, frames: Frames | None = None) -> BodyDecoder:

@@ -33,8 +33,9 @@ from llmobs.formats import Route, detect_stream, route_for_path
 from llmobs.formats.base import Passthrough
 from llmobs.formats.inject import UsageStripper, inject_usage
 from llmobs.formats.openai import OpenAIStream
-from llmobs.http1 import BadRequest, ResponseHead, content_length
+from llmobs.http1 import BadRequest, ProtocolError, ResponseHead, content_length
 from llmobs.later import Later
+from llmobs.logs import method_label
 from llmobs.server import BodyTooLarge, BodyTooSlow, Request
 from llmobs.timing import Outcome
 from llmobs.tracing import Arrival
@@ -323,9 +324,9 @@ class Relay:
         stripper: UsageStripper | None = None
         outcome = Outcome.OK
         stream: _Stream | None = None
+        observed: bytes | None = None  # the body, for the observer to parse
         try:
             body: bytes | None = None
-            observed: bytes | None = None  # the body, for the observer to parse
             if request.has_body:
                 body = await request.read_body(settings.client_timeout)
                 if factory is not None and (
@@ -341,7 +342,7 @@ class Relay:
                     try:
                         rewritten = inject_usage(body)
                     except Exception:  # a bug of the rewrite's: the body goes on as it came
-                        log.exception("%s %s: --inject-usage failed", request.method, request.path)
+                        log.exception("%s %s: --inject-usage failed", _method(request), route)
                         rewritten = None
                     if rewritten is not None:
                         body, stripper = rewritten, UsageStripper()
@@ -394,7 +395,7 @@ class Relay:
             self._local(request, observer(), exc.status, str(exc), close=True)
         except TimeoutError:
             outcome = Outcome.UPSTREAM_TIMEOUT
-            self._upstream_failed(request, observer(), 504, "upstream timed out", outcome)
+            self._upstream_failed(request, route, observer(), 504, "upstream timed out", outcome)
         except OSError as exc:
             conn = stream.conn if stream is not None else None
             if conn is not None and conn in self._aborted and request.started:
@@ -404,11 +405,10 @@ class Relay:
                 outcome = Outcome.CLIENT_DISCONNECT
             else:
                 outcome = Outcome.UPSTREAM_ERROR
-                message = f"upstream unavailable: {type(exc).__name__}"
-                self._upstream_failed(request, observer(), 502, message, outcome)
+                self._upstream_failed(request, route, observer(), 502, _unavailable(exc), outcome)
         except Exception:  # a bug of the relay's own: one outcome still, and a clean answer
             outcome = Outcome.UPSTREAM_ERROR
-            log.exception("%s %s: the relay failed", request.method, request.path)
+            log.exception("%s %s: the relay failed", _method(request), route)
             if not request.started:
                 self._local(request, observer(), 502, "llmobs: internal error")
             else:
@@ -424,6 +424,10 @@ class Relay:
                     self._upstream.release(conn)
                 else:
                     self._upstream.discard(conn)
+            if observed is not None and stream is not None and stream.on_sent is not None:
+                # never sent (no connection to the engine, say): the body is read now, so the
+                # failure is counted under its model, as every other outcome is
+                observer().request_body(observed)
             self._finish(observer(), clock(), outcome)
 
     async def _exchange(self, method: str, raw_head: bytes, body: bytes, stream: _Stream) -> None:
@@ -522,12 +526,14 @@ class Relay:
     def _upstream_failed(
         self,
         request: Request,
+        route: Route,
         obs: RequestObserver,
         status: int,
         message: str,
         outcome: Outcome,
     ) -> None:
-        log.warning("%s %s: %s (%s)", request.method, request.path, message, outcome.value)
+        # named by its method and operation, never its path: a client chose those bytes
+        log.warning("%s %s: %s (%s)", _method(request), route, message, outcome.value)
         if not request.started:
             self._local(request, obs, status, f"llmobs: {message}")
         else:  # the response has started: end it the way a broken engine would, uncleanly
@@ -541,6 +547,18 @@ def _length(head: ResponseHead, stripper: UsageStripper | None) -> int | None:
     if stripper is not None or "Transfer-Encoding" in head.headers:
         return None
     return content_length(head.headers)
+
+
+def _method(request: Request) -> str:
+    return method_label(request.method)
+
+
+def _unavailable(exc: OSError) -> str:
+    """What a client and the log are told of a failed exchange: its class, and for a head
+    or body the engine framed wrongly, the check it failed (engine bytes, escaped)."""
+    if isinstance(exc, ProtocolError):
+        return f"upstream sent an invalid response: {exc}"
+    return f"upstream unavailable: {type(exc).__name__}"
 
 
 def _client_gone(request: Request) -> bool:

@@ -32,6 +32,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import re
 import socket
 import struct
 from collections.abc import Awaitable, Callable, Iterable
@@ -50,16 +51,20 @@ from llmobs.http1 import (
     MAX_REQUEST_HEAD_BYTES,
     BadRequest,
     BodyDecoder,
+    FieldsTooLarge,
     ProtocolError,
     RequestHead,
     content_length,
     parse_request_head,
     request_body_decoder,
 )
+from llmobs.logs import method_label
 
 log = logging.getLogger("llmobs.server")
 
 MAX_PIPELINED = 256 * 1024  # bytes of later requests buffered while one is handled
+PIPELINED_LOW = 64 * 1024  # ... and below which reading starts again (above a whole head)
+_LINE_ENDS = re.compile(rb"[\r\n]*")
 HIGH_WATER = 256 * 1024  # bytes buffered for a client above which its upstream is paused
 LOW_WATER = 64 * 1024  # ... and below which it is resumed
 
@@ -74,8 +79,12 @@ def reason_phrase(status: int) -> str:
         return "Unknown"
 
 
+# What a 405 (CONNECT, refused by the parser) names as allowed: the methods the relay forwards
+ALLOW = "GET, HEAD, POST, PUT, PATCH, DELETE, OPTIONS"
+
 ERROR_TYPES = {
     400: "bad_request",
+    405: "method_not_allowed",
     408: "request_timeout",
     413: "request_too_large",
     431: "request_too_large",
@@ -123,8 +132,9 @@ class Request:
         "_gone",
         "_limit",
         "_parts",
-        "_size",
         "_waiter",
+        "_wire",
+        "backlog",
         "body_complete",
         "bodyless",
         "chunked",
@@ -165,7 +175,10 @@ class Request:
         self._decoder = decoder
         self._limit = limit
         self._parts: list[bytes] = []
-        self._size = 0
+        self._wire = 0  # bytes of the body read off the wire, framing included
+        # the body's decoder stopped part way through a read, its share of this loop turn
+        # done: the connection takes up the rest (``_feed_rest``) in the next turn
+        self.backlog = False
         self._waiter: asyncio.Future[None] | None = None
         self._flow: tuple[Callable[[], None], Callable[[], None]] | None = None
         self._gone: Callable[[], None] | None = None
@@ -202,23 +215,44 @@ class Request:
 
     def _feed(self, data: bytes) -> bytes:
         """Body bytes off the wire; returns what follows the body (a pipelined request)."""
-        decoder = self._decoder
-        assert decoder is not None
         if self.refused:
             return b""  # the rest of a refused body is never read as requests
+        self._wire += len(data)
+        return self._decode(data)
+
+    def _feed_rest(self) -> bytes:
+        """The rest of a read the decoder left (``backlog``); returns as ``_feed`` does."""
+        if self.refused:
+            self.backlog = False
+            return b""
+        return self._decode(None)
+
+    def _decode(self, data: bytes | None) -> bytes:
+        decoder = self._decoder
+        assert decoder is not None
         try:
-            payload = decoder.feed(data)
+            payload = decoder.feed(data) if data is not None else decoder.resume()
+        except FieldsTooLarge:
+            self.error = BadRequest(431, "request trailer section too large")
+            self.backlog = False
+            self._complete()
+            return b""
         except ProtocolError as exc:
             self.error = BadRequest(400, f"malformed request body: {exc}")
+            self.backlog = False
+            self._complete()
+            return b""
+        # The limit is on the body as it comes over the wire, its framing (size lines,
+        # extensions, trailers) included: that is what costs work to read.
+        self.backlog = decoder.backlog
+        wire = self._wire
+        if wire > self._limit and wire - decoder.pending() - len(decoder.extra) > self._limit:
+            self.backlog = False
+            self.too_large = True
+            self._parts.clear()
             self._complete()
             return b""
         if payload:
-            self._size += len(payload)
-            if self._size > self._limit:
-                self.too_large = True
-                self._parts.clear()
-                self._complete()
-                return b""
             self._parts.append(payload)
         if decoder.done and not self.body_complete:
             self._complete()
@@ -351,7 +385,7 @@ class Request:
             try:
                 gone()
             except Exception:  # the handler's bug: the connection's cleanup goes on
-                log.exception("%s %s: on_gone failed", self.method, self.path)
+                log.exception("%s request: on_gone failed", method_label(self.method))
 
     def _pause(self) -> None:
         if self._flow is not None:
@@ -375,7 +409,10 @@ class ServerConnection(asyncio.Protocol):
         self.transport: asyncio.Transport = None  # type: ignore[assignment]  # set on connect
         self.remote = ""
         self.closing = False  # close once the current response has ended
+        # Bytes read but not handled yet (a head coming in, pipelined requests) from
+        # ``_at`` on: a request taken from the front moves ``_at``, copying nothing.
         self._buf = b""
+        self._at = 0
         self._head_t = 0.0  # when the head in ``_buf`` began to arrive (loop time)
         self._request: Request | None = None
         self._task: asyncio.Task[None] | None = None
@@ -384,6 +421,7 @@ class ServerConnection(asyncio.Protocol):
         self._stalled_at = 0  # bytes the client had not taken at the last check
         self._fd = -1  # the socket, for its kernel send queue (the send timeout)
         self._paused = False
+        self._turn: asyncio.Handle | None = None  # the body's next share of work (``_yield``)
         self._lingering = False
         self.paused_writing = False
 
@@ -413,19 +451,51 @@ class ServerConnection(asyncio.Protocol):
                 return
             if not request.body_complete:
                 data = request._feed(data)
+                if request.backlog:
+                    self._yield()
+                    return
                 if not data:
                     return
-            self._buf += data  # a pipelined request: handled after this one
-            if len(self._buf) > MAX_PIPELINED and not self._paused:
-                self._paused = True
-                self.transport.pause_reading()
+            self._pipelined(data)
             return
         if self._buf:
-            self._buf += data
+            self._buf = self._buf[self._at :] + data
         else:  # a new request's head begins
             self._buf = data
             self._head_t = self._loop.time()
+        self._at = 0
         self._next()
+
+    def _pipelined(self, data: bytes) -> None:
+        """Bytes after the current request: the next ones, handled after it (bounded)."""
+        self._buf = self._buf[self._at :] + data
+        self._at = 0
+        if len(self._buf) > MAX_PIPELINED and not self._paused:
+            self._paused = True
+            self.transport.pause_reading()
+
+    def _yield(self) -> None:
+        """The request body's decoder had its share of this loop turn: stop reading, and
+        decode the rest of the read in the next turn, after the other connections' reads
+        (a body of tiny chunks is then a slow upload, not a stall of every stream)."""
+        if self._turn is None:
+            self.transport.pause_reading()
+            self._turn = self._loop.call_soon(self._next_turn)
+
+    def _next_turn(self) -> None:
+        self._turn = None
+        request = self._request
+        if self._lingering or self.transport.is_closing():
+            return  # (a lingering close reads again itself)
+        if request is not None:
+            rest = request._feed_rest()
+            if request.backlog:
+                self._turn = self._loop.call_soon(self._next_turn)
+                return
+            if rest:
+                self._pipelined(rest)
+        if not self._paused:
+            self.transport.resume_reading()
 
     def pause_writing(self) -> None:
         self.paused_writing = True
@@ -485,6 +555,9 @@ class ServerConnection(asyncio.Protocol):
         self._server.connections.discard(self)
         if self._idle is not None:
             self._idle.cancel()
+        if self._turn is not None:
+            self._turn.cancel()
+            self._turn = None
         if self._stalled is not None:
             self._stalled.cancel()
             self._stalled = None
@@ -502,18 +575,20 @@ class ServerConnection(asyncio.Protocol):
 
     def _next(self) -> None:
         """Start the next request if its head is complete."""
-        buf = self._buf
-        if buf[:2] == b"\r\n":  # RFC 9112 2.2: a stray CRLF before a request is ignored
-            buf = buf.lstrip(b"\r\n")
-        end = buf.find(b"\r\n\r\n")
-        if end < 0 or end > MAX_REQUEST_HEAD_BYTES:
-            self._buf = buf
+        buf, at = self._buf, self._at
+        if buf[at : at + 2] == b"\r\n":  # RFC 9112 2.2: a stray CRLF before a request is ignored
+            at = _LINE_ENDS.match(buf, at).end()  # type: ignore[union-attr]  # always matches
+        end = buf.find(b"\r\n\r\n", at)
+        if end < 0 or end - at > MAX_REQUEST_HEAD_BYTES:
+            self._at = at
             # the limit is on the head; up to 3 bytes of its blank line may be here too
-            if end > MAX_REQUEST_HEAD_BYTES or len(buf) > MAX_REQUEST_HEAD_BYTES + 3:
+            if end - at > MAX_REQUEST_HEAD_BYTES or len(buf) - at > MAX_REQUEST_HEAD_BYTES + 3:
                 self._reject(BadRequest(431, "request head too large"))
+            elif self._paused:
+                self._read_more()
             return
         try:
-            head = parse_request_head(buf[:end])
+            head = parse_request_head(buf[at:end])
             decoder = request_body_decoder(head)
         except BadRequest as exc:
             self._reject(exc)
@@ -523,16 +598,35 @@ class ServerConnection(asyncio.Protocol):
             self._idle = None
         request = Request(self, head, decoder, self._server.max_body)
         self._request = request
-        rest = buf[end + 4 :]
-        if rest and decoder is not None:
-            rest = request._feed(rest)
-        self._buf = rest
+        at = end + 4
+        if at < len(buf) and decoder is not None:
+            buf, at = request._feed(buf[at:]), 0
+            if request.backlog:
+                self._yield()
+        if at < len(buf):
+            self._buf, self._at = buf, at  # pipelined requests, taken when this one ends
+        else:
+            self._buf, self._at = b"", 0
+        if self._paused:
+            self._read_more()
         self._task = self._loop.create_task(self._run(request))
+
+    def _read_more(self) -> None:
+        """Read again, after a pause for pipelined requests, once what is buffered runs low
+        (each read appends to what is left of the buffer, so it is copied once per read, not
+        once per request), or a body has yet to come."""
+        request = self._request
+        if len(self._buf) - self._at < PIPELINED_LOW or (
+            request is not None and not request.body_complete
+        ):
+            self._paused = False
+            if self._turn is None:
+                self.transport.resume_reading()
 
     def _reject(self, exc: BadRequest) -> None:
         """Answer a request that cannot be parsed, and close (the stream is out of sync).
         It still ends in an outcome (``on_reject``): malformed requests are worth seeing."""
-        self._buf = b""
+        self._buf, self._at = b"", 0
         log.debug("rejected a request: %s", exc)
         on_reject = self._server.on_reject
         if on_reject is not None:
@@ -541,9 +635,10 @@ class ServerConnection(asyncio.Protocol):
             except Exception:
                 log.exception("could not record a rejected request")
         body = error_body(exc.status, f"llmobs: {exc}")
+        allow = f"Allow: {ALLOW}\r\n" if exc.status == 405 else ""  # RFC 9110 15.5.6
         head = (
             f"HTTP/1.1 {exc.status} {reason_phrase(exc.status)}\r\n"
-            f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n"
+            f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n{allow}"
             "Connection: close\r\n\r\n"
         )
         self.transport.write(head.encode() + body)
@@ -561,9 +656,12 @@ class ServerConnection(asyncio.Protocol):
             transport.close()
             return
         self._lingering = True
-        self._buf = b""
-        if self._paused:
+        self._buf, self._at = b"", 0
+        turn, self._turn = self._turn, None
+        if self._paused or turn is not None:
             self._paused = False
+            if turn is not None:
+                turn.cancel()
             transport.resume_reading()
         transport.write_eof()
         if self._idle is not None:
@@ -576,7 +674,7 @@ class ServerConnection(asyncio.Protocol):
         except asyncio.CancelledError:
             pass  # the client went away (or shutdown gave up waiting): the transport is closed
         except Exception:
-            log.exception("%s %s: the request handler failed", request.method, request.path)
+            log.exception("%s request: the handler failed", method_label(request.method))
             if not request.started and not self.transport.is_closing():
                 request.respond_error(500, "llmobs: internal error", close=True)
         finally:
@@ -599,13 +697,12 @@ class ServerConnection(asyncio.Protocol):
         if not request.keep_alive or self.closing:
             transport.close()
             return
-        if self._paused:
-            self._paused = False
-            transport.resume_reading()
         self._arm_idle()
         if self._buf:  # a pipelined request: its turn starts now
             self._head_t = self._loop.time()
             self._next()
+        elif self._paused:
+            self._read_more()
 
     @property
     def task(self) -> asyncio.Task[None] | None:

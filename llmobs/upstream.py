@@ -50,6 +50,11 @@ OnHead = Callable[["Connection", ResponseHead], Sink]
 # connections in one burst (512 streams against a 256 pool: a SYN backlog overflow at the
 # engine, 1 s added to TTFT at p99). An idle connection costs an fd and ~3 KiB.
 MAX_IDLE = 4096
+# A read this large ends the connection's share of a loop turn (``Connection._yield``): the
+# observer's work grows with the payload, and uvloop reads a busy socket up to 32 times (of up
+# to 256 KB) in one turn. Token streams never come near it.
+YIELD_BYTES = 64 * 1024
+MAX_INTERIM = 16  # 1xx heads skipped before a response, in one read (each is parsed)
 
 
 def _fail_future(future: asyncio.Future[Any], exc: BaseException) -> None:
@@ -74,6 +79,7 @@ class Connection(asyncio.Protocol):
     # between sleeps its memory is out of cache (docs/benchmarks.md, "fifth").
     __slots__ = (
         "_decoder",
+        "_deferred",
         "_done",
         "_frames",
         "_head_buf",
@@ -84,6 +90,7 @@ class Connection(asyncio.Protocol):
         "_read_timeout",
         "_sink",
         "_timer",
+        "_turn",
         "_waiting",
         "closed",
         "idle_since",
@@ -109,6 +116,8 @@ class Connection(asyncio.Protocol):
         self._read_timeout = 0.0
         self._timer: asyncio.TimerHandle | None = None
         self._paused = False  # reads paused for a slow client: the engine is not silent
+        self._deferred = False  # reads paused until the next loop turn (``_yield``)
+        self._turn: asyncio.Handle | None = None  # that next turn, when scheduled
         self.last_read = 0.0
         self.idle_since = 0.0  # when it went back to the pool (the response's last read)
         self._frames = frames  # the pool's: what chunked responses learnt of their framing
@@ -137,6 +146,8 @@ class Connection(asyncio.Protocol):
                     sink(payload, data if decoder.whole else None, decoder.done)
             if decoder.done:
                 self._finish(decoder)
+            elif decoder.backlog or len(data) >= YIELD_BYTES:
+                self._yield()
             return
         if self._on_head is None:
             self._fail(ProtocolError("data from the upstream while no request was pending"))
@@ -153,21 +164,75 @@ class Connection(asyncio.Protocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
         self._stop_timer()
+        self._stop_turn()
         error = UpstreamClosed("upstream closed the connection")
         if exc is not None:
             error.__cause__ = exc
         self._end(error)
 
+    # -- fairness: one share of work per loop turn ----------------------------------------
+    def _yield(self) -> None:
+        """This connection had its share of this loop turn (a read of more framing than the
+        decoder's budget, or a large one): stop reading, and go on in the next turn, after
+        the other connections' reads. Under uvloop a socket is otherwise read up to 32 times
+        in one turn. With reading paused, the engine's EOF or reset is seen only once the
+        rest is decoded, so a body it ended before closing still ends cleanly."""
+        self._deferred = True
+        transport = self.transport
+        if transport is not None and not self.closed:
+            transport.pause_reading()
+        if self._turn is None and not self._paused:
+            self._turn = self._loop.call_soon(self._next_turn)
+
+    def _next_turn(self) -> None:
+        """The next share: the rest of the read the decoder left, then reading again."""
+        self._turn = None
+        decoder = self._decoder
+        if self._paused:
+            return  # a slow client: ``resume_reading`` takes it up
+        if decoder is not None and decoder.backlog:
+            self.last_read = self._loop.time()
+            self._relay_rest(decoder)
+            if self._decoder is decoder and decoder.backlog:
+                self._turn = self._loop.call_soon(self._next_turn)
+                return
+        self._deferred = False
+        transport = self.transport
+        if transport is not None and not self.closed:
+            transport.resume_reading()
+
+    def _relay_rest(self, decoder: BodyDecoder) -> None:
+        """Decode and hand on a share of what the decoder left of a read (never whole: the
+        read as it came was not all of this share)."""
+        try:
+            payload = decoder.resume()
+        except ProtocolError as exc:
+            self._fail(exc)
+            return
+        if payload:
+            sink = self._sink
+            if sink is not None:
+                sink(payload, None, decoder.done)
+        if decoder.done:
+            self._finish(decoder)
+
+    def _stop_turn(self) -> None:
+        turn, self._turn = self._turn, None
+        if turn is not None:
+            turn.cancel()
+
     # -- the exchange -----------------------------------------------------------------------
     def _read_head(self, data: bytes) -> None:
         self.responded = True
         buf = self._head_buf + data
+        interim = 0
         while True:
             end = buf.find(b"\r\n\r\n")
+            # the limit holds whether the head came in one read or many
+            if end > MAX_HEAD_BYTES or (end < 0 and len(buf) > MAX_HEAD_BYTES + 3):
+                self._fail(ProtocolError("response head too large"))
+                return
             if end < 0:
-                if len(buf) > MAX_HEAD_BYTES:
-                    self._fail(ProtocolError("response head too large"))
-                    return
                 self._head_buf = buf
                 return
             try:
@@ -177,7 +242,11 @@ class Connection(asyncio.Protocol):
                 return
             buf = buf[end + 4 :]
             if 100 <= head.status < 200 and head.status != 101:
-                continue  # an interim response (100 Continue, 103 Early Hints): skip it
+                interim += 1  # an interim response (100 Continue, 103 Early Hints): skipped
+                if interim > MAX_INTERIM:
+                    self._fail(ProtocolError("too many interim responses"))
+                    return
+                continue
             break
         self._head_buf = b""
         try:
@@ -307,11 +376,15 @@ class Connection(asyncio.Protocol):
             self.transport.pause_reading()
 
     def resume_reading(self) -> None:
-        """Read again; the engine's silence is counted from now."""
+        """Read again; the engine's silence is counted from now. A read left part decoded
+        (``_yield``) is taken up first, in the next loop turn."""
         if self._paused:
             self._paused = False
             self.last_read = self._loop.time()
-        if self.transport is not None and not self.closed:
+        if self._deferred:
+            if self._turn is None:
+                self._turn = self._loop.call_soon(self._next_turn)
+        elif self.transport is not None and not self.closed:
             self.transport.resume_reading()
 
     def close(self) -> None:
@@ -319,6 +392,7 @@ class Connection(asyncio.Protocol):
         would wait for an engine that may never read it, and hold the socket until then)."""
         self.reusable = False
         self._on_head = self._sink = None  # nothing more is relayed; no cycle outlives it
+        self._stop_turn()
         if not self._waiting:  # else the read timeout still bounds the wait
             self._stop_timer()
         transport = self.transport

@@ -7,6 +7,7 @@ own registry and meter provider.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import gc
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -160,3 +161,28 @@ async def eventually(check: Callable[[], bool]) -> None:
     while not check():
         assert loop.time() < deadline, "condition never held"
         await asyncio.sleep(0.01)
+
+
+@dataclass
+class LoopTurns:
+    count: int = 0
+
+
+@contextlib.asynccontextmanager
+async def loop_turns() -> AsyncIterator[LoopTurns]:
+    """Count the event loop's turns while the body runs: a task that yields once a turn. What
+    one connection's work is spread over shows as many turns; done in one callback, as one."""
+    turns = LoopTurns()
+    done = asyncio.Event()
+
+    async def count() -> None:
+        while not done.is_set():
+            turns.count += 1
+            await asyncio.sleep(0)
+
+    counter = asyncio.create_task(count())
+    try:
+        yield turns
+    finally:
+        done.set()
+        await counter

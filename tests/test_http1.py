@@ -10,16 +10,21 @@ from hypothesis import assume, example, given, settings
 from hypothesis import strategies as st
 
 from llmobs.http1 import (
+    FEED_BUDGET,
+    MAX_CHUNK_LINE,
     MAX_REQUEST_HEADERS,
+    MAX_TRAILER_BYTES,
     BadRequest,
     ChunkedBody,
     CloseBody,
+    FieldsTooLarge,
     Frames,
     LengthBody,
     NoBody,
     ProtocolError,
     RequestHead,
     body_decoder,
+    climbs_above_root,
     parse_head,
     parse_request_head,
     request_body_decoder,
@@ -63,9 +68,18 @@ def test_keep_alive_follows_version_and_connection(raw: bytes, keep: bool) -> No
         b"HTTP/1.1 200 OK\r\n folded: continuation",
         b"HTTP/1.1 200 OK\r\n\tfolded: continuation",
         b"HTTP/1.1 200 OK\r\nBad Name : x",
+        b"HTTP/1.1 200 OK\r\nX-A: a\rSet-Cookie: inj=1",  # a bare CR inside a value
+        b"HTTP/1.1 200 OK\r\nX-A: a\x00b",  # a NUL inside a value
+        b"HTTP/1.1 200 OK\r\nX A: b",  # a space inside a name
+        b"HTTP/1.1 200 OK\r\nX(A): b",  # a name that is not a token
+        b"HTTP/1.1 200 OK\r\nX-\xc9: b",
+        b"HTTP/1.1 200 O\rK",  # a bare CR inside the reason phrase
+        b"HTTP/1.1 200 O\x00K",
     ],
 )
 def test_garbage_heads_are_protocol_errors(raw: bytes) -> None:
+    """Every header goes on to the client as the engine wrote it: one that would split the
+    client's response (a bare CR, a NUL) or that is no header at all is refused (nginx: 502)."""
     with pytest.raises(ProtocolError):
         parse_head(raw)
 
@@ -113,7 +127,16 @@ def chunked(payloads: list[bytes], ext: bool = False, trailer: bool = False) -> 
 def feed_all(decoder: ChunkedBody | LengthBody, data: bytes, cuts: list[int]) -> bytes:
     points = sorted({c % (len(data) + 1) for c in cuts})
     pieces = [data[a:b] for a, b in zip([0, *points], [*points, len(data)], strict=True)]
-    return b"".join(decoder.feed(p) for p in pieces)
+    return b"".join(drain(decoder, p) for p in pieces)
+
+
+def drain(decoder: ChunkedBody | LengthBody, read: bytes) -> bytes:
+    """A read's whole payload: what ``feed`` gives, then each share it left (``backlog``),
+    as the I/O layers take them over loop turns."""
+    out = [decoder.feed(read)]
+    while decoder.backlog:
+        out.append(decoder.resume())
+    return b"".join(out)
 
 
 @settings(max_examples=300, deadline=None)
@@ -132,6 +155,95 @@ def test_chunked_body_decodes_the_same_under_any_chunking(
     assert feed_all(decoder, data + after, cuts) == b"".join(payloads)
     assert decoder.done
     assert decoder.extra == after
+
+
+def tiny_chunks(count: int) -> bytes:
+    return b"".join(b"1\r\n%c\r\n" % (97 + i % 26) for i in range(count))
+
+
+@pytest.mark.parametrize("strict", [False, True])
+def test_a_read_of_tiny_chunks_is_decoded_a_share_at_a_time(strict: bool) -> None:
+    """The probe's upload: a read that is all framing (1-byte chunks). One ``feed`` decodes at
+    most ``FEED_BUDGET`` chunks and leaves the rest (``backlog``), so that the connection can
+    let the others run before it goes on (``resume``); the shares add up to the body."""
+    count = 10 * FEED_BUDGET + 7
+    body = tiny_chunks(count)
+    decoder = ChunkedBody(strict=strict)
+    first = decoder.feed(body + b"0\r\n\r\nNEXT")
+    assert len(first) == FEED_BUDGET
+    assert decoder.backlog and not decoder.whole and not decoder.done
+    assert decoder.pending() == len(body) - 6 * FEED_BUDGET + len(b"0\r\n\r\nNEXT")
+    shares = [first]
+    while decoder.backlog:
+        shares.append(decoder.resume())
+        assert len(shares[-1]) <= FEED_BUDGET
+    assert len(shares) == 11
+    assert b"".join(shares) == bytes(97 + i % 26 for i in range(count))
+    assert decoder.done and decoder.extra == b"NEXT" and decoder.pending() == 0
+
+
+def test_long_framing_lines_count_against_the_budget() -> None:
+    """A size line with a long extension costs a step per 64 bytes (the strict grammar's
+    regex reads all of it): 4 lines of 4 KiB take a feed's whole share."""
+    line = b"1;a=" + b"b" * 4000
+    body = b"".join(line + b"\r\nx\r\n" for _ in range(10)) + b"0\r\n\r\n"
+    decoder = ChunkedBody(strict=True)
+    assert decoder.feed(body) == b"xxxx"
+    assert decoder.backlog
+    assert drain(decoder, b"") == b"x" * 6
+    assert decoder.done
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.integers(1, 3 * FEED_BUDGET), CUTS, st.booleans())
+def test_shares_of_any_read_add_up_to_the_body(count: int, cuts: list[int], ext: bool) -> None:
+    """Whatever the reads and wherever a share stops, the payload, the end and the bytes
+    after it are what the decoder finds fed one byte at a time."""
+    unit = b"1;e=v\r\n%c\r\n" if ext else b"1\r\n%c\r\n"
+    data = b"".join(unit % (97 + i % 26) for i in range(count)) + b"0\r\n\r\nGET"
+    decoder = ChunkedBody(strict=True)
+    assert feed_all(decoder, data, cuts) == bytes(97 + i % 26 for i in range(count))
+    assert decoder.done and decoder.extra == b"GET"
+
+
+def test_a_read_that_comes_while_a_share_waits_keeps_its_order() -> None:
+    decoder = ChunkedBody()
+    first = decoder.feed(tiny_chunks(FEED_BUDGET + 3))
+    assert decoder.backlog
+    rest = drain(decoder, b"1\r\nZ\r\n0\r\n\r\n")  # a caller that did not resume first
+    assert first + rest == tiny_chunks(FEED_BUDGET + 3)[3::6] + b"Z"
+    assert decoder.done
+
+
+@pytest.mark.parametrize("strict", [False, True])
+def test_a_chunk_line_over_the_limit_is_refused_even_in_one_read(strict: bool) -> None:
+    """The line limit held only for a line split over reads: a 100 KB extension that came
+    whole in one read was taken."""
+    decoder = ChunkedBody(strict=strict)
+    with pytest.raises(ProtocolError, match="too long"):
+        decoder.feed(b"1;a=" + b"b" * 100_000 + b"\r\nx\r\n0\r\n\r\n")
+    at_limit = b"1;a=" + b"b" * (MAX_CHUNK_LINE - 5)  # with its CR: the limit exactly
+    assert drain(ChunkedBody(strict=strict), at_limit + b"\r\nx\r\n0\r\n\r\n") == b"x"
+
+
+@pytest.mark.parametrize("split", [False, True])
+def test_a_trailer_section_over_its_limit_is_refused(split: bool) -> None:
+    """Trailers were unbounded, and free of ``--max-body-bytes``: 3.3 million ``X:y`` lines
+    stalled the other streams for seconds."""
+    field = b"X:y\r\n"
+    fits = b"1\r\nx\r\n0\r\n" + field * ((MAX_TRAILER_BYTES - 16) // len(field)) + b"\r\n"
+    assert drain(ChunkedBody(strict=True), fits) == b"x"
+    flood = b"1\r\nx\r\n0\r\n" + field * (MAX_TRAILER_BYTES // len(field) + 1) + b"\r\n"
+    reads = [flood[i : i + 1000] for i in range(0, len(flood), 1000)] if split else [flood]
+    decoder = ChunkedBody(strict=True)
+    with pytest.raises(FieldsTooLarge):
+        feed_reads(decoder, reads)
+    with pytest.raises(FieldsTooLarge):  # one line, never ended
+        drain(ChunkedBody(), b"0\r\nX: " + b"y" * MAX_TRAILER_BYTES)
+
+
+def feed_reads(decoder: ChunkedBody, reads: list[bytes]) -> bytes:
+    return b"".join(drain(decoder, read) for read in reads)
 
 
 def test_one_whole_chunk_per_read_is_returned_as_is() -> None:
@@ -544,6 +656,44 @@ def test_request_keep_alive_follows_version_and_connection_tokens(
     head = request_head(*lines)
     assert head.version == (1, int(version[-1:]))
     assert head.keep_alive is keep
+
+
+@pytest.mark.parametrize(
+    ("target", "climbs"),
+    [
+        ("/../admin", True),
+        ("/a/../../admin", True),
+        ("/%2e%2e/admin", True),  # decoded, as an engine's router may
+        ("/%2E%2E/admin", True),
+        ("/a/%2e%2e/%2e%2e/b?x=1", True),
+        ("/a%2f..%2f..%2fadmin", True),  # an encoded slash, decoded too (conservative)
+        ("/./../x", True),
+        ("/..", True),
+        ("/a/../b", False),  # stays inside: the engine resolves it to /b
+        ("/a//../b", False),  # an empty segment is a segment (RFC 3986 5.2.4)
+        ("/v1/./models", False),
+        ("/v1/models/llama-3.1..8b", False),  # dots inside a segment are no dot segment
+        ("/...", False),
+        ("/?q=/../../x", False),  # the query is not the path
+    ],
+)
+def test_dot_segments_that_climb_above_the_root_are_found(target: str, climbs: bool) -> None:
+    assert climbs_above_root(target) is climbs
+
+
+@pytest.mark.parametrize("target", [b"/../admin", b"/v1/%2e%2e/%2e%2e/admin"])
+def test_a_path_that_climbs_above_the_root_is_400(target: bytes) -> None:
+    with pytest.raises(BadRequest) as info:
+        parse_request_head(b"GET " + target + b" HTTP/1.1\r\nHost: x")
+    assert info.value.status == 400
+
+
+@pytest.mark.parametrize("target", [b"example.com:443", b"/", b"http://example.com/"])
+def test_connect_is_405(target: bytes) -> None:
+    """A tunnel is no request for the engine (nginx answers 405 itself)."""
+    with pytest.raises(BadRequest) as info:
+        parse_request_head(b"CONNECT " + target + b" HTTP/1.1\r\nHost: x")
+    assert info.value.status == 405
 
 
 @pytest.mark.parametrize(

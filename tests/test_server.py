@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 import aiohttp
 import pytest
 
-from llmobs.http1 import MAX_REQUEST_HEAD_BYTES, BadRequest
+from llmobs.http1 import MAX_REQUEST_HEAD_BYTES, MAX_TRAILER_BYTES, BadRequest
 from llmobs.server import (
     HIGH_WATER,
     LOW_WATER,
@@ -33,7 +33,7 @@ from llmobs.server import (
     Request,
     error_body,
 )
-from tests.conftest import eventually
+from tests.conftest import eventually, loop_turns
 
 WAIT = 5.0  # the bound on any single wait: generous, for a shared 2-core machine
 MAX_BODY = 1024
@@ -340,6 +340,27 @@ async def test_a_flood_of_pipelined_requests_pauses_reading_until_answered(
     assert transport.is_reading()
 
 
+async def test_a_body_behind_a_flood_of_pipelined_requests_is_still_read(
+    serve: ServeFactory,
+) -> None:
+    """Reading resumes once the pipelined bytes run low, or for a body still to come: a
+    request whose head was buffered behind a flood gets the rest of its body read."""
+    seen = Seen()
+    release = asyncio.Event()
+    served = await serve(echo(seen))
+    client = await served.connect()
+    pad = "X-Pad: " + "p" * 1024
+    flood = b"".join(get(f"/{i}", pad) for i in range(300))  # over MAX_PIPELINED
+    body = b"b" * 600
+    await client.send(flood + post("/last", body)[:-300])
+    for i in range(300):
+        assert (await read_response(client.reader)).body == f"GET /{i}\n".encode()
+    await asyncio.sleep(0.05)
+    await client.send(body[-300:])
+    assert (await read_response(client.reader)).body == b"POST /last\n" + body
+    assert not release.is_set()
+
+
 async def test_stray_crlf_between_requests_is_ignored(serve: ServeFactory) -> None:
     seen = Seen()
     served = await serve(echo(seen))
@@ -367,6 +388,88 @@ async def test_a_chunked_body_split_over_several_writes_is_read_whole(
     assert (response.status, response.body) == (200, b"POST /c\nhello chunked world")
     await client.send(get("/after"))  # the connection is still in sync
     assert (await read_response(client.reader)).body == b"GET /after\n"
+
+
+CHUNKED_HEAD = b"POST /up HTTP/1.1\r\nHost: t\r\nTransfer-Encoding: chunked\r\n\r\n"
+
+
+def tiny_chunks(count: int) -> bytes:
+    return b"1\r\nx\r\n" * count
+
+
+async def test_a_body_of_tiny_chunks_is_decoded_over_many_loop_turns(serve: ServeFactory) -> None:
+    """The probe's upload: a body that is all framing. Its reads are decoded a share per loop
+    turn (``http1.FEED_BUDGET`` chunks), so that the loop serves the other connections in
+    between; decoded in the read callback whole, 50,000 chunks took a turn or two."""
+    count = 50_000
+    seen = Seen()
+    served = await serve(echo(seen), max_body=1 << 20)
+    client = await served.connect()
+    async with loop_turns() as turns:
+        await client.send(CHUNKED_HEAD + tiny_chunks(count) + b"0\r\n\r\n")
+        response = await read_response(client.reader)
+    assert (response.status, response.body) == (200, b"POST /up\n" + b"x" * count)
+    assert turns.count >= count // 256 // 2, turns  # ~195 shares; a turn or two before
+    await client.send(get("/after"))  # in sync: the next request is read after the body
+    assert (await read_response(client.reader)).body == b"GET /after\n"
+
+
+async def test_the_body_limit_counts_the_framing(serve: ServeFactory) -> None:
+    """``--max-body-bytes`` bounds the body as it comes over the wire: 600 bytes of payload in
+    1-byte chunks are 3,600 bytes to read (the probe sent 100 MB for 16 MiB of payload)."""
+    seen = Seen()
+    served = await serve(echo(seen), max_body=1000)
+    client = await served.connect()
+    await client.send(CHUNKED_HEAD + tiny_chunks(600) + b"0\r\n\r\n")
+    assert (await read_response(client.reader)).status == 413
+    assert [type(e) for e in seen.errors] == [BodyTooLarge]
+    client = await served.connect()  # the framing of a body that fits counts, and fits
+    await client.send(CHUNKED_HEAD + chunked(b"y" * 900))
+    assert (await read_response(client.reader)).body == b"POST /up\n" + b"y" * 900
+
+
+async def test_a_trailer_section_over_its_limit_is_431(serve: ServeFactory) -> None:
+    seen = Seen()
+    served = await serve(echo(seen), max_body=1 << 20)
+    client = await served.connect()
+    trailers = b"X:y\r\n" * (MAX_TRAILER_BYTES // 5 + 1)
+    await client.send(CHUNKED_HEAD + b"1\r\nx\r\n0\r\n" + trailers + b"\r\n")
+    assert (await read_response(client.reader)).status == 400  # the test handler's mapping
+    assert [type(e) for e in seen.errors] == [BadRequest]
+    error = seen.errors[0]
+    assert isinstance(error, BadRequest)
+    assert error.status == 431  # what the relay answers (tests/test_hostile.py)
+    assert "trailer" in str(error)
+
+
+async def test_a_chunk_extension_over_the_line_limit_is_400(serve: ServeFactory) -> None:
+    seen = Seen()
+    served = await serve(echo(seen), max_body=1 << 20)
+    client = await served.connect()
+    await client.send(CHUNKED_HEAD + b"1;a=" + b"b" * 100_000 + b"\r\nx\r\n0\r\n\r\n")
+    assert (await read_response(client.reader)).status == 400
+    assert [type(e) for e in seen.errors] == [BadRequest]
+
+
+async def test_connect_is_answered_405_with_allow(serve: ServeFactory) -> None:
+    seen = Seen()
+    served = await serve(echo(seen))
+    client = await served.connect()
+    await client.send(b"CONNECT engine:443 HTTP/1.1\r\nHost: engine:443\r\n\r\n")
+    response = await read_response(client.reader)
+    assert response.status == 405
+    assert "POST" in (response.header("Allow") or "")
+    assert await closed(client.reader)
+    assert seen.requests == []
+
+
+async def test_a_path_climbing_above_the_root_is_400(serve: ServeFactory) -> None:
+    seen = Seen()
+    served = await serve(echo(seen))
+    client = await served.connect()
+    await client.send(get("/v1/%2e%2e/../admin"))
+    assert (await read_response(client.reader)).status == 400
+    assert seen.requests == []
 
 
 async def test_expect_100_continue_is_answered_when_the_handler_reads(

@@ -33,6 +33,10 @@ class Route:
     stream_default: bool = False  # streaming when the body has no "stream" (Ollama: yes)
     always_streams: bool = False  # the path itself streams (TGI /generate_stream)
 
+    def __str__(self) -> str:
+        """How a request is named in a log line: its operation and dialect (closed sets)."""
+        return f"{self.operation}/{self.name}"
+
     def streams(self, flag: object) -> bool:
         """Whether a request with body field ``stream`` = ``flag`` gets a stream back."""
         if self.always_streams:
