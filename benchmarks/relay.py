@@ -40,9 +40,9 @@ from llmobs.app import observer_factory, tracing_for  # noqa: E402
 from llmobs.collectors import Collectors  # noqa: E402
 from llmobs.config import Settings  # noqa: E402
 from llmobs.formats import OPENAI_CHAT, OPENAI_COMPLETIONS, UNKNOWN  # noqa: E402
-from llmobs.metrics import MetricsSink  # noqa: E402
+from llmobs.metrics.exposition import exposition, exposition_async  # noqa: E402
+from llmobs.metrics.sink import MetricsSink  # noqa: E402
 from llmobs.observer import ObserveConfig, Observer  # noqa: E402
-from llmobs.series import exposition, exposition_async  # noqa: E402
 from llmobs.telemetry import build_telemetry  # noqa: E402
 from llmobs.timing import Outcome  # noqa: E402
 from llmobs.tracing import RequestMeta  # noqa: E402
@@ -64,8 +64,7 @@ def micro(tokens: int, requests: int, tracing: bool = False) -> dict[str, float]
     telemetry = build_telemetry(span_exporter=InMemorySpanExporter() if tracing else None)
     settings = Settings(model_params=8e9, gpu_sample_interval=0, engine_scrape_interval=0)
     collectors = Collectors(settings, telemetry.meter)
-    sink = MetricsSink(telemetry.meter, settings.max_models, collectors.on_request)
-    telemetry.registry.register(sink.tokens)
+    sink = MetricsSink(telemetry.registry, settings.max_models, collectors.on_request)
     tracer = tracing_for(settings, telemetry)
     new = observer_factory(settings, sink, tracer)
     body = b'{"model":"m","stream":true,"messages":[]}'
@@ -105,11 +104,10 @@ def micro(tokens: int, requests: int, tracing: bool = False) -> dict[str, float]
 
 def scrape_lag(models: int, operations: int, interval: float) -> dict[str, float]:
     """Event-loop lag while /metrics is rendered back to back the way the admin app's handler
-    renders it (``series.exposition_async``: the request series on the loop in parts, the
+    renders it (``metrics.exposition.exposition_async``: the request series on the loop in parts, the
     rest in the render thread). ``render_ms``: one render once every series' text is cached."""
     telemetry = build_telemetry()
-    sink = MetricsSink(telemetry.meter, 32)
-    telemetry.registry.register(sink.tokens)
+    sink = MetricsSink(telemetry.registry, 32)
     for m in range(models):
         for op in (OPENAI_CHAT, OPENAI_COMPLETIONS, UNKNOWN)[:operations]:
             for status in (200, 404, 500):

@@ -2,8 +2,9 @@
 
 Dashboards as code: edit this file, run ``python dashboards/generate.py``, commit both.
 ``--check`` exits 1 when the committed JSON is not what this script builds (CI runs it through
-tests/test_dashboards.py). Every query uses only metrics of ``llmobs/metrics.py``'s CATALOGUE,
-and every metric of the catalogue is on a panel (the test checks both); template variables:
+tests/test_dashboards.py). Every query uses only metrics of the catalogue
+(``llmobs/metrics/catalogue.py``), by the names it gives them, and every metric of the
+catalogue is on a panel (the test checks both); template variables:
 datasource, namespace, pod, model.
 
 The engine's queue and KV cache come from the sidecar's engine collector, under uniform names
@@ -20,6 +21,9 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
+from llmobs.metrics import catalogue as c
+from llmobs.metrics import thresholds as t
+
 OUT = Path(__file__).resolve().with_name("llmobs.json")
 
 Json = dict[str, Any]
@@ -27,56 +31,64 @@ Json = dict[str, Any]
 DS: Json = {"type": "prometheus", "uid": "${datasource}"}
 POD = 'namespace=~"$namespace", pod=~"$pod"'
 MODEL = POD + ', gen_ai_request_model=~"$model"'
-RI = "$__rate_interval"
+RATE_INTERVAL = "$__rate_interval"
 
-TTFT = "gen_ai_server_time_to_first_token_seconds"
-TPOT = "gen_ai_server_time_per_output_token_seconds"
-DURATION = "gen_ai_server_request_duration_seconds"
-USAGE = "gen_ai_client_token_usage"
-TOKENS = "llmobs_tokens_total"
-ENGINE_PROMPT_EVAL = "llmobs_engine_prompt_eval_duration_seconds"
-ENGINE_LOAD = "llmobs_engine_load_duration_seconds"
-ITL = "llmobs_inter_token_latency_seconds"
-ITL_SQUARES = "llmobs_inter_token_latency_seconds_squared_total"
-STALLS = "llmobs_stalls_total"
-SMOOTHNESS = "llmobs_smoothness"
-REQUESTS = "llmobs_requests_total"
-ACTIVE = "llmobs_requests_active"
-QUEUE = "llmobs_prefill_queue_depth"
-MALFORMED = "llmobs_stream_malformed_events_total"
-OBSERVER_ERRORS = "llmobs_observer_errors_total"
-SPANS_DROPPED = "llmobs_spans_dropped_total"
-COLLECTOR_UP = "llmobs_collector_up"
-COLLECTOR_DURATION = "llmobs_collector_scrape_duration_seconds"
-COLLECTOR_ERRORS = "llmobs_collector_errors_total"
-ENGINE_WAITING = "llmobs_engine_requests_waiting"
-ENGINE_RUNNING = "llmobs_engine_requests_running"
-ENGINE_KV_CACHE = "llmobs_engine_kv_cache_usage"
-GPU_MEMORY = "llmobs_gpu_memory_{}_bytes"  # used, free, total, reserved
-GPU_UTILIZATION = "llmobs_gpu_utilization"
-GPU_MEMORY_CONTROLLER = "llmobs_gpu_memory_controller_utilization"
-GPU_BANDWIDTH_UTILIZATION = "llmobs_gpu_memory_bandwidth_utilization"
-GPU_BANDWIDTH = "llmobs_gpu_memory_bandwidth_bytes_per_second"
-GPU_BANDWIDTH_PEAK = "llmobs_gpu_memory_bandwidth_peak_bytes_per_second"
-GPU_POWER = "llmobs_gpu_power_watts"
-GPU_TEMPERATURE = "llmobs_gpu_temperature_celsius"
-GPU_CLOCK = "llmobs_gpu_clock_{}_hertz"  # sm, memory
-MBU = "llmobs_mbu"
-MFU = "llmobs_mfu"
+# Every name from the catalogue (llmobs/metrics/catalogue.py), every threshold from the
+# alert rules' defaults (llmobs/metrics/thresholds.py): a rename or a new default cannot
+# leave a panel behind.
+TTFT = c.TTFT.prometheus
+TPOT = c.TPOT.prometheus
+DURATION = c.DURATION.prometheus
+USAGE = c.TOKEN_USAGE.prometheus
+TOKENS = c.TOKENS.prometheus
+ENGINE_PROMPT_EVAL = c.ENGINE_PROMPT_EVAL.prometheus
+ENGINE_LOAD = c.ENGINE_LOAD.prometheus
+ITL = c.ITL.prometheus
+ITL_SQUARES = c.ITL_SQUARES.prometheus
+STALLS = c.STALLS.prometheus
+SMOOTHNESS = c.SMOOTHNESS.prometheus
+REQUESTS = c.REQUESTS.prometheus
+ACTIVE = c.ACTIVE.prometheus
+QUEUE = c.QUEUE_DEPTH.prometheus
+MALFORMED = c.MALFORMED.prometheus
+OBSERVER_ERRORS = c.OBSERVER_ERRORS.prometheus
+SPANS_DROPPED = c.SPANS_DROPPED.prometheus
+COLLECTOR_UP = c.COLLECTOR_UP.prometheus
+COLLECTOR_DURATION = c.COLLECTOR_DURATION.prometheus
+COLLECTOR_ERRORS = c.COLLECTOR_ERRORS.prometheus
+ENGINE_WAITING = c.ENGINE_WAITING.prometheus
+ENGINE_RUNNING = c.ENGINE_RUNNING.prometheus
+ENGINE_KV_CACHE = c.ENGINE_KV_CACHE.prometheus
+GPU_MEMORY = {
+    "used": c.GPU_MEMORY_USED.prometheus,
+    "free": c.GPU_MEMORY_FREE.prometheus,
+    "total": c.GPU_MEMORY_TOTAL.prometheus,
+    "reserved": c.GPU_MEMORY_RESERVED.prometheus,
+}
+GPU_UTILIZATION = c.GPU_UTILIZATION.prometheus
+GPU_MEMORY_CONTROLLER = c.GPU_MEMORY_CONTROLLER.prometheus
+GPU_BANDWIDTH_UTILIZATION = c.GPU_BANDWIDTH_UTILIZATION.prometheus
+GPU_BANDWIDTH = c.GPU_BANDWIDTH.prometheus
+GPU_BANDWIDTH_PEAK = c.GPU_BANDWIDTH_PEAK.prometheus
+GPU_POWER = c.GPU_POWER.prometheus
+GPU_TEMPERATURE = c.GPU_TEMPERATURE.prometheus
+GPU_CLOCK = {"sm": c.GPU_CLOCK_SM.prometheus, "memory": c.GPU_CLOCK_MEMORY.prometheus}
+MBU = c.MBU.prometheus
+MFU = c.MFU.prometheus
 FAILED = 'outcome=~"upstream_error|upstream_timeout"'
 
 # Alert defaults (deploy/prometheus/alerts.yml), drawn as thresholds.
-TTFT_SLO = 2.0
-ITL_SLO = 0.15
-SMOOTHNESS_MIN = 0.8
-STALLS_PER_1K_MAX = 5.0
-FAILURE_RATIO_MAX = 0.05
-KV_CACHE_MAX = 0.9
-GPU_MEMORY_MAX = 0.97
+TTFT_SLO = t.TTFT_P99_S
+ITL_SLO = t.ITL_P99_S
+SMOOTHNESS_MIN = t.SMOOTHNESS_MIN
+STALLS_PER_1K_MAX = t.STALLS_PER_1K_MAX
+FAILURE_RATIO_MAX = t.FAILURE_RATIO_MAX
+KV_CACHE_MAX = t.KV_CACHE_MAX
+GPU_MEMORY_MAX = t.GPU_MEMORY_MAX
 
 
 def rate(metric: str, selector: str = MODEL, fn: str = "rate") -> str:
-    return f"{fn}({metric}{{{selector}}}[{RI}])"
+    return f"{fn}({metric}{{{selector}}}[{RATE_INTERVAL}])"
 
 
 def quantile(q: float, histogram: str, selector: str = MODEL) -> str:
@@ -365,7 +377,9 @@ def load_row() -> list[Json]:
             "the engine's queue plus prefill, as users feel it.",
             [
                 target(f"sum by (pod) ({QUEUE}{{{POD}}})", "{{pod}}"),
-                target(f"max_over_time(sum({QUEUE}{{{POD}}})[{RI}:])", "peak (all pods)"),
+                target(
+                    f"max_over_time(sum({QUEUE}{{{POD}}})[{RATE_INTERVAL}:])", "peak (all pods)"
+                ),
             ],
             "short",
         ),
@@ -476,7 +490,7 @@ def per_gpu(metric: str, legend: str, by: str = "pod, gpu") -> Json:
 
 def gpu_row() -> list[Json]:
     nvml = "Sampled from NVML by the sidecar's GPU collector, per GPU it sees (docs/gpu.md)."
-    used, total = GPU_MEMORY.format("used"), GPU_MEMORY.format("total")
+    used, total = GPU_MEMORY["used"], GPU_MEMORY["total"]
     return [
         timeseries(
             "GPU memory",
@@ -485,8 +499,8 @@ def gpu_row() -> list[Json]:
             f"memory series of its own, its MIG devices do. {nvml}",
             [
                 per_gpu(used, "used"),
-                per_gpu(GPU_MEMORY.format("reserved"), "reserved"),
-                per_gpu(GPU_MEMORY.format("free"), "free"),
+                per_gpu(GPU_MEMORY["reserved"], "reserved"),
+                per_gpu(GPU_MEMORY["free"], "free"),
                 per_gpu(total, "total"),
             ],
             "bytes",
@@ -588,8 +602,8 @@ def gpu_row() -> list[Json]:
             "Current SM and memory clocks: an SM clock below its usual value under load means "
             "power or thermal throttling.",
             [
-                per_gpu(GPU_CLOCK.format("sm"), "SM"),
-                per_gpu(GPU_CLOCK.format("memory"), "memory"),
+                per_gpu(GPU_CLOCK["sm"], "SM"),
+                per_gpu(GPU_CLOCK["memory"], "memory"),
             ],
             "hertz",
             width=6,

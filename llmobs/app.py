@@ -30,10 +30,10 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from llmobs.collectors import Collectors, NvmlBackend
 from llmobs.config import ConfigError, Settings
 from llmobs.formats import Route
-from llmobs.metrics import MetricsSink
+from llmobs.metrics.exposition import exposition_async
+from llmobs.metrics.sink import MetricsSink
 from llmobs.observer import ObserveConfig, Observer
 from llmobs.proxy import ObserverFactory, Relay
-from llmobs.series import exposition_async
 from llmobs.server import ProxyServer
 from llmobs.telemetry import Telemetry
 from llmobs.timing import StreamStats, unparsed
@@ -165,7 +165,9 @@ class Proxy:
     ) -> None:
         self.settings = settings
         self.telemetry = telemetry
-        self.sink = MetricsSink(telemetry.meter, settings.max_models, on_request)
+        self.sink = MetricsSink(
+            telemetry.registry, settings.max_models, on_request, push=telemetry.push_meter
+        )
         self.tracing: Tracing | None = None
         self.relay: Relay | None = None
         self._upstream: Upstream | None = None

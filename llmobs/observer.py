@@ -21,7 +21,7 @@ from llmobs.formats import UNKNOWN, Route, detect_stream
 from llmobs.formats.base import ABORTED, ERROR, NONE, loads
 from llmobs.formats.framing import Framing, NdjsonDecoder, SseDecoder
 from llmobs.formats.openai import PLAIN, OpenAIStream, Template, WholeEvent
-from llmobs.metrics import MetricsSink
+from llmobs.metrics.sink import MetricsSink
 from llmobs.stats import TokenWindow
 from llmobs.timing import Outcome, StreamStats, StreamTimer, TokenSource, finish_request
 from llmobs.tracing import CONTENT_LIMIT, RequestDetails, RequestTrace, truncate

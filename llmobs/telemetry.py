@@ -17,16 +17,7 @@ from dataclasses import dataclass
 
 from opentelemetry.context import Context
 from opentelemetry.exporter.prometheus import PrometheusMetricReader
-from opentelemetry.metrics import (
-    CallbackT,
-    Counter,
-    Histogram,
-    Meter,
-    ObservableCounter,
-    ObservableGauge,
-    ObservableUpDownCounter,
-    UpDownCounter,
-)
+from opentelemetry.metrics import Meter
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import MetricReader, PeriodicExportingMetricReader
 from opentelemetry.sdk.resources import Resource
@@ -44,7 +35,8 @@ from prometheus_client import CollectorRegistry
 
 from llmobs import __version__
 from llmobs.config import OtelSettings
-from llmobs.metrics import SPANS_DROPPED
+from llmobs.metrics.catalogue import SPANS_DROPPED
+from llmobs.metrics.exposition import Registry
 
 SCOPE = "llmobs"
 log = logging.getLogger("llmobs.telemetry")
@@ -134,77 +126,17 @@ class BoundedSpanProcessor(SpanProcessor):
         self._exporter.shutdown()
 
 
-class SidecarMeter(Meter):
-    """The sidecar's meter: instruments go to ``inner``; it also says where metrics go.
-
-    Request metrics are not OpenTelemetry instruments on the Prometheus path (see
-    ``llmobs.metrics``): ``MetricsSink`` registers its series on ``registry``, the one /metrics
-    renders, and records into ``push`` only when metrics are also pushed over OTLP. ``push`` is
-    a meter of a provider whose only reader is the OTLP one, so nothing shows twice on
-    /metrics. Collectors' gauges and ``llmobs.spans.dropped`` stay on ``inner``, whose provider
-    feeds Prometheus and, when configured, OTLP as well.
-    """
-
-    def __init__(
-        self, inner: Meter, registry: CollectorRegistry, push: Meter | None = None
-    ) -> None:
-        super().__init__(SCOPE, __version__)
-        self.inner = inner
-        self.registry = registry
-        self.push = push
-
-    def create_counter(self, name: str, unit: str = "", description: str = "") -> Counter:
-        return self.inner.create_counter(name, unit, description)
-
-    def create_up_down_counter(
-        self, name: str, unit: str = "", description: str = ""
-    ) -> UpDownCounter:
-        return self.inner.create_up_down_counter(name, unit, description)
-
-    def create_observable_counter(
-        self,
-        name: str,
-        callbacks: Sequence[CallbackT] | None = None,
-        unit: str = "",
-        description: str = "",
-    ) -> ObservableCounter:
-        return self.inner.create_observable_counter(name, callbacks, unit, description)
-
-    def create_histogram(
-        self,
-        name: str,
-        unit: str = "",
-        description: str = "",
-        *,
-        explicit_bucket_boundaries_advisory: Sequence[float] | None = None,
-    ) -> Histogram:
-        return self.inner.create_histogram(
-            name, unit, description,
-            explicit_bucket_boundaries_advisory=explicit_bucket_boundaries_advisory,
-        )  # fmt: skip
-
-    def create_observable_gauge(
-        self,
-        name: str,
-        callbacks: Sequence[CallbackT] | None = None,
-        unit: str = "",
-        description: str = "",
-    ) -> ObservableGauge:
-        return self.inner.create_observable_gauge(name, callbacks, unit, description)
-
-    def create_observable_up_down_counter(
-        self,
-        name: str,
-        callbacks: Sequence[CallbackT] | None = None,
-        unit: str = "",
-        description: str = "",
-    ) -> ObservableUpDownCounter:
-        return self.inner.create_observable_up_down_counter(name, callbacks, unit, description)
-
-
 @dataclass(frozen=True)
 class Telemetry:
-    """A registry to scrape, the meter provider that feeds it, and tracing when it is on."""
+    """A registry to scrape, the meter provider that feeds it, and tracing when it is on.
+
+    The request metrics are no OpenTelemetry instruments on the Prometheus path
+    (``metrics.sink``): the sink registers its series on ``registry``, the one /metrics
+    renders, and records into ``push_meter`` only when metrics are also pushed over OTLP: a
+    meter of a provider whose only reader is the OTLP one, so nothing shows twice on /metrics.
+    Collectors' gauges and ``llmobs.spans.dropped`` are on ``meter``, whose provider feeds
+    Prometheus and, when configured, OTLP as well.
+    """
 
     registry: CollectorRegistry
     meter_provider: MeterProvider
@@ -213,6 +145,13 @@ class Telemetry:
     span_processor: BoundedSpanProcessor | None = None
     spans_dropped: Callable[[int], None] = lambda n: None  # counts into llmobs.spans.dropped
     push_provider: MeterProvider | None = None  # request metrics pushed over OTLP, if asked
+
+    @property
+    def push_meter(self) -> Meter | None:
+        """The meter request metrics are pushed to over OTLP, when they are."""
+        if self.push_provider is None:
+            return None
+        return self.push_provider.get_meter(SCOPE, __version__)
 
     @property
     def tracer(self) -> Tracer | None:
@@ -288,7 +227,7 @@ def build_telemetry(
     """Providers for one sidecar. Tracing is on when ``otel`` names a traces endpoint or a
     ``span_exporter`` is given (tests pass an in-memory one)."""
     otel = otel or OtelSettings()
-    registry = registry if registry is not None else CollectorRegistry()
+    registry = registry if registry is not None else Registry()
     resource = _resource(otel)
     readers: list[MetricReader] = [
         PrometheusMetricReader(
@@ -302,8 +241,7 @@ def build_telemetry(
             metric_readers=[_otlp_metric_reader(otel)], resource=resource, shutdown_on_exit=False
         )
     provider = MeterProvider(metric_readers=readers, resource=resource, shutdown_on_exit=False)
-    push = push_provider.get_meter(SCOPE, __version__) if push_provider is not None else None
-    meter = SidecarMeter(provider.get_meter(SCOPE, __version__), registry, push)
+    meter = provider.get_meter(SCOPE, __version__)
     if span_exporter is None and not otel.tracing:
         return Telemetry(registry, provider, meter, push_provider=push_provider)
     dropped = meter.create_counter(

@@ -23,7 +23,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from llmobs.app import Sidecar
 from llmobs.collectors.nvml import NvmlBackend
 from llmobs.config import Settings
-from llmobs.metrics import MetricsSink
+from llmobs.metrics.sink import MetricsSink
 from llmobs.sim import ENGINE_KEY, SimEngine, SimSettings, build_sim_app
 from llmobs.telemetry import Telemetry, build_telemetry
 

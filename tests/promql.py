@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import re
 
-from llmobs.metrics import CATALOGUE, Kind
+from llmobs.metrics.catalogue import CATALOGUE, Kind
 
 _STRING = r'"(?:\\.|[^"\\])*"|\'(?:\\.|[^\'\\])*\'|`[^`]*`'
 _NAME_MATCHER = re.compile(r"__name__\s*(=~|!=|!~|=)\s*(" + _STRING + ")")

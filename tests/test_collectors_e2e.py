@@ -13,7 +13,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from llmobs.app import Sidecar
 from llmobs.config import Settings
-from llmobs.metrics import COLLECTOR_METRICS, Kind
+from llmobs.metrics.catalogue import COLLECTOR_METRICS, Kind
 from llmobs.telemetry import build_telemetry
 from tests.conftest import SimFactory
 from tests.fake_nvml import GIB, FakeGpu, FakeNvml

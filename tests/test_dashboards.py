@@ -19,7 +19,7 @@ import pytest
 import yaml
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from llmobs.metrics import CATALOGUE, Kind
+from llmobs.metrics.catalogue import CATALOGUE, Kind
 from llmobs.telemetry import build_telemetry
 from tests.conftest import SidecarFactory, SimFactory
 from tests.fake_nvml import GIB, FakeGpu, FakeNvml

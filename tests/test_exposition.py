@@ -1,4 +1,4 @@
-"""The fast /metrics renderer (``SeriesCollector.render``, ``series.exposition``) writes the
+"""The fast /metrics renderer (``SeriesCollector.render``, ``exposition.exposition``) writes the
 bytes prometheus_client's ``generate_latest`` writes for the same data."""
 
 from __future__ import annotations
@@ -10,14 +10,9 @@ import numpy as np
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 
-from llmobs.metrics import ITL, ITL_SQUARES, REQUESTS, TTFT, Kind, MetricDef, TokenHistogram
-from llmobs.series import (
-    CounterFamily,
-    HistogramFamily,
-    SeriesCollector,
-    exposition,
-    exposition_async,
-)
+from llmobs.metrics.catalogue import ITL, ITL_SQUARES, REQUESTS, TTFT, Kind, MetricDef
+from llmobs.metrics.exposition import Registry, exposition, exposition_async
+from llmobs.metrics.series import CounterFamily, HistogramFamily, SeriesCollector, TokenHistogram
 from llmobs.stats import TokenWindow
 from tests.test_metrics import exposition as golden_text
 from tests.test_metrics import replay, sink_and_telemetry
@@ -131,6 +126,41 @@ def test_exposition_of_the_golden_data_is_the_golden_text() -> None:
     golden_families = [line for line in golden.splitlines() if line.startswith("# TYPE")]
     assert families == [f for f in golden_families if f in families]
     assert golden_text() == golden
+
+
+def test_the_registry_lists_its_collectors_as_generate_latest_walks_them() -> None:
+    """``Registry`` notes collectors as they register: the order ``generate_latest`` renders
+    families in, so that rendering collector by collector gives the same bytes. The sidecar's
+    registry is one, and the series are rendered by their own renderer, not collected."""
+    sink, telemetry = sink_and_telemetry(tracing=True)
+    replay(sink, "llama", [20.0] * 9)
+    registry = telemetry.registry
+    assert isinstance(registry, Registry)
+    members = registry.members()
+    assert sink.collector in members
+    walked = [name for c in members for name in _family_names(generate_latest(c))]
+    assert walked == _family_names(generate_latest(registry))
+    counted = CountedSeries(odd_collector()[0].families)
+    registry.register(counted)
+    assert exposition(registry) == generate_latest(registry)
+    assert counted.renders == 1  # rendered by itself, not collected by prometheus_client
+    registry.unregister(sink.collector)
+    assert sink.collector not in registry.members()
+    telemetry.shutdown()
+
+
+class CountedSeries(SeriesCollector):
+    """Series that count their renders."""
+
+    renders = 0
+
+    def render(self) -> str:
+        self.renders += 1
+        return super().render()
+
+
+def _family_names(text: bytes) -> list[str]:
+    return [line.split()[2] for line in text.decode().splitlines() if line.startswith("# TYPE")]
 
 
 def test_exposition_falls_back_for_other_registries() -> None:

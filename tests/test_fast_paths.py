@@ -17,12 +17,11 @@ from typing import Any
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
-from opentelemetry.sdk.metrics import MeterProvider
 
 from llmobs.formats import OPENAI_CHAT
 from llmobs.formats.framing import SseDecoder
 from llmobs.formats.openai import OpenAIStream, json_string_body
-from llmobs.metrics import MetricsSink
+from llmobs.metrics.sink import MetricsSink
 from llmobs.observer import ObserveConfig, Observer
 from llmobs.timing import Outcome
 from tests.test_fuzz import FAST, PIECES, cut_lists, json_values, payloads, split_at
@@ -209,7 +208,7 @@ def observe(
     """A streaming chat request of ``reads``: its record, dialect and decoder state, series.
     ``whole`` False: the reference, with none of the shortcuts (neither the observer's nor the
     dialect's), so that a shortcut wrong in both places is still found."""
-    sink = MetricsSink(MeterProvider().get_meter("test"), 8)
+    sink = MetricsSink(None, 8)
     obs = Observer(sink, ObserveConfig(max_line_bytes=max_line), OPENAI_CHAT, 0)
     if not whole:  # every read through decoder and the dialect's full parse
         obs._openai = None  # never builds a WholeEvent
@@ -311,7 +310,7 @@ def test_coalesced_reads_with_another_event_give_what_decoder_and_dialect_give(
 def test_plain_token_reads_skip_decoder_and_dialect() -> None:
     head = b'data: {"id":"c","object":"chat.completion.chunk","model":"m","choices":[{"index":0,'
     tail = b'"},"finish_reason":null}]}\n\n'
-    sink = MetricsSink(MeterProvider().get_meter("test"), 8)
+    sink = MetricsSink(None, 8)
     obs = Observer(sink, ObserveConfig(), OPENAI_CHAT, 0)
     obs.response(200, "text/event-stream")
     calls = []
@@ -340,7 +339,7 @@ def test_a_request_forwarded_after_its_first_token_leaves_the_queue_on_the_next(
     still takes the request out of the queue."""
     head = b'data: {"id":"c","object":"chat.completion.chunk","model":"m","choices":[{"index":0,'
     tail = b'"},"finish_reason":null}]}\n\n'
-    sink = MetricsSink(MeterProvider().get_meter("test"), 8)
+    sink = MetricsSink(None, 8)
     obs = Observer(sink, ObserveConfig(), OPENAI_CHAT, 0)
     obs.request_body(b'{"model": "m", "stream": true}')
     obs.response(200, "text/event-stream")
@@ -374,7 +373,7 @@ def test_whole_reads_past_a_window_are_all_timed(per_read: int) -> None:
     the first while the stream goes on. So with reads of several events (``count``)."""
     head = b'data: {"id":"c","object":"chat.completion.chunk","model":"m","choices":[{"index":0,'
     tail = b'"},"finish_reason":null}]}\n\n'
-    sink = MetricsSink(MeterProvider().get_meter("test"), 8)
+    sink = MetricsSink(None, 8)
     obs = Observer(sink, ObserveConfig(), OPENAI_CHAT, 0)
     obs.request_body(b'{"model": "m", "stream": true}')
     obs.forwarded(0)

@@ -10,22 +10,21 @@ from pathlib import Path
 import numpy as np
 import pytest
 from hypothesis import given
-from opentelemetry.metrics import Meter
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
-from prometheus_client import generate_latest
+from prometheus_client import CollectorRegistry, generate_latest
 
 from llmobs.formats import OLLAMA_GENERATE, OPENAI_CHAT, Route
 from llmobs.labels import OTHER, BoundedLabel
-from llmobs.metrics import (
+from llmobs.metrics.catalogue import (
     CATALOGUE,
     COLLECTOR_METRICS,
     ITL,
     ITL_SQUARES,
     Kind,
-    MetricsSink,
-    TokenHistogram,
     status_class,
 )
+from llmobs.metrics.series import TokenHistogram
+from llmobs.metrics.sink import MetricsSink
 from llmobs.observer import MAX_MODEL_LENGTH, ObserveConfig, Observer, parse_request
 from llmobs.stats import SMALL, TokenWindow
 from llmobs.telemetry import Telemetry, build_telemetry
@@ -43,8 +42,7 @@ def sink_and_telemetry(
     max_models: int = 32, tracing: bool = False
 ) -> tuple[MetricsSink, Telemetry]:
     telemetry = build_telemetry(span_exporter=InMemorySpanExporter() if tracing else None)
-    sink = MetricsSink(telemetry.meter, max_models)
-    telemetry.registry.register(sink.tokens)
+    sink = MetricsSink(telemetry.registry, max_models)
     return sink, telemetry
 
 
@@ -173,16 +171,19 @@ class BrokenSink(MetricsSink):
     """A sink whose token recording fails: observation must absorb it."""
 
     def __init__(
-        self, meter: Meter, max_models: int, on_request: Callable[[str, StreamStats], None]
+        self,
+        registry: CollectorRegistry,
+        max_models: int,
+        on_request: Callable[[str, StreamStats], None],
     ) -> None:
-        super().__init__(meter, max_models, on_request)
+        super().__init__(registry, max_models, on_request)
         self._itl = BrokenHistogram(ITL, ITL_SQUARES)
 
 
 def test_an_observer_error_is_counted_and_never_raised() -> None:
     telemetry = build_telemetry()
     hooked: list[str] = []
-    sink = BrokenSink(telemetry.meter, 8, lambda model, s: hooked.append(model))
+    sink = BrokenSink(telemetry.registry, 8, lambda model, s: hooked.append(model))
     obs = Observer(sink, ObserveConfig(), OPENAI_CHAT, 0)
     obs.response(200, "text/event-stream")
     obs.chunk(1, sse(chat_chunk(" x"))[0])

@@ -10,7 +10,7 @@ import aiohttp
 import pytest
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from llmobs.metrics import MetricsSink
+from llmobs.metrics.sink import MetricsSink
 from llmobs.telemetry import build_telemetry
 from llmobs.timing import Outcome, StreamStats, TokenSource
 from tests.conftest import AppFactory, SidecarFactory, SimFactory, eventually
@@ -137,7 +137,7 @@ def _stats(model: str) -> StreamStats:
 
 def _series(requests: int) -> set[tuple[str, tuple[tuple[str, str], ...]]]:
     telemetry = build_telemetry()
-    sink = MetricsSink(telemetry.meter, max_models=16)
+    sink = MetricsSink(telemetry.registry, max_models=16)
     for i in range(requests):
         sink.record_request(_stats(f"attacker-model-{i}"))
     return {

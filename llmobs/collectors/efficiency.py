@@ -14,7 +14,7 @@ from opentelemetry.metrics import CallbackOptions, Meter, Observation
 
 from llmobs.collectors.gpu import GpuCollector
 from llmobs.mbu import EfficiencyTracker, ModelShape, mbu, mfu
-from llmobs.metrics import MBU, MFU, MODEL
+from llmobs.metrics.catalogue import MBU, MFU, MODEL
 
 
 class Peaks:

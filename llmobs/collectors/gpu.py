@@ -28,10 +28,10 @@ from typing import TypeVar
 
 from opentelemetry.metrics import CallbackOptions, Meter, Observation
 
-from llmobs import metrics as m
 from llmobs.collectors.base import PollingCollector, Unavailable
 from llmobs.collectors.devices import DeviceSelection
 from llmobs.collectors.nvml import MemoryInfo, NvmlBackend, NvmlError
+from llmobs.metrics import catalogue as m
 
 log = logging.getLogger("llmobs.collectors")
 

@@ -32,7 +32,7 @@ import pytest
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from llmobs.metrics import TTFT_BUCKETS
+from llmobs.metrics.catalogue import TTFT_BUCKETS
 from llmobs.telemetry import build_telemetry
 from tests.conftest import SidecarFactory, SidecarHandle, eventually
 from tests.integration import client

@@ -1,4 +1,8 @@
-"""Pre-bound Prometheus series: histograms and counters kept in plain Python lists.
+"""The families of series: histograms and counters kept in plain Python lists.
+
+The only code that knows a series' layout (a histogram's bucket counts, then its sum): the
+sink records through a pre-bound handle per label set (``HistogramFamily.labels``, as
+prometheus_client's ``.labels()``), the renderer reads snapshots.
 
 Why not the OpenTelemetry SDK on this path: one ``Histogram.record()`` or ``Counter.add()``
 costs ~9 us (attribute-set hashing, a lock and an aggregation object per call), and a request
@@ -18,9 +22,9 @@ takes 100-200 ms and allocates hundreds of thousands of tracked objects (dicts, 
 garbage collections pause the relay's event loop for tens of ms. ``SeriesCollector.render``
 writes the same bytes directly: each series' text up to the value (name, ``{labels}`` escaped
 and sorted, ``le``) is built once, the first time the series is rendered, and kept (series live
-as long as the process); a scrape then only formats the values. ``exposition`` renders a whole
-registry that way, other collectors with ``generate_latest``. ``tests/test_exposition.py``
-checks both give the bytes ``generate_latest`` gives.
+as long as the process); a scrape then only formats the values (``exposition`` puts a whole
+registry together). ``tests/test_exposition.py`` checks both give the bytes
+``generate_latest`` gives.
 
 Thread safety: observations happen on the event loop, ``collect`` and ``render`` in the
 /metrics rendering thread. Writers hold the owner's lock (``SeriesCollector.lock``) for a whole
@@ -30,15 +34,13 @@ are immutable numbers), so it never sees half a request.
 
 from __future__ import annotations
 
-import asyncio
 import threading
-from bisect import bisect_left
+from bisect import bisect_left, bisect_right
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from concurrent.futures import Executor
 from itertools import chain
-from typing import TYPE_CHECKING, cast
+from typing import cast
 
-from prometheus_client import CollectorRegistry, generate_latest
+import numpy as np
 from prometheus_client.core import (
     CounterMetricFamily,
     GaugeMetricFamily,
@@ -49,8 +51,8 @@ from prometheus_client.openmetrics.exposition import escape_label_name, escape_m
 from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString as _untyped_go
 
-if TYPE_CHECKING:
-    from llmobs.metrics import MetricDef
+from llmobs.metrics.catalogue import MetricDef
+from llmobs.stats import TokenWindow
 
 Number = int | float
 Key = tuple[str, ...]
@@ -82,6 +84,23 @@ def _prefix(name: str, labels: Iterable[tuple[str, str]]) -> str:
     return f"{escape_metric_name(name)}{{{text}}} "
 
 
+class HistogramSeries:
+    """One histogram series, bound to its label values: what a recorder keeps and observes
+    into, with no label lookup per observation."""
+
+    __slots__ = ("_bounds", "_series")
+
+    def __init__(self, bounds: tuple[float, ...], series: list[Number]) -> None:
+        self._bounds = bounds
+        self._series = series
+
+    def observe(self, value: Number) -> None:
+        """Count ``value`` in its ``le`` bucket (as OpenTelemetry: ``bisect_left``)."""
+        series = self._series
+        series[bisect_left(self._bounds, value)] += 1
+        series[-1] += value
+
+
 class HistogramFamily:
     """One histogram family: label values -> [count per bucket ..., +Inf count, sum]."""
 
@@ -108,23 +127,17 @@ class HistogramFamily:
             series = self.series[key] = self._empty()
         return series
 
+    def labels(self, *values: str) -> HistogramSeries:
+        """The series of these label values, bound (made, empty, if it is new: it is then
+        listed on /metrics after those made before it)."""
+        return HistogramSeries(self.bounds, self.series_for(values))
+
     def observe(self, key: tuple[str, ...], value: Number) -> None:
-        """Count ``value`` in its ``le`` bucket (as OpenTelemetry: ``bisect_left``)."""
-        series = self.series.get(key)
-        if series is None:
-            series = self.series[key] = self._empty()
+        """Count ``value`` in the series of ``key`` (a caller that observes the same series
+        often binds it once with ``labels``)."""
+        series = self.series_for(key)
         series[bisect_left(self.bounds, value)] += 1
         series[-1] += value
-
-    def add_counts(self, key: tuple[str, ...], counts: Sequence[Number], total: Number) -> None:
-        """Add pre-binned counts (one per bucket, +Inf last) and their sum."""
-        series = self.series.get(key)
-        if series is None:
-            series = self.series[key] = self._empty()
-        for i, count in enumerate(counts):
-            if count:
-                series[i] += count
-        series[-1] += total
 
     def snapshot(self) -> Snapshot:
         """The label values of every series and all their numbers end to end (hold the lock).
@@ -252,6 +265,71 @@ class CounterFamily:
             out.append(f"{text}{_go(value)}\n")
 
 
+class TokenHistogram:
+    """Per-token ITL histogram recorded a window at a time, with its sum of squares.
+
+    The counts of a window are added to the series like any other histogram's
+    (``SeriesCollector`` exposes both families). Whole numbers of tokens as floats, as numpy's
+    ``bincount`` gives them, whichever way they are binned: a large window with numpy in one
+    call; a window whose ITLs are sorted (one token per chunk) a bucket at a time, by bisection,
+    which is a few steps for a steady stream; a small unsorted one value by value.
+    """
+
+    __slots__ = ("_bounds", "histogram", "squares")
+
+    def __init__(self, metric: MetricDef, squares: MetricDef) -> None:
+        self.histogram = HistogramFamily(metric)
+        self.squares = CounterFamily(squares)
+        self._bounds = np.asarray(self.histogram.bounds, dtype=np.float64)
+
+    def record(self, labels: tuple[str, ...], window: TokenWindow) -> None:
+        """Add every ITL of ``window``, each ``weights[i]`` times (hold the collector's lock)."""
+        values = window.values
+        n = len(values)
+        if n == 0:
+            return
+        series = self.histogram.series_for(labels)
+        bounds = self.histogram.bounds
+        ordered = window.ordered
+        if ordered is not None:  # ascending, one token each
+            top = len(bounds)
+            if isinstance(ordered, list):
+                i = 0
+                while i < n:  # a run of values in one bucket at a time
+                    b = bisect_left(bounds, ordered[i])
+                    j = bisect_right(ordered, bounds[b], i) if b < top else n
+                    series[b] += float(j - i)
+                    i = j
+            else:
+                lo = bisect_left(bounds, float(ordered[0]))
+                hi = bisect_left(bounds, float(ordered[-1]))
+                done = 0
+                if hi > lo:  # values at or below each bound in between
+                    below = np.searchsorted(ordered, self._bounds[lo:hi], side="right").tolist()
+                    for b, count in enumerate(below, lo):
+                        if count != done:
+                            series[b] += float(count - done)
+                            done = count
+                if n != done:
+                    series[hi] += float(n - done)
+        elif isinstance(values, list):
+            counts = window.counts
+            if counts is None:
+                for value in values:
+                    series[bisect_left(bounds, value)] += 1.0
+            else:
+                for value, count in zip(values, counts, strict=True):
+                    series[bisect_left(bounds, value)] += count
+        else:
+            index = np.searchsorted(self._bounds, values, side="left")
+            binned = np.bincount(index, weights=window.weights, minlength=self._bounds.size + 1)
+            for i, count in enumerate(binned.tolist()):
+                if count:
+                    series[i] += count
+        series[-1] += window.itl_sum
+        self.squares.add(labels, window.itl_sumsq)
+
+
 Family = HistogramFamily | CounterFamily
 
 
@@ -299,49 +377,3 @@ class SeriesCollector(Collector):
                     out.clear()
         if out:
             yield "".join(out)
-
-
-def _members(registry: CollectorRegistry) -> list[Collector] | None:
-    """The registry's collectors in order, or None where they cannot be listed."""
-    collectors = getattr(registry, "_collector_to_names", None)
-    lock = getattr(registry, "_lock", None)
-    if collectors is None or lock is None or getattr(registry, "_target_info", None):
-        return None
-    with lock:
-        return list(collectors)
-
-
-async def exposition_async(registry: CollectorRegistry, executor: Executor) -> bytes:
-    """``exposition(registry)`` with the series rendered on the event loop a part at a time,
-    the other collectors in ``executor``."""
-    loop = asyncio.get_running_loop()
-    members = _members(registry)
-    if members is None:
-        return await loop.run_in_executor(executor, generate_latest, registry)
-    parts: list[bytes] = []
-    for collector in members:
-        if isinstance(collector, SeriesCollector):
-            for part in collector.render_parts():
-                parts.append(part.encode())
-                await asyncio.sleep(0)
-        else:
-            parts.append(await loop.run_in_executor(executor, generate_latest, collector))
-    return b"".join(parts)
-
-
-def exposition(registry: CollectorRegistry) -> bytes:
-    """``generate_latest(registry)``, with every ``SeriesCollector`` rendered by its ``render``.
-
-    The collectors are rendered in the registry's order, so the families come in the order
-    ``generate_latest`` gives them.
-    """
-    members = _members(registry)
-    if members is None:
-        return generate_latest(registry)  # a registry this does not know how to walk
-    parts: list[bytes] = []
-    for collector in members:
-        if isinstance(collector, SeriesCollector):
-            parts.append(collector.render().encode())
-        else:
-            parts.append(generate_latest(collector))
-    return b"".join(parts)

@@ -1,0 +1,240 @@
+"""The sink: finished requests and token windows into the catalogue's series.
+
+Recording does not go through the OpenTelemetry SDK: a ``Histogram.record`` costs ~9 us and a
+request needs ten, and the SDK's Prometheus exporter rebuilds every family at each scrape.
+Each series is a plain-Python accumulator (``series``) exposed by one prometheus_client
+collector on the registry /metrics renders, with the exposition the exporter produced (names,
+types, labels, buckets): a request costs a few microseconds. A request's series are bound
+once per label set (``_LabelSet``), so recording one is a few list updates under one lock. The
+per-token ITL histogram is binned a window at a time (``series.TokenHistogram``), with the
+sum of squares that makes ITL variance aggregable across pods. When metrics are also pushed
+over OTLP, request-level metrics are recorded into OpenTelemetry instruments as well
+(``otel.OtelInstruments``).
+
+Labels come from bounded sets: the model passes through ``BoundedLabel`` so a client cannot
+explode the series count, and a new model takes a slot only from a successful request.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+from opentelemetry.metrics import Meter
+from prometheus_client import CollectorRegistry
+
+from llmobs.labels import UNKNOWN, BoundedLabel
+from llmobs.metrics.catalogue import (
+    ACTIVE,
+    DURATION,
+    ENGINE_LOAD,
+    ENGINE_PROMPT_EVAL,
+    ITL,
+    ITL_SQUARES,
+    MALFORMED,
+    OBSERVER_ERRORS,
+    QUEUE_DEPTH,
+    REQUEST_METRICS,
+    REQUESTS,
+    SMOOTHNESS,
+    STALLS,
+    TOKEN_USAGE,
+    TOKENS,
+    TPOT,
+    TTFT,
+    Kind,
+    MetricDef,
+    status_class,
+)
+from llmobs.metrics.otel import OtelInstruments, token_counts
+from llmobs.metrics.series import (
+    CounterFamily,
+    HistogramFamily,
+    HistogramSeries,
+    SeriesCollector,
+    TokenHistogram,
+)
+from llmobs.stats import TokenWindow
+from llmobs.timing import StreamStats
+
+_STATUS_CLASSES = {status: status_class(status) for status in range(600)}
+# The request histograms a label set binds, in the order ``record_request`` observes them
+_OBSERVED = (DURATION, TTFT, TPOT, SMOOTHNESS, ENGINE_PROMPT_EVAL, ENGINE_LOAD)
+_USAGE_KINDS = frozenset({"input", "output"})  # the token types with a usage histogram
+
+
+class _LabelSet:
+    """The request series of one (operation, model) label set, bound once: recording a
+    request then observes into handles it holds, with no label tuple built and no dict
+    lookup. A series is bound at its first observation, so series appear on /metrics in the
+    order they were first recorded."""
+
+    __slots__ = ("key", "series")
+
+    def __init__(self, operation: str, model: str) -> None:
+        self.key = (operation, model)
+        self.series: dict[MetricDef | str, HistogramSeries] = {}
+
+
+class MetricsSink:
+    """Records finished requests and token windows into the catalogue's request series.
+
+    ``registry`` is the one /metrics renders (the sink registers its collector there; None:
+    the caller does); ``push`` is a meter whose only reader exports over OTLP, when metrics
+    are pushed (then every request is recorded there too; nothing shows twice on /metrics).
+    """
+
+    def __init__(
+        self,
+        registry: CollectorRegistry | None,
+        max_models: int,
+        on_request: Callable[[str, StreamStats], None] | None = None,
+        push: Meter | None = None,
+    ) -> None:
+        self.models = BoundedLabel(max_models)
+        # (operation, model as sent) -> its label set, for models whose label cannot change
+        # (known, or none): bounded by the label cap; and (operation, label) -> label set
+        self._sets: dict[tuple[str, str | None], _LabelSet] = {}
+        self._by_label: dict[tuple[str, str], _LabelSet] = {}
+        # Called once per finished request with its bounded model label (the MBU estimate).
+        self._on_request = on_request
+        self._itl = TokenHistogram(ITL, ITL_SQUARES)
+        self._families: dict[MetricDef, HistogramFamily | CounterFamily] = {}
+        for metric in REQUEST_METRICS:
+            if metric is ITL:
+                self._families[metric] = self._itl.histogram
+            elif metric is ITL_SQUARES:
+                self._families[metric] = self._itl.squares
+            elif metric.kind is Kind.HISTOGRAM:
+                self._families[metric] = HistogramFamily(metric)
+            else:
+                self._families[metric] = CounterFamily(metric, gauge=metric.kind is Kind.UPDOWN)
+        self._histograms = {
+            m: f for m, f in self._families.items() if isinstance(f, HistogramFamily)
+        }
+        self._requests = self._counter(REQUESTS)
+        self._tokens = self._counter(TOKENS)
+        self._stalls = self._counter(STALLS)
+        # Zero-valued series up front, so dashboards and alerts see 0 rather than no data.
+        for metric in (ACTIVE, QUEUE_DEPTH, OBSERVER_ERRORS, MALFORMED):
+            self._counter(metric).series[()] = 0
+        self.collector = SeriesCollector(tuple(self._families.values()))
+        self._lock = self.collector.lock
+        if registry is not None:
+            registry.register(self.collector)
+        self._otel = OtelInstruments(push) if push is not None else None
+
+    def _counter(self, metric: MetricDef) -> CounterFamily:
+        family = self._families[metric]
+        assert isinstance(family, CounterFamily)
+        return family
+
+    def _label_set(self, operation: str, model: str | None, admit: bool) -> _LabelSet:
+        """The label set of a request; a new model takes a slot only when ``admit``."""
+        found = self._sets.get((operation, model))
+        if found is not None:
+            return found
+        label = self.models.get(model, admit)
+        found = self._by_label.get((operation, label))
+        if found is None:
+            found = self._by_label[(operation, label)] = _LabelSet(operation, label)
+        if label == model or (label == UNKNOWN and not model):  # final: the model's own label
+            self._sets[(operation, model)] = found
+        return found
+
+    def _gauge(self, metric: MetricDef, delta: int) -> None:
+        family = self._counter(metric)
+        with self._lock:
+            family.series[()] += delta
+        if self._otel is not None:
+            self._otel.add(metric, delta)
+
+    def request_started(self) -> None:
+        self._gauge(ACTIVE, 1)
+
+    def request_ended(self) -> None:
+        self._gauge(ACTIVE, -1)
+
+    def queue_enter(self) -> None:
+        self._gauge(QUEUE_DEPTH, 1)
+
+    def queue_leave(self) -> None:
+        self._gauge(QUEUE_DEPTH, -1)
+
+    def observer_error(self) -> None:
+        self._gauge(OBSERVER_ERRORS, 1)
+
+    def malformed(self, count: int) -> None:
+        if count:
+            self._gauge(MALFORMED, count)
+
+    def record_tokens(
+        self, operation: str, model: str | None, window: TokenWindow, admit: bool = False
+    ) -> None:
+        """Add a window of ITLs taken mid-stream (a long stream's; the last windows go with
+        ``record_request``). A new model is admitted only when ``admit`` (a successful
+        response: its request will admit it)."""
+        if window.size:
+            key = self._label_set(operation, model, admit).key
+            with self._lock:
+                self._itl.record(key, window)
+
+    def _observe(self, labels: _LabelSet, metric: MetricDef, value: float) -> None:
+        """Observe ``value`` into the label set's series of ``metric`` (bound at first use)."""
+        series = labels.series.get(metric)
+        if series is None:
+            series = labels.series[metric] = self._histograms[metric].labels(*labels.key)
+        series.observe(value)
+
+    def _record_tokens(self, labels: _LabelSet, s: StreamStats) -> None:
+        """The request's token counts: the usage histogram (input and output) and the
+        counter by type and source."""
+        op, model = labels.key
+        series = labels.series
+        for kind, source, count in token_counts(s):
+            if kind in _USAGE_KINDS:
+                usage = series.get(kind)
+                if usage is None:
+                    usage = series[kind] = self._histograms[TOKEN_USAGE].labels(op, model, kind)
+                usage.observe(count)
+            self._tokens.add((op, model, kind, source), count)
+
+    def record_request(self, s: StreamStats, windows: Sequence[TokenWindow] = ()) -> None:
+        """A finished request into every request series, and its last ``windows`` of ITLs
+        (those ``record_tokens`` did not take mid-stream) under the same labels, all under
+        one lock. A window that fails to record is raised after everything else about the
+        request (its series, OTLP, the per-request hook) is recorded."""
+        labels = self._sets.get((s.operation, s.model))
+        if labels is None:
+            labels = self._label_set(s.operation, s.model, 200 <= s.status < 400)
+        key = labels.key
+        op, model = key
+        status = _STATUS_CLASSES.get(s.status) or status_class(s.status)
+        failed: Exception | None = None
+        with self._lock:
+            # an enum's ``_value_`` is a plain attribute; ``.value`` is a Python-level property
+            self._requests.add((op, model, s.outcome._value_, status, s.finish_reason), 1)
+            for metric, value in zip(_OBSERVED, _observed(s), strict=True):
+                if value is not None:
+                    self._observe(labels, metric, value)
+            if s.stalls:
+                self._stalls.add(key, s.stalls)
+            self._record_tokens(labels, s)
+            for window in windows:
+                if window.size:
+                    try:
+                        self._itl.record(key, window)
+                    except Exception as exc:  # raised below, once the request is recorded
+                        failed = exc
+        if self._otel is not None:
+            self._otel.record_request(s, op, model, status)
+        if self._on_request is not None:
+            self._on_request(model, s)
+        if failed is not None:
+            raise failed
+
+
+def _observed(s: StreamStats) -> tuple[float | None, ...]:
+    """The request's values of ``_OBSERVED``, in that order."""
+    return (
+        s.duration_s, s.ttft_s, s.tpot_s, s.smoothness, s.engine_prompt_eval_s, s.engine_load_s
+    )  # fmt: skip
