@@ -47,13 +47,14 @@ _USAGE = TokenSource.USAGE.value
 
 def token_counts(s: StreamStats) -> list[tuple[str, str, int]]:
     """(token type, count source, tokens) of a request, in the order they are recorded."""
+    # an enum's ``_value_`` is a plain attribute; ``.value`` is a Python-level property
     out = []
     if s.input_tokens is not None:
         out.append(("input", _USAGE, s.input_tokens))
     if s.output_tokens or s.ttft_s is not None:
-        out.append(("output", s.token_source.value, s.output_tokens))
+        out.append(("output", s.token_source._value_, s.output_tokens))
     if s.reasoning_tokens:
-        out.append(("reasoning", s.reasoning_source.value, s.reasoning_tokens))
+        out.append(("reasoning", s.reasoning_source._value_, s.reasoning_tokens))
     if s.cached_tokens:
         out.append(("cached_input", _USAGE, s.cached_tokens))
     return out

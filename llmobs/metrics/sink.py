@@ -58,8 +58,10 @@ from llmobs.timing import StreamStats
 
 _STATUS_CLASSES = {status: status_class(status) for status in range(600)}
 # The request histograms a label set binds, in the order ``record_request`` observes them
+# (the token usage histogram twice: input, then output tokens)
 _OBSERVED = (DURATION, TTFT, TPOT, SMOOTHNESS, ENGINE_PROMPT_EVAL, ENGINE_LOAD)
-_USAGE_KINDS = frozenset({"input", "output"})  # the token types with a usage histogram
+_USAGE_IN, _USAGE_OUT = len(_OBSERVED), len(_OBSERVED) + 1
+_USAGE_TYPES = {"input": _USAGE_IN, "output": _USAGE_OUT}
 
 
 class _LabelSet:
@@ -72,7 +74,8 @@ class _LabelSet:
 
     def __init__(self, operation: str, model: str) -> None:
         self.key = (operation, model)
-        self.series: dict[MetricDef | str, HistogramSeries] = {}
+        # _OBSERVED's series, then the usage histogram's for input and output tokens
+        self.series: list[HistogramSeries | None] = [None] * (len(_OBSERVED) + 2)
 
 
 class MetricsSink:
@@ -178,24 +181,27 @@ class MetricsSink:
             with self._lock:
                 self._itl.record(key, window)
 
-    def _observe(self, labels: _LabelSet, metric: MetricDef, value: float) -> None:
-        """Observe ``value`` into the label set's series of ``metric`` (bound at first use)."""
-        series = labels.series.get(metric)
-        if series is None:
-            series = labels.series[metric] = self._histograms[metric].labels(*labels.key)
-        series.observe(value)
+    def _bind(self, labels: _LabelSet, index: int) -> HistogramSeries:
+        """The label set's series number ``index`` (of ``_OBSERVED``, then usage), bound at
+        its first observation: series appear on /metrics in the order they were recorded."""
+        key = labels.key
+        if index < _USAGE_IN:
+            series = self._histograms[_OBSERVED[index]].labels(*key)
+        else:
+            kind = "input" if index == _USAGE_IN else "output"
+            series = self._histograms[TOKEN_USAGE].labels(*key, kind)
+        labels.series[index] = series
+        return series
 
     def _record_tokens(self, labels: _LabelSet, s: StreamStats) -> None:
-        """The request's token counts: the usage histogram (input and output) and the
+        """The request's token counts: the usage histogram (input and output tokens) and the
         counter by type and source."""
         op, model = labels.key
         series = labels.series
         for kind, source, count in token_counts(s):
-            if kind in _USAGE_KINDS:
-                usage = series.get(kind)
-                if usage is None:
-                    usage = series[kind] = self._histograms[TOKEN_USAGE].labels(op, model, kind)
-                usage.observe(count)
+            index = _USAGE_TYPES.get(kind)
+            if index is not None:
+                (series[index] or self._bind(labels, index)).observe(count)
             self._tokens.add((op, model, kind, source), count)
 
     def record_request(self, s: StreamStats, windows: Sequence[TokenWindow] = ()) -> None:
@@ -213,9 +219,12 @@ class MetricsSink:
         with self._lock:
             # an enum's ``_value_`` is a plain attribute; ``.value`` is a Python-level property
             self._requests.add((op, model, s.outcome._value_, status, s.finish_reason), 1)
-            for metric, value in zip(_OBSERVED, _observed(s), strict=True):
+            series = labels.series
+            values = (s.duration_s, s.ttft_s, s.tpot_s, s.smoothness, s.engine_prompt_eval_s,
+                      s.engine_load_s)  # fmt: skip  # _OBSERVED's, in its order
+            for i, value in enumerate(values):
                 if value is not None:
-                    self._observe(labels, metric, value)
+                    (series[i] or self._bind(labels, i)).observe(value)
             if s.stalls:
                 self._stalls.add(key, s.stalls)
             self._record_tokens(labels, s)
@@ -231,10 +240,3 @@ class MetricsSink:
             self._on_request(model, s)
         if failed is not None:
             raise failed
-
-
-def _observed(s: StreamStats) -> tuple[float | None, ...]:
-    """The request's values of ``_OBSERVED``, in that order."""
-    return (
-        s.duration_s, s.ttft_s, s.tpot_s, s.smoothness, s.engine_prompt_eval_s, s.engine_load_s
-    )  # fmt: skip
