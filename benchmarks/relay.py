@@ -104,8 +104,9 @@ def micro(tokens: int, requests: int, tracing: bool = False) -> dict[str, float]
 
 def scrape_lag(models: int, operations: int, interval: float) -> dict[str, float]:
     """Event-loop lag while /metrics is rendered back to back the way the admin app's handler
-    renders it (``metrics.exposition.exposition_async``: the request series on the loop in parts, the
-    rest in the render thread). ``render_ms``: one render once every series' text is cached."""
+    renders it (``metrics.exposition.exposition_async``: the request series on the loop in
+    parts, the rest in the render thread). ``render_ms``: one render once every series' text
+    is cached."""
     telemetry = build_telemetry()
     sink = MetricsSink(telemetry.registry, 32)
     for m in range(models):

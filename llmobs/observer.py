@@ -143,7 +143,7 @@ class Observer:
         "_decoder",
         "_dialect",
         "_failed",
-        "_fast",
+        "_fast_event",
         "_fast_times",
         "_fast_window",
         "_finished",
@@ -156,10 +156,10 @@ class Observer:
         "_queued",
         "_sink",
         "_sse",
+        "_template_event",
+        "_template_of",
         "_timer",
         "_trace",
-        "_whole",
-        "_whole_of",
         "info",
         "operation",
         "route",
@@ -197,9 +197,12 @@ class Observer:
         dialect = self._dialect
         self._openai = dialect if isinstance(dialect, OpenAIStream) else None
         self._sse: SseDecoder | None = None
-        self._whole: WholeEvent | None = None  # see WholeEvent
-        self._fast: WholeEvent | None = None  # _whole, while a whole event is only timed
-        self._whole_of: Template | None = None  # the dialect's template it was made from
+        # the dialect's template as a whole event (``WholeEvent``: reads of such events are
+        # counted whole), the template it was made from, and the same event while the next
+        # read's only need is to be timed (the fast path checks it against that read)
+        self._template_event: WholeEvent | None = None
+        self._template_of: Template | None = None
+        self._fast_event: WholeEvent | None = None
         self._pending = self._dialect.pending
         self._body: list[bytes] | None = None
         self._body_size = 0
@@ -216,7 +219,7 @@ class Observer:
         if not self._failed:
             self._failed = True
             self._decoder = None
-            self._whole = self._fast = self._openai = None
+            self._template_event = self._fast_event = self._openai = None
             self._body = None
             log.exception("observation failed in %s; the relay continues", where)
         with contextlib.suppress(Exception):  # a broken sink must not break the relay
@@ -237,7 +240,7 @@ class Observer:
     def forwarded(self, t_ns: int) -> None:
         """The request went upstream: a streaming request now waits for its first token."""
         self._forwarded_ns = t_ns
-        self._fast = None  # (the proxy forwards before any response) reads leave the queue
+        self._fast_event = None  # (the proxy forwards before any response) reads leave the queue
         try:
             if self.info.stream and not self._queued:
                 self._queued = True
@@ -253,7 +256,8 @@ class Observer:
     def response(self, status: int, content_type: str) -> None:
         """Response headers arrived: choose how to read the body."""
         self.status = status
-        self._sse = self._whole = self._fast = self._whole_of = None  # this body's decoder only
+        # this body's decoder only
+        self._sse = self._template_event = self._fast_event = self._template_of = None
         try:
             kind = detect_stream(content_type)
             if kind == "sse":
@@ -269,9 +273,9 @@ class Observer:
         """A chunk of the response body was relayed at ``t_ns``. The hot path: a few
         microseconds per read, so no per-event objects or lookups that can be hoisted. The
         usual read, one plain token event of a stream past its first token, is recognised
-        whole and only timed (``_fast``); a read of several is counted whole
-        (``WholeEvent.count``); the rest goes through decoder and dialect."""
-        fast = self._fast
+        whole and only timed (``_fast_event``); a read of several is counted whole
+        (``_count_events``); the rest goes through decoder and dialect (``_decode``)."""
+        fast = self._fast_event
         if fast is not None:
             size = len(data)
             start = fast.start
@@ -293,18 +297,27 @@ class Observer:
                     self._fail("chunk")
                 return
         self._last_ns = t_ns
-        whole = self._whole
-        if whole is not None:  # not taken by the fast path: several token events?
-            size = len(data)
-            if size > 2 * whole.size and whole.decoder.idle:
-                tokens = whole.count(data)
-                if tokens:
-                    try:
-                        self._record(t_ns, tokens)
-                        self._arm()
-                    except Exception:
-                        self._fail("chunk")
-                    return
+        try:
+            if not self._count_events(t_ns, data):
+                self._decode(t_ns, data)
+        except Exception:
+            self._fail("chunk")
+
+    def _count_events(self, t_ns: int, data: bytes) -> bool:
+        """A read of several whole token events shaped like the template: counted without
+        the decoder (``WholeEvent.count``); False, with nothing done, for any other read."""
+        events = self._template_event
+        if events is None or len(data) <= 2 * events.size or not events.decoder.idle:
+            return False
+        tokens = events.count(data)
+        if not tokens:
+            return False
+        self._record(t_ns, tokens)
+        self._arm()
+        return True
+
+    def _decode(self, t_ns: int, data: bytes) -> None:
+        """A read through the decoder and the dialect (or, for a JSON body, kept whole)."""
         decoder = self._decoder
         if decoder is None:
             body = self._body
@@ -315,30 +328,27 @@ class Observer:
                 else:
                     self._body = None
             return
-        try:
-            payloads = decoder.payloads(data)
-            if len(payloads) == 1:
-                tokens = self._on_data(payloads[0])
-            else:
-                on_data = self._on_data
-                tokens = 0
-                for payload in payloads:
-                    tokens += on_data(payload)
-            if tokens:
-                if self._queued or self._pending:
-                    self._record(t_ns, tokens)
-                elif self._output(t_ns, tokens):  # choice 0's timer, bound: _record inlined
-                    self._take(self._timer)
-            openai = self._openai
-            if openai is not None and openai.template is not self._whole_of:
-                self._whole_of = openai.template
-                if self._sse is not None:
-                    self._whole = WholeEvent.of(
-                        openai.template, self._sse, self._config.max_line_bytes
-                    )
-            self._arm()
-        except Exception:
-            self._fail("chunk")
+        payloads = decoder.payloads(data)
+        if len(payloads) == 1:
+            tokens = self._on_data(payloads[0])
+        else:
+            on_data = self._on_data
+            tokens = 0
+            for payload in payloads:
+                tokens += on_data(payload)
+        if tokens:
+            if self._queued or self._pending:
+                self._record(t_ns, tokens)
+            elif self._output(t_ns, tokens):  # choice 0's timer, bound: _record inlined
+                self._take(self._timer)
+        openai = self._openai
+        if openai is not None and openai.template is not self._template_of:
+            self._template_of = openai.template
+            if self._sse is not None:
+                self._template_event = WholeEvent.of(
+                    openai.template, self._sse, self._config.max_line_bytes
+                )
+        self._arm()
 
     def _arm(self) -> None:
         """Take the fast path for the next read if a whole event would only be timed there:
@@ -346,8 +356,8 @@ class Observer:
         token, so always; ``forwarded`` disarms it, should it come after the response began).
         Only the other paths change either, so they re-arm it after each read. (Other choices'
         tokens are never pending here: ``_record`` drains them in the read that counts them.)"""
-        whole = self._whole
-        self._fast = (
+        whole = self._template_event
+        self._fast_event = (
             whole if whole is not None and whole.decoder.idle and not self._queued else None
         )
 

@@ -11,8 +11,8 @@ Semantics, as a user of a reverse proxy expects them:
   and no decompression, so the engine and the client see what they would see without it;
 - the response body is written to the client from the upstream socket's read callback
   (``upstream``), chunk by chunk as it comes;
-- the client going away cancels the handler (the server runs with ``handler_cancellation``),
-  which closes the upstream connection at once, so the engine stops generating for nobody;
+- the client going away closes the upstream connection at once (``server.Request.on_gone``,
+  then the handler's cancellation), so the engine stops generating for nobody;
 - an unreachable upstream gives a JSON error (502, or 504 on timeout) in the OpenAI error
   shape; upstream HTTP errors pass through unchanged; a failure after the response has started
   closes the client connection without a clean end, as the engine itself would have;
@@ -26,15 +26,15 @@ import asyncio
 import logging
 from collections.abc import Callable, Iterable, MutableMapping
 from time import perf_counter_ns
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 from llmobs.config import Settings
+from llmobs.deferred import Deferred
 from llmobs.formats import Route, detect_stream, route_for_path
 from llmobs.formats.base import Passthrough
 from llmobs.formats.inject import UsageStripper, inject_usage
 from llmobs.formats.openai import OpenAIStream
 from llmobs.http1 import BadRequest, ProtocolError, ResponseHead, content_length
-from llmobs.later import Later
 from llmobs.logs import method_label
 from llmobs.server import BodyTooLarge, BodyTooSlow, Request
 from llmobs.timing import Outcome
@@ -172,7 +172,7 @@ def _is_json(content_type: str) -> bool:
     return media == "application/json" or media.endswith("+json")
 
 
-class _Stream:
+class _ResponseRelay:
     """One response on its way from the engine to the client, per read.
 
     ``on_head`` runs inside the upstream connection's ``data_received`` when the response
@@ -270,8 +270,49 @@ class _Stream:
         self._obs.chunk(now, data)
 
 
+class _Failure(NamedTuple):
+    """What a request that failed this way ends in."""
+
+    outcome: Outcome
+    status: int  # the sidecar's answer if the response has not begun (0: the error's own)
+    message: str  # its text: {limit}, {timeout}, {error} and {kind} are filled in
+    upstream: bool  # the engine's failure: a warning in the log (the answer says "llmobs:")
+    close: bool  # the client's connection is closed after the answer (its body unread)
+
+
+# An exception -> the request's end, the first entry that matches (BadRequest is a
+# ProtocolError, and both and TimeoutError are OSErrors: they come first).
+FAILURES: tuple[tuple[type[BaseException], _Failure], ...] = (
+    (_ShutDown, _Failure(Outcome.SHUTDOWN, 503, "llmobs: shutting down", False, True)),
+    (BodyTooLarge, _Failure(
+        Outcome.REJECTED, 413, "request body larger than {limit} bytes", False, True
+    )),
+    (BodyTooSlow, _Failure(
+        Outcome.REJECTED, 408, "request body not received within {timeout:g} s", False, True
+    )),
+    (BadRequest, _Failure(Outcome.REJECTED, 0, "{error}", False, True)),
+    (TimeoutError, _Failure(Outcome.UPSTREAM_TIMEOUT, 504, "upstream timed out", True, False)),
+    (ProtocolError, _Failure(
+        Outcome.UPSTREAM_ERROR, 502, "upstream sent an invalid response: {error}", True, False
+    )),
+    (OSError, _Failure(Outcome.UPSTREAM_ERROR, 502, "upstream unavailable: {kind}", True, False)),
+)  # fmt: skip
+_INTERNAL = _Failure(Outcome.UPSTREAM_ERROR, 502, "llmobs: internal error", False, False)
+
+
+def failure_for(exc: BaseException) -> _Failure:
+    """How a request that raised ``exc`` ends (``FAILURES``; anything else is the relay's
+    own bug: a 502, or a cut response)."""
+    for kind, failure in FAILURES:
+        if isinstance(exc, kind):
+            return failure
+    return _INTERNAL
+
+
 class Relay:
-    """The request handler, bound to the upstream, settings and an observer factory."""
+    """The request handler, bound to the upstream, settings and an observer factory: each
+    request is an ``_Exchange``; the relay keeps what they share (the pool, the connections
+    a shutdown must end, the deferred bookkeeping)."""
 
     def __init__(
         self,
@@ -279,158 +320,21 @@ class Relay:
         upstream: Upstream,
         new_observer: ObserverFactory | None,
     ) -> None:
-        self._settings = settings
-        self._upstream = upstream
-        self._new_observer = new_observer
-        self._streams: set[Connection] = set()  # connections whose response is being relayed
-        self._aborted: set[Connection] = set()  # ended by a shutdown's grace
+        self.settings = settings
+        self.upstream = upstream
+        self.new_observer = new_observer
+        self.streams: set[Connection] = set()  # connections whose response is being relayed
+        self.aborted: set[Connection] = set()  # ended by a shutdown's grace
         # sent, until their exchange ends (the head awaited, then the body relayed): a
-        # shutdown's grace ends them; ``_streams`` is those whose head came (``active``)
+        # shutdown's grace ends them; ``streams`` is those whose head came (``active``)
         self._pending: set[Connection] = set()
         self._ending = False  # a shutdown's grace is over: nothing more goes upstream
-        self._later = Later()  # each request's bookkeeping, once the pending I/O is served
+        self._deferred = Deferred()  # each request's bookkeeping, once the pending I/O is served
 
     async def __call__(self, request: Request) -> None:
-        clock = perf_counter_ns
-        start = clock()
-        route = route_for_path(request.path)
-        factory = self._new_observer
-        # Observation starts once the request is on its way upstream (``observe``, below),
-        # so that the engine does not wait for it: the usual request, whose body came with
-        # its head. The observer is made first when it adds a trace context to the request,
-        # or when the body is still on its way (the request is in flight, and counted as
-        # active, while it uploads); a request that never goes upstream gets one at its end.
-        obs: RequestObserver | None = None
-        if factory is not None and (factory.traces or not request.body_complete):
-            obs = self._observer(route, start, request)
+        await _Exchange(self, request).run()
 
-        def observer() -> RequestObserver:
-            nonlocal obs
-            if obs is None:
-                obs = self._observer(route, start, request)
-            return obs
-
-        settings = self._settings
-        limit = settings.max_body_bytes
-        length = request.content_length
-        if length is not None and length > limit:
-            message = f"request body larger than {limit} bytes"
-            self._local(request, observer(), 413, message, close=True)
-            self._finish(observer(), clock(), Outcome.REJECTED)
-            return
-        headers = upstream_headers(request)
-        if obs is not None:
-            headers = _with_trace(obs, headers)
-        stripper: UsageStripper | None = None
-        outcome = Outcome.OK
-        stream: _Stream | None = None
-        observed: bytes | None = None  # the body, for the observer to parse
-        try:
-            body: bytes | None = None
-            if request.has_body:
-                body = await request.read_body(settings.client_timeout)
-                if factory is not None and (
-                    route.dialect is not Passthrough
-                    or _is_json(request.headers.get("Content-Type", ""))
-                ):
-                    observed = body
-                if (
-                    settings.inject_usage
-                    and route.dialect is OpenAIStream
-                    and factory is not None  # usage is asked for to be observed
-                ):
-                    try:
-                        rewritten = inject_usage(body)
-                    except Exception:  # a bug of the rewrite's: the body goes on as it came
-                        log.exception("%s %s: --inject-usage failed", _method(request), route)
-                        rewritten = None
-                    if rewritten is not None:
-                        body, stripper = rewritten, UsageStripper()
-            elif request.method in ("POST", "PUT", "PATCH"):
-                body = b""
-            raw_head = self._upstream.request_head(request.method, request.target, headers, body)
-            stream = _Stream(request, NULL_OBSERVER, stripper, self._streams)
-            if factory is not None:
-                sent = stream  # for the closure: ``stream`` is Optional in this scope
-
-                def observe() -> None:
-                    t_ns = clock()
-                    late = observer()
-                    if observed is not None:
-                        late.request_body(observed)
-                    late.forwarded(t_ns)
-                    sent.observe(late)
-
-                stream.on_sent = observe
-            try:
-                await self._exchange(request.method, raw_head, body or b"", stream)
-            except ConnectionError:
-                if not stream.gone:
-                    raise
-            if stream.gone:
-                outcome = Outcome.CLIENT_DISCONNECT
-                return
-            if stream.stripper is not None:
-                request.write(stream.stripper.flush())
-            request.end()
-            if stream.conn in self._aborted:
-                outcome = Outcome.SHUTDOWN
-        except asyncio.CancelledError:
-            outcome = Outcome.CLIENT_DISCONNECT
-            raise
-        except _ShutDown:
-            outcome = Outcome.SHUTDOWN
-            self._local(request, observer(), 503, "llmobs: shutting down", close=True)
-        except BodyTooLarge:
-            outcome = Outcome.REJECTED
-            self._local(
-                request, observer(), 413, f"request body larger than {limit} bytes", close=True
-            )
-        except BodyTooSlow:
-            outcome = Outcome.REJECTED
-            message = f"request body not received within {settings.client_timeout:g} s"
-            self._local(request, observer(), 408, message, close=True)
-        except BadRequest as exc:
-            outcome = Outcome.REJECTED
-            self._local(request, observer(), exc.status, str(exc), close=True)
-        except TimeoutError:
-            outcome = Outcome.UPSTREAM_TIMEOUT
-            self._upstream_failed(request, route, observer(), 504, "upstream timed out", outcome)
-        except OSError as exc:
-            conn = stream.conn if stream is not None else None
-            if conn is not None and conn in self._aborted and request.started:
-                outcome = Outcome.SHUTDOWN  # the shutdown grace ran out: end the stream cleanly
-                request.end()
-            elif isinstance(exc, ConnectionError) and request.started and _client_gone(request):
-                outcome = Outcome.CLIENT_DISCONNECT
-            else:
-                outcome = Outcome.UPSTREAM_ERROR
-                self._upstream_failed(request, route, observer(), 502, _unavailable(exc), outcome)
-        except Exception:  # a bug of the relay's own: one outcome still, and a clean answer
-            outcome = Outcome.UPSTREAM_ERROR
-            log.exception("%s %s: the relay failed", _method(request), route)
-            if not request.started:
-                self._local(request, observer(), 502, "llmobs: internal error")
-            else:
-                request.abort()
-        finally:
-            request.on_flow(None, None)
-            request.on_gone(None)
-            conn = stream.conn if stream is not None else None
-            if conn is not None:
-                self._streams.discard(conn)
-                self._aborted.discard(conn)
-                if outcome is Outcome.OK:
-                    self._upstream.release(conn)
-                else:
-                    self._upstream.discard(conn)
-            if observed is not None and stream is not None and stream.on_sent is not None:
-                # never sent (no connection to the engine, say): the body is read now, so the
-                # failure is counted under its model, as every other outcome is
-                observer().request_body(observed)
-            self._finish(observer(), clock(), outcome)
-
-    async def _exchange(self, method: str, raw_head: bytes, body: bytes, stream: _Stream) -> None:
+    async def send(self, method: str, raw_head: bytes, body: bytes, stream: _ResponseRelay) -> None:
         """Send the request and relay its response through ``stream``, to its end.
 
         A pooled connection the engine closed while it sat idle fails before any byte of a
@@ -438,56 +342,58 @@ class Relay:
         (a POST to a completions route) are not: the engine may have read one and failed on
         it, and a proxy must not repeat it (RFC 9110 section 9.2.2; nginx's default too). The
         pool's idle timeout keeps that race rare. Until a head has come the connection is
-        this method's to discard; after, the handler's (``stream.conn``).
+        this method's to discard; after, the exchange's (``stream.conn``).
         """
-        upstream = self._upstream
-        read_timeout = self._settings.read_timeout
-        pending = self._pending
         for attempt in (0, 1):
-            conn, reused = await upstream.acquire()
+            conn, reused = await self.upstream.acquire()
             if self._ending:  # the grace ran out while it connected (or before it was sent)
-                upstream.discard(conn)
+                self.upstream.discard(conn)
                 raise _ShutDown()
-            pending.add(conn)
+            self._pending.add(conn)
             try:
-                conn.send(method, raw_head, body, stream.on_head)
-                sent = stream.on_sent
-                if sent is not None:  # the first send: observation starts
-                    stream.on_sent = None
-                    sent()
-                await conn.wait(read_timeout)
+                await self._send_on(conn, method, raw_head, body, stream)
                 return
             except UpstreamClosed:
                 if stream.conn is not None:
                     raise
-                upstream.discard(conn)
-                if conn in self._aborted:  # no head by the end of a shutdown's grace
-                    self._aborted.discard(conn)
+                self.upstream.discard(conn)
+                if conn in self.aborted:  # no head by the end of a shutdown's grace
+                    self.aborted.discard(conn)
                     raise _ShutDown() from None
                 if not reused or attempt or conn.responded or method not in _IDEMPOTENT:
                     raise
             except BaseException:
                 if stream.conn is None:
-                    upstream.discard(conn)
+                    self.upstream.discard(conn)
                 raise
             finally:
-                pending.discard(conn)
+                self._pending.discard(conn)
         raise AssertionError("unreachable")  # the second attempt returns or raises
 
-    def _finish(self, obs: RequestObserver, t_ns: int, outcome: Outcome) -> None:
+    async def _send_on(
+        self, conn: Connection, method: str, raw_head: bytes, body: bytes, stream: _ResponseRelay
+    ) -> None:
+        conn.send(method, raw_head, body, stream.on_head)
+        sent = stream.on_sent
+        if sent is not None:  # the first send: observation starts
+            stream.on_sent = None
+            sent()
+        await conn.wait(self.settings.read_timeout)
+
+    def record(self, obs: RequestObserver, t_ns: int, outcome: Outcome) -> None:
         """Record the request's end (stamped now) once the loop has served the sockets that
         are ready: new requests go upstream before the bookkeeping of finished ones."""
         if obs is not NULL_OBSERVER:
-            self._later.call(obs.finish, t_ns, outcome)
+            self._deferred.call(obs.finish, t_ns, outcome)
 
     def flush(self) -> None:
         """Record every finished request now (shutdown, tests)."""
-        self._later.drain()
+        self._deferred.drain()
 
     @property
     def active(self) -> int:
         """Responses being relayed right now."""
-        return len(self._streams)
+        return len(self.streams)
 
     def abort_streams(self) -> int:
         """End every exchange still under way (a shutdown's grace is over); returns how many.
@@ -498,15 +404,15 @@ class Relay:
         ``shutdown`` outcome and returns.
         """
         self._ending = True
-        streams = self._streams | self._pending
+        streams = self.streams | self._pending
         for conn in streams:
-            self._aborted.add(conn)
+            self.aborted.add(conn)
             conn.close()
         return len(streams)
 
-    def _observer(self, route: Route, start: int, request: Request) -> RequestObserver:
+    def observer(self, route: Route, start: int, request: Request) -> RequestObserver:
         """A new observer, or the null one if there is none or it cannot be made."""
-        factory = self._new_observer
+        factory = self.new_observer
         if factory is None:
             return NULL_OBSERVER
         try:
@@ -515,29 +421,191 @@ class Relay:
             log.exception("could not start observing a request; relaying it unobserved")
             return NULL_OBSERVER
 
-    @staticmethod
-    def _local(
-        request: Request, obs: RequestObserver, status: int, message: str, close: bool = False
-    ) -> None:
-        """A response the sidecar produces itself (the observer records its status)."""
-        obs.response(status, "")
-        request.respond_error(status, message, close=close)
 
-    def _upstream_failed(
-        self,
-        request: Request,
-        route: Route,
-        obs: RequestObserver,
-        status: int,
-        message: str,
-        outcome: Outcome,
-    ) -> None:
-        # named by its method and operation, never its path: a client chose those bytes
-        log.warning("%s %s: %s (%s)", _method(request), route, message, outcome.value)
-        if not request.started:
-            self._local(request, obs, status, f"llmobs: {message}")
-        else:  # the response has started: end it the way a broken engine would, uncleanly
+class _Exchange:
+    """One request through the relay, in steps: ``_refused_early`` (a declared length over
+    the limit), ``_prepare`` (the body read, the upstream request made), ``relay.send`` (sent
+    and its response relayed by a ``_ResponseRelay``), ``_end``; a failure anywhere ends it as
+    ``FAILURES`` says (``_failed``), and ``_finish`` records exactly one outcome."""
+
+    __slots__ = ("_obs", "observed", "outcome", "relay", "request", "route", "start", "stream")
+
+    def __init__(self, relay: Relay, request: Request) -> None:
+        self.relay = relay
+        self.request = request
+        self.start = perf_counter_ns()
+        self.route = route_for_path(request.path)
+        self.outcome = Outcome.OK
+        self.stream: _ResponseRelay | None = None
+        self.observed: bytes | None = None  # the body, for the observer to parse
+        # Observation starts once the request is on its way upstream (``_observe``), so that
+        # the engine does not wait for it: the usual request, whose body came with its head.
+        # The observer is made first when it adds a trace context to the request, or when the
+        # body is still on its way (the request is in flight, and counted as active, while it
+        # uploads); a request that never goes upstream gets one at its end.
+        self._obs: RequestObserver | None = None
+        factory = relay.new_observer
+        if factory is not None and (factory.traces or not request.body_complete):
+            self._obs = relay.observer(self.route, self.start, request)
+
+    def _observer(self) -> RequestObserver:
+        if self._obs is None:
+            self._obs = self.relay.observer(self.route, self.start, self.request)
+        return self._obs
+
+    async def run(self) -> None:
+        try:
+            if self._refused_early():
+                return
+            method, raw_head, body, stream = await self._prepare()
+            try:
+                await self.relay.send(method, raw_head, body, stream)
+            except ConnectionError:
+                if not stream.gone:
+                    raise
+            self._end(stream)
+        except asyncio.CancelledError:
+            self.outcome = Outcome.CLIENT_DISCONNECT
+            raise
+        except Exception as exc:
+            self._failed(exc)
+        finally:
+            self._finish()
+
+    def _refused_early(self) -> bool:
+        """A body declared larger than the limit: 413 before a byte of it is read."""
+        limit = self.relay.settings.max_body_bytes
+        length = self.request.content_length
+        if length is None or length <= limit:
+            return False
+        self.outcome = Outcome.REJECTED
+        self._answer(413, f"request body larger than {limit} bytes", close=True)
+        return True
+
+    async def _prepare(self) -> tuple[str, bytes, bytes, _ResponseRelay]:
+        """The body read (bounded, within the client timeout), ``--inject-usage`` applied,
+        and the request as it goes upstream: method, head, body, and the stream its response
+        will take."""
+        request, relay = self.request, self.relay
+        settings = relay.settings
+        headers = upstream_headers(request)
+        if self._obs is not None:
+            headers = _with_trace(self._obs, headers)
+        body: bytes | None = None
+        stripper: UsageStripper | None = None
+        if request.has_body:
+            body = await request.read_body(settings.client_timeout)
+            if relay.new_observer is not None:
+                self.observed = _observable(self.route, request, body)
+                if settings.inject_usage and self.route.dialect is OpenAIStream:
+                    body, stripper = self._inject_usage(body)
+        elif request.method in ("POST", "PUT", "PATCH"):
+            body = b""
+        raw_head = relay.upstream.request_head(request.method, request.target, headers, body)
+        stream = self.stream = _ResponseRelay(request, NULL_OBSERVER, stripper, relay.streams)
+        if relay.new_observer is not None:
+            stream.on_sent = self._observe
+        return request.method, raw_head, body or b"", stream
+
+    def _inject_usage(self, body: bytes) -> tuple[bytes, UsageStripper | None]:
+        """``--inject-usage``: the body asks the engine for usage, which the client then does
+        not see (``UsageStripper``); a failure of the rewrite leaves the body as it came."""
+        try:
+            rewritten = inject_usage(body)
+        except Exception:  # a bug of the rewrite's
+            log.exception("%s %s: --inject-usage failed", _method(self.request), self.route)
+            rewritten = None
+        return (body, None) if rewritten is None else (rewritten, UsageStripper())
+
+    def _observe(self) -> None:
+        """The request went upstream: observation starts (the stream's ``on_sent``)."""
+        t_ns = perf_counter_ns()
+        obs = self._observer()
+        if self.observed is not None:
+            obs.request_body(self.observed)
+            self.observed = None
+        obs.forwarded(t_ns)
+        assert self.stream is not None
+        self.stream.observe(obs)
+
+    def _end(self, stream: _ResponseRelay) -> None:
+        """The response came to its end (or the client went away during it)."""
+        if stream.gone:
+            self.outcome = Outcome.CLIENT_DISCONNECT
+            return
+        if stream.stripper is not None:
+            self.request.write(stream.stripper.flush())
+        self.request.end()
+        if stream.conn in self.relay.aborted:
+            self.outcome = Outcome.SHUTDOWN
+
+    def _failed(self, exc: Exception) -> None:
+        """The exchange failed: one outcome, and the client told what it can be told."""
+        request = self.request
+        conn = self.stream.conn if self.stream is not None else None
+        if _connection_failed(exc) and request.started:
+            if conn is not None and conn in self.relay.aborted:
+                self.outcome = Outcome.SHUTDOWN  # the shutdown grace ran out: a clean end
+                request.end()
+                return
+            if isinstance(exc, ConnectionError) and _client_gone(request):
+                self.outcome = Outcome.CLIENT_DISCONNECT
+                return
+        failure = failure_for(exc)
+        self.outcome = failure.outcome
+        settings = self.relay.settings
+        message = failure.message.format(
+            limit=settings.max_body_bytes, timeout=settings.client_timeout, error=exc,
+            kind=type(exc).__name__,
+        )  # fmt: skip
+        if failure is _INTERNAL:
+            log.exception("%s %s: the relay failed", _method(request), self.route)
+        elif failure.upstream:  # named by method and route, never by path: a client chose it
+            outcome = failure.outcome.value
+            log.warning("%s %s: %s (%s)", _method(request), self.route, message, outcome)
+            message = f"llmobs: {message}"
+        if request.started:  # end it the way a broken engine would, uncleanly
             request.abort()
+        else:
+            status = failure.status or getattr(exc, "status", 400)
+            self._answer(status, message, close=failure.close)
+
+    def _answer(self, status: int, message: str, close: bool = False) -> None:
+        """A response the sidecar produces itself (the observer records its status)."""
+        self._observer().response(status, "")
+        self.request.respond_error(status, message, close=close)
+
+    def _finish(self) -> None:
+        """Exactly one outcome: the connection back to the pool or closed, and the record."""
+        request, relay = self.request, self.relay
+        request.on_flow(None, None)
+        request.on_gone(None)
+        stream = self.stream
+        conn = stream.conn if stream is not None else None
+        if conn is not None:
+            relay.streams.discard(conn)
+            relay.aborted.discard(conn)
+            if self.outcome is Outcome.OK:
+                relay.upstream.release(conn)
+            else:
+                relay.upstream.discard(conn)
+        if self.observed is not None and stream is not None and stream.on_sent is not None:
+            # never sent (no connection to the engine, say): the body is read now, so the
+            # failure is counted under its model, as every other outcome is
+            self._observer().request_body(self.observed)
+        relay.record(self._observer(), perf_counter_ns(), self.outcome)
+
+
+def _connection_failed(exc: Exception) -> bool:
+    """A connection broke (either leg's): not a timeout, not a refused request."""
+    return isinstance(exc, OSError) and not isinstance(exc, TimeoutError | BadRequest)
+
+
+def _observable(route: Route, request: Request, body: bytes) -> bytes | None:
+    """The body, if the observer can read anything of it (an API route's, or JSON)."""
+    if route.dialect is not Passthrough or _is_json(request.headers.get("Content-Type", "")):
+        return body
+    return None
 
 
 def _length(head: ResponseHead, stripper: UsageStripper | None) -> int | None:
@@ -551,14 +619,6 @@ def _length(head: ResponseHead, stripper: UsageStripper | None) -> int | None:
 
 def _method(request: Request) -> str:
     return method_label(request.method)
-
-
-def _unavailable(exc: OSError) -> str:
-    """What a client and the log are told of a failed exchange: its class, and for a head
-    or body the engine framed wrongly, the check it failed (engine bytes, escaped)."""
-    if isinstance(exc, ProtocolError):
-        return f"upstream sent an invalid response: {exc}"
-    return f"upstream unavailable: {type(exc).__name__}"
 
 
 def _client_gone(request: Request) -> bool:

@@ -52,11 +52,15 @@ from llmobs.http1 import (
     BadRequest,
     BodyDecoder,
     FieldsTooLarge,
+    Framing,
     ProtocolError,
     RequestHead,
     content_length,
+    expects_continue,
     parse_request_head,
     request_body_decoder,
+    request_keep_alive,
+    response_framing,
 )
 from llmobs.logs import method_label
 
@@ -168,10 +172,7 @@ class Request:
         self.target = head.target
         self.headers = head.headers
         self.remote = conn.remote
-        # RFC 9112 6.1: HTTP/1.0 with Transfer-Encoding has faulty framing: close after it
-        self.keep_alive = head.keep_alive and not (
-            head.version < (1, 1) and "Transfer-Encoding" in head.headers
-        )
+        self.keep_alive = request_keep_alive(head)
         self._decoder = decoder
         self._limit = limit
         self._parts: list[bytes] = []
@@ -182,8 +183,7 @@ class Request:
         self._waiter: asyncio.Future[None] | None = None
         self._flow: tuple[Callable[[], None], Callable[[], None]] | None = None
         self._gone: Callable[[], None] | None = None
-        expect = head.headers.get("Expect", "")
-        self._expect_continue = head.version >= (1, 1) and expect.lower() == "100-continue"
+        self._expect_continue = expects_continue(head)
         self.body_complete = decoder is None
         self.too_large = False
         self.error: BadRequest | None = None
@@ -303,13 +303,14 @@ class Request:
         )
         lines = [f"HTTP/1.1 {status} {reason}"]
         lines.extend(f"{k}: {v}" for k, v in headers)
-        if self.method == "HEAD" or status in (204, 304) or status < 200:
+        framing = response_framing(self.method, status, self.head.version, length)
+        if framing is Framing.NONE:
             self.bodyless = True
             if length is not None and status != 204:
                 lines.append(f"Content-Length: {length}")  # what a GET would have had
-        elif length is not None:
+        elif framing is Framing.LENGTH:
             lines.append(f"Content-Length: {length}")
-        elif self.head.version >= (1, 1):
+        elif framing is Framing.CHUNKED:
             lines.append("Transfer-Encoding: chunked")
             self.chunked = True
         else:

@@ -29,12 +29,12 @@ from urllib.parse import urlsplit
 from llmobs.http1 import (
     MAX_HEAD_BYTES,
     BodyDecoder,
-    CloseBody,
     Frames,
     ProtocolError,
     ResponseHead,
     body_decoder,
-    parse_head,
+    parse_response_head,
+    reusable,
 )
 
 # A body's sink: the payload of a read; the read itself when it was whole chunks of a chunked
@@ -236,7 +236,7 @@ class Connection(asyncio.Protocol):
                 self._head_buf = buf
                 return
             try:
-                head = parse_head(buf[:end])
+                head = parse_response_head(buf[:end])
             except ProtocolError as exc:
                 self._fail(exc)
                 return
@@ -254,14 +254,7 @@ class Connection(asyncio.Protocol):
         except ProtocolError as exc:
             self._fail(exc)
             return
-        # both framings: a transfer coding wins, but the engine is confused or an attack is
-        # under way (RFC 9112 section 6.3): the connection is closed after this response
-        headers = head.headers
-        self.reusable = (
-            head.keep_alive
-            and not isinstance(decoder, CloseBody)
-            and not ("Transfer-Encoding" in headers and "Content-Length" in headers)
-        )
+        self.reusable = reusable(head, decoder)
         self._decoder = decoder
         on_head, self._on_head = self._on_head, None
         assert on_head is not None

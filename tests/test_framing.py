@@ -109,7 +109,7 @@ def test_buffer_stays_bounded_while_discarding() -> None:
     decoder.feed(b"data: ")
     for _ in range(1000):
         decoder.feed(b"y" * 1000)
-    assert decoder._tail_len <= 1000
+    assert decoder.buffered <= 1000
     assert decoder.feed(b"\n\ndata: ok\n\n") == [SseEvent(b"ok")]
 
 

@@ -105,7 +105,7 @@ def sse_run(chunks: list[bytes], max_line: int) -> tuple[list[Any], int, int]:
 
 def sse_buffered(decoder: SseDecoder) -> int:
     """Bytes an SSE decoder holds between reads: the unfinished line and the pending event."""
-    return decoder._tail_len + sum(len(d) + 1 for d in decoder._data)
+    return decoder.buffered
 
 
 def ndjson_run(chunks: list[bytes], max_line: int) -> tuple[list[bytes], int]:
@@ -113,7 +113,7 @@ def ndjson_run(chunks: list[bytes], max_line: int) -> tuple[list[bytes], int]:
     lines: list[bytes] = []
     for chunk in chunks:
         lines.extend(decoder.feed(chunk))
-        assert decoder._tail_len <= max_line
+        assert decoder.buffered <= max_line
     lines.extend(decoder.flush())
     return lines, decoder.malformed
 

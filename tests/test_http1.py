@@ -25,14 +25,16 @@ from llmobs.http1 import (
     RequestHead,
     body_decoder,
     climbs_above_root,
-    parse_head,
+    keep_alive,
     parse_request_head,
+    parse_response_head,
     request_body_decoder,
+    request_keep_alive,
 )
 
 
 def test_head_is_parsed_with_repeated_headers_and_case_kept() -> None:
-    head = parse_head(
+    head = parse_response_head(
         b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nSet-Cookie: a=1\r\n"
         b"Set-Cookie: b=2\r\nX-Empty:\r\nx-request-id:  abc  "
     )
@@ -41,7 +43,7 @@ def test_head_is_parsed_with_repeated_headers_and_case_kept() -> None:
     assert head.headers["X-Empty"] == ""
     assert head.headers["X-Request-Id"] == "abc"
     assert next(iter(head.headers)) == "Content-Type"  # the engine's spelling is relayed
-    assert head.keep_alive
+    assert keep_alive(head.version, head.headers)
 
 
 @pytest.mark.parametrize(
@@ -54,7 +56,8 @@ def test_head_is_parsed_with_repeated_headers_and_case_kept() -> None:
     ],
 )
 def test_keep_alive_follows_version_and_connection(raw: bytes, keep: bool) -> None:
-    assert parse_head(raw).keep_alive is keep
+    head = parse_response_head(raw)
+    assert keep_alive(head.version, head.headers) is keep
 
 
 @pytest.mark.parametrize(
@@ -81,11 +84,11 @@ def test_garbage_heads_are_protocol_errors(raw: bytes) -> None:
     """Every header goes on to the client as the engine wrote it: one that would split the
     client's response (a bare CR, a NUL) or that is no header at all is refused (nginx: 502)."""
     with pytest.raises(ProtocolError):
-        parse_head(raw)
+        parse_response_head(raw)
 
 
 def test_status_without_reason_is_accepted() -> None:
-    head = parse_head(b"HTTP/1.1 204\r\n")
+    head = parse_response_head(b"HTTP/1.1 204\r\n")
     assert (head.status, head.reason) == (204, "")
 
 
@@ -104,13 +107,13 @@ def test_status_without_reason_is_accepted() -> None:
     ],
 )
 def test_body_framing_follows_rfc_9112(raw: bytes, method: str, kind: type) -> None:
-    assert type(body_decoder(parse_head(raw), method)) is kind
+    assert type(body_decoder(parse_response_head(raw), method)) is kind
 
 
 @pytest.mark.parametrize("length", [b"abc", b"5, 6", b"-1"])
 def test_bad_content_length_is_a_protocol_error(length: bytes) -> None:
     with pytest.raises(ProtocolError):
-        body_decoder(parse_head(b"HTTP/1.1 200 OK\r\nContent-Length: " + length), "GET")
+        body_decoder(parse_response_head(b"HTTP/1.1 200 OK\r\nContent-Length: " + length), "GET")
 
 
 PAYLOADS = st.lists(st.binary(min_size=0, max_size=40), max_size=8)  # a body's chunks
@@ -363,7 +366,7 @@ READ_PIECES = st.lists(
 @example([b"1\r\na\r\n", b"0\r\nXY"])  # the last chunk, then two bytes that are not CRLF
 def test_a_read_of_several_chunks_decodes_as_it_does_byte_by_byte(pieces: list[bytes]) -> None:
     """One read of many chunks (a busy engine's reads coalesce) takes a loop of its own
-    (``ChunkedBody._whole_chunks``): the same payload, end and extra bytes as the line
+    (``bodies._scan``): the same payload, end and extra bytes as the line
     state machine finds fed one byte at a time, and marked whole exactly when it is."""
     read = b"".join(pieces)
     assume(read)  # uvloop never delivers an empty read
@@ -583,7 +586,7 @@ def test_a_request_head_is_parsed_with_order_duplicates_and_spelling_kept() -> N
     ]
     assert head.headers.getall("X-TAG") == ["a", "b"]
     assert head.path == "/v1/chat/completions"
-    assert head.keep_alive
+    assert request_keep_alive(head)
 
 
 def test_a_value_keeps_inner_whitespace_and_latin_1_bytes() -> None:
@@ -655,7 +658,7 @@ def test_request_keep_alive_follows_version_and_connection_tokens(
     lines = [b"GET / " + version, *(b"Connection: " + c for c in connection)]
     head = request_head(*lines)
     assert head.version == (1, int(version[-1:]))
-    assert head.keep_alive is keep
+    assert request_keep_alive(head) is keep
 
 
 @pytest.mark.parametrize(
@@ -833,7 +836,7 @@ def test_a_non_ascii_digit_content_length_is_a_400_not_a_value_error(digit: byte
 @pytest.mark.parametrize("digit", [b"\xb2", b"\xb9"])
 def test_a_non_ascii_digit_response_content_length_is_a_protocol_error(digit: bytes) -> None:
     with pytest.raises(ProtocolError):
-        body_decoder(parse_head(b"HTTP/1.1 200 OK\r\nContent-Length: " + digit), "GET")
+        body_decoder(parse_response_head(b"HTTP/1.1 200 OK\r\nContent-Length: " + digit), "GET")
 
 
 _TOKEN_CHARS = "!#$%&'*+-.^_`|~0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"

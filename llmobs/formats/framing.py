@@ -40,22 +40,82 @@ class SseEvent:
     id: str | None = None
 
 
+class LineBuffer:
+    """Bytes -> complete lines, for both decoders (httpx's ``LineDecoder``, less the CR
+    handling, which is SSE's alone): ``lines(chunk)`` gives the lines a read completes, without
+    their LF, and keeps the unfinished last one for the next read. A line longer than
+    ``max_line`` is dropped, whole in one read or not, with bounded memory: ``None`` stands in
+    its place (the SSE decoder must know where in the stream it was)."""
+
+    __slots__ = ("_discarding", "_max_line", "_tail", "_tail_len")
+
+    def __init__(self, max_line: int) -> None:
+        self._max_line = max_line
+        self._tail: list[bytes] = []  # pieces of the unfinished last line
+        self._tail_len = 0
+        self._discarding = False  # inside an over-long line: drop bytes until its end
+
+    @property
+    def pending(self) -> bool:
+        """A line is unfinished (or being dropped)."""
+        return bool(self._tail) or self._discarding
+
+    @property
+    def buffered(self) -> int:
+        """Bytes held for the unfinished line (at most ``max_line``)."""
+        return self._tail_len
+
+    def lines(self, chunk: bytes) -> list[bytes | None]:
+        if self._discarding:
+            end = chunk.find(b"\n")
+            if end < 0:
+                return []
+            self._discarding = False
+            chunk = chunk[end + 1 :]
+        lines: list[bytes | None] = list(chunk.split(b"\n"))
+        last = lines.pop()
+        assert last is not None
+        if self._tail and lines:
+            lines[0] = b"".join(self._tail) + (lines[0] or b"")
+            self._tail.clear()
+            self._tail_len = 0
+        limit = self._max_line
+        for i, line in enumerate(lines):
+            if line is not None and len(line) > limit:  # as if it had arrived in pieces
+                lines[i] = None
+        if last:
+            self._tail.append(last)
+            self._tail_len += len(last)
+            if self._tail_len > limit:
+                self._tail.clear()
+                self._tail_len = 0
+                self._discarding = True
+                lines.append(None)
+        return lines
+
+    def flush(self) -> bytes:
+        """End of stream: the unfinished last line (b"" if none), and a fresh start."""
+        line = b"".join(self._tail)
+        self._tail.clear()
+        self._tail_len = 0
+        self._discarding = False
+        return line
+
+
 class SseDecoder:
     """Incremental SSE parser: ``feed(bytes) -> [SseEvent]``, then ``flush()`` at the end."""
 
     __slots__ = (
         "_broken",
+        "_buffer",
         "_data",
         "_data_len",
-        "_discarding",
         "_event",
         "_head",
         "_last_id",
         "_max_line",
         "_skip_lf",
         "_started",
-        "_tail",
-        "_tail_len",
         "comments",
         "idle",
         "malformed",
@@ -63,10 +123,8 @@ class SseDecoder:
 
     def __init__(self, max_line: int = 1 << 20) -> None:
         self._max_line = max_line
-        self._tail: list[bytes] = []  # pieces of the unfinished last line
-        self._tail_len = 0
+        self._buffer = LineBuffer(max_line)
         self._skip_lf = False  # the previous chunk ended in "\r": a leading "\n" is its pair
-        self._discarding = False  # inside an over-long line: drop bytes until its end
         self._started = False
         self._head = b""  # the first bytes, while they may still be the start of a BOM
         self._data: list[bytes] = []
@@ -80,6 +138,12 @@ class SseDecoder:
         self.malformed = 0
         self.comments = 0
 
+    @property
+    def buffered(self) -> int:
+        """Bytes held between reads: the unfinished line and the pending event's data lines
+        (each bounded by ``max_line``)."""
+        return self._buffer.buffered + self._data_len
+
     def feed(self, chunk: bytes) -> list[SseEvent]:
         """Consume ``chunk`` and return the events it completes, in order."""
         events = self._feed(chunk)
@@ -89,9 +153,8 @@ class SseDecoder:
     def _settle(self) -> None:
         """After the slow path: may the next read take the fast one?"""
         self.idle = self._started and not (
-            self._tail or self._data or self._event or self._broken or self._skip_lf
-            or self._discarding
-        )  # fmt: skip
+            self._data or self._event or self._broken or self._skip_lf or self._buffer.pending
+        )
 
     def _feed(self, chunk: bytes) -> list[SseEvent]:
         events: list[SseEvent] = []
@@ -113,34 +176,12 @@ class SseDecoder:
         if 13 in chunk:  # a CR (as an int: ``bytes in bytes`` raises and clears a TypeError)
             self._skip_lf = chunk.endswith(b"\r")
             chunk = chunk.replace(b"\r\n", b"\n").replace(b"\r", b"\n")
-        if self._discarding:
-            end = chunk.find(b"\n")
-            if end < 0:
-                return events
-            self._discarding = False
-            chunk = chunk[end + 1 :]
-        lines = chunk.split(b"\n")
-        last = lines.pop()
-        if self._tail and lines:
-            lines[0] = b"".join(self._tail) + lines[0]
-            self._tail.clear()
-            self._tail_len = 0
-        limit = self._max_line
-        for line in lines:
-            if len(line) > limit:  # dropped as if it had arrived in pieces: same events
+        for line in self._buffer.lines(chunk):
+            if line is None:  # over-long: dropped, and with it the event it belonged to
                 self._broken = True
                 self.malformed += 1
-                continue
-            self._line(line, events)
-        if last:
-            self._tail.append(last)
-            self._tail_len += len(last)
-            if self._tail_len > self._max_line:
-                self._tail.clear()
-                self._tail_len = 0
-                self._discarding = True
-                self._broken = True
-                self.malformed += 1
+            else:
+                self._line(line, events)
         return events
 
     def payloads(self, chunk: bytes) -> list[bytes]:
@@ -192,14 +233,10 @@ class SseDecoder:
     def flush(self) -> list[SseEvent]:
         """End of stream: finish the last line and dispatch a pending event, if any."""
         events: list[SseEvent] = []
-        if self._head:  # the stream was only the start of a BOM: an unterminated line
-            self._tail.append(self._head)
-            self._head = b""
-        if self._tail:
-            self._line(b"".join(self._tail), events)
-            self._tail.clear()
-            self._tail_len = 0
-        self._discarding = False
+        last = self._head + self._buffer.flush()  # (a stream that was only a BOM's start)
+        self._head = b""
+        if last:
+            self._line(last, events)
         self._line(b"", events)
         self._settle()
         return events
@@ -243,6 +280,7 @@ class SseDecoder:
             self._broken = True
             self.malformed += 1
             self._data = []
+            self._data_len = 0
             return
         self._data.append(value)
 
@@ -255,45 +293,27 @@ class NdjsonDecoder:
     memory, whether they arrive in one chunk or many.
     """
 
-    __slots__ = ("_discarding", "_max_line", "_tail", "_tail_len", "comments", "malformed")
+    __slots__ = ("_buffer", "comments", "malformed")
 
     def __init__(self, max_line: int = 1 << 20) -> None:
-        self._max_line = max_line
-        self._tail: list[bytes] = []
-        self._tail_len = 0
-        self._discarding = False
+        self._buffer = LineBuffer(max_line)
         self.malformed = 0
         self.comments = 0  # NDJSON has none; kept so both decoders answer the same questions
 
+    @property
+    def buffered(self) -> int:
+        """Bytes held for the unfinished line (at most ``max_line``)."""
+        return self._buffer.buffered
+
     def feed(self, chunk: bytes) -> list[bytes]:
-        if self._discarding:
-            end = chunk.find(b"\n")
-            if end < 0:
-                return []
-            self._discarding = False
-            chunk = chunk[end + 1 :]
-        lines = chunk.split(b"\n")
-        last = lines.pop()
-        if self._tail and lines:
-            lines[0] = b"".join(self._tail) + lines[0]
-            self._tail.clear()
-            self._tail_len = 0
         out = []
-        for line in lines:
-            if len(line) > self._max_line:
+        for line in self._buffer.lines(chunk):
+            if line is None:  # over-long: dropped
                 self.malformed += 1
                 continue
             payload = line.rstrip(b"\r")
             if payload.strip():
                 out.append(payload)
-        if last:
-            self._tail.append(last)
-            self._tail_len += len(last)
-            if self._tail_len > self._max_line:
-                self._tail.clear()
-                self._tail_len = 0
-                self._discarding = True
-                self.malformed += 1
         return out
 
     def payloads(self, chunk: bytes) -> list[bytes]:
@@ -303,8 +323,5 @@ class NdjsonDecoder:
         return self.flush()
 
     def flush(self) -> list[bytes]:
-        line = b"".join(self._tail).rstrip(b"\r")
-        self._tail.clear()
-        self._tail_len = 0
-        self._discarding = False
+        line = self._buffer.flush().rstrip(b"\r")
         return [line] if line.strip() else []

@@ -183,51 +183,48 @@ class OpenAIStream(Dialect):
 
     def on_object(self, obj: dict[str, Any]) -> int:
         if self.response_id is None:
-            rid = obj.get("id")
-            if isinstance(rid, str):
-                self.response_id = rid
-            model = obj.get("model")
-            if isinstance(model, str):
-                self.response_model = model
+            self._identify(obj)
         if "error" in obj:
             self.error = True
-        kind, choice = 0, 0
-        more: list[tuple[int, int]] | None = None  # other choices' output in this chunk
         choices = obj.get("choices")
-        if isinstance(choices, list):
-            for item in choices:
-                if not isinstance(item, dict):
-                    continue
-                delta = item.get("delta") or item.get("message")
-                found = (
-                    _text_kind(delta) if isinstance(delta, dict) else (1 if item.get("text") else 0)
-                )
-                if found and self.captured is not None:
-                    self.keep(_text_of(delta) if isinstance(delta, dict) else item.get("text"))
-                if found:
-                    index = item.get("index")
-                    at = index if isinstance(index, int) and 0 <= index < 64 else 0
-                    if not kind:
-                        kind, choice = found, at
-                    elif more is None:  # a gateway that merges the choices' chunks
-                        more = [(at, found)]
-                    else:
-                        more.append((at, found))
-                reason = item.get("finish_reason")
-                if reason:
-                    self.finish(reason)
+        outputs = self._outputs(choices) if isinstance(choices, list) else ()
         usage = obj.get("usage")
         if isinstance(usage, dict):
+            choice, kind = outputs[0] if outputs else (0, 0)
             tokens = self._usage(usage, bool(choices), kind != 0)
             if tokens is not None:
                 return self.output(tokens, choice, kind == 2)
-        if not kind:
-            return 0
-        tokens = self.output(1, choice, kind == 2)
-        if more is not None:
-            for at, found in more:
-                tokens += self.output(1, at, found == 2)
+        tokens = 0
+        for choice, kind in outputs:  # more than one: a gateway that merges choices' chunks
+            tokens += self.output(1, choice, kind == 2)
         return tokens
+
+    def _identify(self, obj: dict[str, Any]) -> None:
+        rid = obj.get("id")
+        if isinstance(rid, str):
+            self.response_id = rid
+        model = obj.get("model")
+        if isinstance(model, str):
+            self.response_model = model
+
+    def _outputs(self, choices: list[Any]) -> list[tuple[int, int]]:
+        """(choice index, kind: 1 text, 2 reasoning) of each choice with output in this chunk,
+        its text captured (``--capture-content``) and its finish reason noted."""
+        out: list[tuple[int, int]] = []
+        for item in choices:
+            if not isinstance(item, dict):
+                continue
+            delta = item.get("delta") or item.get("message")
+            found = _text_kind(delta) if isinstance(delta, dict) else (1 if item.get("text") else 0)
+            if found:
+                if self.captured is not None:
+                    self.keep(_text_of(delta) if isinstance(delta, dict) else item.get("text"))
+                index = item.get("index")
+                out.append((index if isinstance(index, int) and 0 <= index < 64 else 0, found))
+            reason = item.get("finish_reason")
+            if reason:
+                self.finish(reason)
+        return out
 
     def _usage(self, usage: dict[str, Any], has_choices: bool, output: bool) -> int | None:
         """Record usage; for a chunk with choices and continuous usage, its exact tokens."""

@@ -285,34 +285,50 @@ class TokenHistogram:
     def record(self, labels: tuple[str, ...], window: TokenWindow) -> None:
         """Add every ITL of ``window``, each ``weights[i]`` times (hold the collector's lock)."""
         values = window.values
-        n = len(values)
-        if n == 0:
+        if len(values) == 0:
             return
         series = self.histogram.series_for(labels)
-        bounds = self.histogram.bounds
         ordered = window.ordered
-        if ordered is not None:  # ascending, one token each
-            top = len(bounds)
-            if isinstance(ordered, list):
-                i = 0
-                while i < n:  # a run of values in one bucket at a time
-                    b = bisect_left(bounds, ordered[i])
-                    j = bisect_right(ordered, bounds[b], i) if b < top else n
-                    series[b] += float(j - i)
-                    i = j
-            else:
-                lo = bisect_left(bounds, float(ordered[0]))
-                hi = bisect_left(bounds, float(ordered[-1]))
-                done = 0
-                if hi > lo:  # values at or below each bound in between
-                    below = np.searchsorted(ordered, self._bounds[lo:hi], side="right").tolist()
-                    for b, count in enumerate(below, lo):
-                        if count != done:
-                            series[b] += float(count - done)
-                            done = count
-                if n != done:
-                    series[hi] += float(n - done)
-        elif isinstance(values, list):
+        if ordered is None:
+            self._bin(series, window)
+        elif isinstance(ordered, list):
+            self._bin_sorted_list(series, ordered)
+        else:
+            self._bin_sorted_array(series, ordered)
+        series[-1] += window.itl_sum
+        self.squares.add(labels, window.itl_sumsq)
+
+    def _bin_sorted_list(self, series: list[Number], ordered: list[float]) -> None:
+        """Ascending ITLs of one token each, a run of values in one bucket at a time."""
+        bounds = self.histogram.bounds
+        top, n, i = len(bounds), len(ordered), 0
+        while i < n:
+            b = bisect_left(bounds, ordered[i])
+            j = bisect_right(ordered, bounds[b], i) if b < top else n
+            series[b] += float(j - i)
+            i = j
+
+    def _bin_sorted_array(self, series: list[Number], ordered: np.ndarray) -> None:
+        """Ascending ITLs of one token each (numpy): the values at or below each bound
+        between the first value's bucket and the last's."""
+        bounds = self.histogram.bounds
+        lo = bisect_left(bounds, float(ordered[0]))
+        hi = bisect_left(bounds, float(ordered[-1]))
+        done = 0
+        if hi > lo:
+            below = np.searchsorted(ordered, self._bounds[lo:hi], side="right").tolist()
+            for b, count in enumerate(below, lo):
+                if count != done:
+                    series[b] += float(count - done)
+                    done = count
+        if len(ordered) != done:
+            series[hi] += float(len(ordered) - done)
+
+    def _bin(self, series: list[Number], window: TokenWindow) -> None:
+        """ITLs in chunk order, weighted: value by value (plain Python), or numpy's bincount."""
+        values = window.values
+        bounds = self.histogram.bounds
+        if isinstance(values, list):
             counts = window.counts
             if counts is None:
                 for value in values:
@@ -320,14 +336,12 @@ class TokenHistogram:
             else:
                 for value, count in zip(values, counts, strict=True):
                     series[bisect_left(bounds, value)] += count
-        else:
-            index = np.searchsorted(self._bounds, values, side="left")
-            binned = np.bincount(index, weights=window.weights, minlength=self._bounds.size + 1)
-            for i, count in enumerate(binned.tolist()):
-                if count:
-                    series[i] += count
-        series[-1] += window.itl_sum
-        self.squares.add(labels, window.itl_sumsq)
+            return
+        index = np.searchsorted(self._bounds, values, side="left")
+        binned = np.bincount(index, weights=window.weights, minlength=self._bounds.size + 1)
+        for i, count in enumerate(binned.tolist()):
+            if count:
+                series[i] += count
 
 
 Family = HistogramFamily | CounterFamily

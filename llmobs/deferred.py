@@ -22,13 +22,13 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
-log = logging.getLogger("llmobs.later")
+log = logging.getLogger("llmobs.deferred")
 
 SLICE_NS = 300_000  # work done per loop iteration before the loop polls its sockets again
 MAX_QUEUED = 512
 
 
-class Later:
+class Deferred:
     """A queue of calls run a slice per loop iteration, in order."""
 
     def __init__(self, slice_ns: int = SLICE_NS, max_queued: int = MAX_QUEUED) -> None:

@@ -1,4 +1,4 @@
-"""``later.Later``: deferred bookkeeping runs in order, a slice per loop iteration, bounded."""
+"""``deferred.Deferred``: bookkeeping runs in order, a slice per loop iteration, bounded."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from llmobs.later import Later
+from llmobs.deferred import Deferred
 
 
 def busy(ms: float) -> None:
@@ -17,7 +17,7 @@ def busy(ms: float) -> None:
         pass
 
 
-async def settle(later: Later) -> None:
+async def settle(later: Deferred) -> None:
     for _ in range(1000):
         if not len(later):
             return
@@ -27,7 +27,7 @@ async def settle(later: Later) -> None:
 
 async def test_calls_run_in_order_and_other_callbacks_run_between_slices() -> None:
     loop = asyncio.get_running_loop()
-    later = Later(slice_ns=300_000)
+    later = Deferred(slice_ns=300_000)
     order: list[object] = []
 
     def item(i: int) -> None:
@@ -45,7 +45,7 @@ async def test_calls_run_in_order_and_other_callbacks_run_between_slices() -> No
 
 
 async def test_past_the_bound_each_call_runs_the_oldest_first() -> None:
-    later = Later(max_queued=3)
+    later = Deferred(max_queued=3)
     done: list[int] = []
     for i in range(3):
         later.call(done.append, i)
@@ -61,7 +61,7 @@ async def test_past_the_bound_each_call_runs_the_oldest_first() -> None:
 async def test_drain_runs_everything_now_and_a_failure_is_logged_not_raised(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    later = Later()
+    later = Deferred()
     done: list[int] = []
 
     def fail() -> None:
