@@ -41,9 +41,9 @@ from llmobs.formats.framing import NdjsonDecoder, SseDecoder  # noqa: E402
 from llmobs.formats.inject import UsageStripper, inject_usage  # noqa: E402
 from llmobs.formats.ollama import OllamaStream  # noqa: E402
 from llmobs.formats.openai import OpenAIStream  # noqa: E402
+from llmobs.formats.request import parse_request  # noqa: E402
 from llmobs.formats.responses import ResponsesStream  # noqa: E402
 from llmobs.formats.tgi import TgiStream  # noqa: E402
-from llmobs.observer import parse_request  # noqa: E402
 
 LIMITS = (8, 64, 4096)
 DIALECTS: tuple[type[Dialect], ...] = (

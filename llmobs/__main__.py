@@ -14,16 +14,10 @@ from collections.abc import Mapping, Sequence
 from llmobs import __version__
 from llmobs.app import Sidecar, loop_factory, run_until, tune_process
 from llmobs.bench import add_bench_arguments, run_bench_cli
-from llmobs.config import (
-    ConfigError,
-    OtelSettings,
-    Settings,
-    add_arguments,
-    otel_settings,
-    settings_from_args,
-)
+from llmobs.config import ConfigError, Settings, add_arguments, settings_from_args
 from llmobs.demo import add_demo_arguments, run_demo
 from llmobs.logs import configure as configure_logging
+from llmobs.otel_config import OtelSettings, otel_settings
 from llmobs.sim import add_sim_arguments, run_sim, sim_settings_from_args
 from llmobs.telemetry import build_telemetry
 

@@ -55,9 +55,9 @@ def tune_process() -> None:
     """Process-wide settings for serving; called by the CLI, never on import.
 
     Part of /metrics (the OpenTelemetry reader's families) is rendered in a worker thread,
-    which holds the GIL while it formats: with CPython's default 5 ms switch interval the
-    relay's event loop would wait up to ~6 ms per wake-up during a scrape (a delay users see
-    as ITL), at 1 ms much less (docs/benchmarks.md). The request series are rendered on the
+    which holds the GIL while it formats: with CPython's default switch interval the relay's
+    event loop would wait for it at each wake-up during a scrape (a delay users see as ITL);
+    a short interval bounds that (docs/benchmarks.md). The request series are rendered on the
     loop itself, in parts.
     """
     sys.setswitchinterval(SWITCH_INTERVAL)
@@ -85,7 +85,7 @@ def loop_factory(choice: str) -> Callable[[], asyncio.AbstractEventLoop] | None:
     return factory
 
 
-def _client_session(settings: Settings, limit: int = 0) -> aiohttp.ClientSession:
+def _client_session(limit: int = 0) -> aiohttp.ClientSession:
     """A pooled session that never rewrites bodies (no decompression, no cookies)."""
     connector = aiohttp.TCPConnector(limit=limit, enable_cleanup_closed=False)
     return aiohttp.ClientSession(
@@ -253,9 +253,9 @@ def build_admin_app(
                 headers={"WWW-Authenticate": 'Bearer realm="llmobs"'},
             )
         # The bytes generate_latest(registry) gives, but the request series are written by
-        # their own renderer on the event loop a few hundred microseconds at a time (no GIL
-        # contention with a thread, no garbage to collect: max loop lag at the label cap
-        # ~5 ms instead of 20-45 ms); other collectors render in the thread.
+        # their own renderer on the event loop a part at a time (no GIL contention with a
+        # thread, no garbage to collect: docs/benchmarks.md); other collectors render in the
+        # thread.
         body = await exposition_async(registry, render)
         resp = web.Response(body=body)
         resp.headers["Content-Type"] = CONTENT_TYPE_LATEST
@@ -281,7 +281,7 @@ def build_admin_app(
         )
 
     async def session_ctx(app: web.Application) -> AsyncIterator[None]:
-        async with _client_session(settings, limit=4) as session:
+        async with _client_session(limit=4) as session:
             app[SESSION] = session
             yield
         render.shutdown(wait=True)

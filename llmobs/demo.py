@@ -19,8 +19,9 @@ from typing import TextIO
 from aiohttp import web
 
 from llmobs.app import Sidecar
-from llmobs.config import Settings, otel_settings
+from llmobs.config import Settings
 from llmobs.load import DIALECTS, Result, Workload, run_load
+from llmobs.otel_config import otel_settings
 from llmobs.sim import SimSettings, build_sim_app
 from llmobs.summary import buckets, quantile, total
 from llmobs.telemetry import build_telemetry

@@ -10,21 +10,19 @@ the relay itself never sees it. ``finish()`` is idempotent, so whichever way a r
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
-import re
 from collections.abc import Callable, MutableMapping
 from dataclasses import dataclass
-from typing import Any, NamedTuple
 
-from llmobs.formats import UNKNOWN, Route, detect_stream
+from llmobs.formats import Route, detect_stream
 from llmobs.formats.base import ABORTED, ERROR, NONE, loads
 from llmobs.formats.framing import Framing, NdjsonDecoder, SseDecoder
 from llmobs.formats.openai import PLAIN, OpenAIStream, Template, WholeEvent
+from llmobs.formats.request import NO_BODY, parse_request, truncate
 from llmobs.metrics.sink import MetricsSink
 from llmobs.stats import TokenWindow
 from llmobs.timing import Outcome, StreamStats, StreamTimer, TokenSource, finish_request
-from llmobs.tracing import CONTENT_LIMIT, RequestDetails, RequestTrace, truncate
+from llmobs.tracing import RequestDetails, RequestTrace
 
 log = logging.getLogger("llmobs.observer")
 
@@ -42,99 +40,11 @@ class ObserveConfig:
     capture_content: bool = False
 
 
-class RequestInfo(NamedTuple):
-    """What the request body says that telemetry may use (no prompt text). A named tuple,
-    immutable as a frozen dataclass and cheaper to make: one per request."""
-
-    model: str | None = None
-    stream: bool = False
-    include_usage: bool = False  # an OpenAI stream that already asked for usage
-    max_tokens: int | None = None
-    temperature: float | None = None
-    prompt: str | None = None  # only with --capture-content, truncated
-
-
-_PARSE_LIMIT = 1 << 20
-_SCAN = 64 * 1024
-# A model name longer than this is cut: it names spans and is a span attribute, and a client
-# could send megabytes of it (an OTLP batch over gRPC's 4 MiB would then be dropped whole).
-MAX_MODEL_LENGTH = 256
-_MODEL_RE = re.compile(rb'"model"\s*:\s*"((?:[^"\\]|\\.){1,%d})"' % MAX_MODEL_LENGTH)
-_STREAM_RE = re.compile(rb'"stream"\s*:\s*(true|false)\b')
-
-
-def parse_request(body: bytes, route: Route = UNKNOWN, capture: bool = False) -> RequestInfo:
-    """Pick the model, stream flag and sampling settings out of a JSON request body.
-
-    Tolerates anything. Bodies up to 1 MiB are parsed (orjson when present: ~1 ms per MiB).
-    Larger ones (long prompts, images) are only scanned at both ends, where clients put these
-    keys, so that a 16 MiB prompt does not hold up every other stream on the event loop.
-    The prompt itself is read only with ``capture`` (``--capture-content``).
-    """
-    if len(body) > _PARSE_LIMIT:
-        ends = body[:_SCAN] + b"\n" + body[-_SCAN:]
-        found = _MODEL_RE.search(ends)
-        model = found.group(1).decode("utf-8", "replace") if found else None
-        stream = _STREAM_RE.search(ends)
-        flag = stream.group(1) == b"true" if stream else None
-        return RequestInfo(model, route.streams(flag))
-    try:
-        obj: Any = loads(body)
-    except ValueError:
-        return _NO_BODY[route.always_streams]
-    if not isinstance(obj, dict):
-        return _NO_BODY[route.always_streams]
-    get = obj.get
-    model = get("model")
-    options = get("stream_options")
-    include = isinstance(options, dict) and options.get("include_usage") is True
-    nested = get("options") or get("parameters")  # Ollama options, TGI parameters
-    nested = nested if isinstance(nested, dict) else {}
-    max_tokens = _first_int(
-        get("max_tokens"), get("max_completion_tokens"), get("max_output_tokens"),
-        nested.get("num_predict"), nested.get("max_new_tokens"),
-    )  # fmt: skip
-    temperature = get("temperature", nested.get("temperature"))
-    prompt = None
-    if capture:
-        text = next((obj[k] for k in _PROMPT_KEYS if k in obj), None)
-        prompt = truncate(text if isinstance(text, str) else json_text(text))
-    return RequestInfo(
-        model[:MAX_MODEL_LENGTH] if isinstance(model, str) else None,
-        route.streams(get("stream")),
-        include,
-        max_tokens,
-        float(temperature) if isinstance(temperature, int | float) else None,
-        prompt,
-    )
-
-
-_PROMPT_KEYS = ("messages", "prompt", "input", "inputs")
-# What is known of a request before its body is read, by whether its path always streams
-# (made once and shared: immutable, and one fewer record made per request).
-_NO_BODY = (RequestInfo(stream=False), RequestInfo(stream=True))
-
-
-def _first_int(*values: Any) -> int | None:
-    """The first int (not bool) among ``values``: a loop, cheaper than a generator here."""
-    for value in values:
-        if isinstance(value, int) and not isinstance(value, bool):
-            return value
-    return None
-
-
-def json_text(value: Any) -> str:
-    try:
-        return json.dumps(value, ensure_ascii=False)[: CONTENT_LIMIT + 1]
-    except (TypeError, ValueError):
-        return ""
-
-
 class Observer:
     """Observation of one proxied request."""
 
     # Slots are laid out in sorted order: the fast path's three (``_fast*``) are named to sit
-    # side by side, so that a read touches one cache line of this object, not three.
+    # side by side, so that a read touches as little of this object as it can.
     __slots__ = (
         "_body",
         "_body_size",
@@ -180,7 +90,7 @@ class Observer:
         self._config = config
         self.route = route
         self.operation = route.operation
-        self.info = _NO_BODY[route.always_streams]
+        self.info = NO_BODY[route.always_streams]
         self.status = 0
         self._timer = StreamTimer(
             start_ns, factor=config.stall_factor, min_gap=config.stall_min_gap

@@ -1,8 +1,9 @@
 """The relay: forward any request upstream and stream the response back, byte for byte.
 
-The only place (with the collectors) that does I/O, and the only place that reads the clock on
-the data path: once per chunk, when the chunk arrives. Each chunk is written to the client
-first and observed second, so telemetry can neither delay nor alter what the client receives.
+The only place that reads the clock on the data path: once per chunk, when the chunk arrives
+(the sockets are ``server``'s and ``upstream``'s). Each chunk is written to the client first
+and observed second, so telemetry can neither delay nor alter what the client receives. Each
+request is an ``_Exchange`` in small steps; how a failure ends one is a table (``FAILURES``).
 
 Semantics, as a user of a reverse proxy expects them:
 - every method and path is forwarded, the request body read whole (bounded, as nginx buffers
@@ -17,7 +18,7 @@ Semantics, as a user of a reverse proxy expects them:
   shape; upstream HTTP errors pass through unchanged; a failure after the response has started
   closes the client connection without a clean end, as the engine itself would have;
 - a client that keeps the sidecar waiting for its body longer than ``--client-timeout`` in all
-  gets a JSON 408 (a slowloris body cannot hold a connection; headers: see ``app``).
+  gets a JSON 408 (a slowloris body cannot hold a connection; headers: see ``server``).
 """
 
 from __future__ import annotations

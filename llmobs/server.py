@@ -380,7 +380,7 @@ class Request:
         same round, may ignore it: the client had it all.)"""
         self._gone = gone
 
-    def _went(self) -> None:
+    def _tell_gone(self) -> None:
         gone, self._gone = self._gone, None
         if gone is not None:
             try:
@@ -547,12 +547,12 @@ class ServerConnection(asyncio.Protocol):
 
     def eof_received(self) -> bool:
         if self._request is not None:
-            self._request._went()
+            self._request._tell_gone()
         return False  # the client is gone: close (and cancel its handler)
 
     def connection_lost(self, exc: Exception | None) -> None:
         if self._request is not None:
-            self._request._went()  # before the cancellation, which lands a round later
+            self._request._tell_gone()  # before the cancellation, which lands a round later
         self._server.connections.discard(self)
         if self._idle is not None:
             self._idle.cancel()
@@ -710,7 +710,7 @@ class ServerConnection(asyncio.Protocol):
         """The handler running for the current request."""
         return self._task
 
-    def shut(self) -> None:
+    def close_when_done(self) -> None:
         """Shutdown: close now if idle, else once the current response has ended."""
         self.closing = True
         if self._request is None:
@@ -759,7 +759,7 @@ class ProxyServer:
         for server in self._servers:
             server.close()
         for conn in list(self.connections):
-            conn.shut()
+            conn.close_when_done()
         tasks = [c.task for c in self.connections if c.task is not None]
         if tasks:  # no new ones start: each connection closes after its current response
             await asyncio.wait(tasks, timeout=grace)

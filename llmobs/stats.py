@@ -35,10 +35,9 @@ import numpy.typing as npt
 
 MIN_GAPS = 3
 # Windows with fewer gaps than this (most requests: one window of a few dozen chunks) are
-# computed in plain Python by ``small_window``: below ~100 values, numpy's fixed cost per
-# call (~1 us warm, more in the relay, a dozen calls per window) is most of the work. Measured
-# where it runs (``benchmarks/inproc.py time --probe``): a 64-token request's observation took
-# 14 us less in plain Python, a 120-token one's 5 us more (docs/benchmarks.md).
+# computed in plain Python by ``small_window``: for short windows numpy's fixed cost per call,
+# a dozen calls per window, is most of the work. Where the two cost the same was measured
+# where it runs (``benchmarks/inproc.py time --probe``, docs/benchmarks.md).
 SMALL = 96  # at most 128: pairwise_sums follows numpy that far
 
 FloatArray = npt.NDArray[np.float64]
@@ -139,7 +138,7 @@ def token_window(
     per-token division. ``baseline_median`` is used when this window has too few gaps for its
     own median.
 
-    A request ends here once, so the numpy calls are few (each costs ~1 us whatever the
+    A request ends here once, so the numpy calls are few (each has a fixed cost whatever the
     size): one sort gives the median, the largest gap and the stall count together.
     """
     if times_ns.size < 2:
@@ -243,8 +242,7 @@ def pairwise_sums(values: list[float], by: list[float] | None = None) -> tuple[f
     the last bit, for fewer than 128 values, in one pass: numpy's pairwise summation, which
     below 8 values adds in order (from -0.0) and up to 128 keeps eight interleaved partial
     sums, added in a fixed tree, then the rest in order; the reduction then adds that to its
-    identity, 0.0. Both sums in one loop and no list of products: a third of the time of two
-    sums for a request's 64 gaps."""
+    identity, 0.0. Both sums in one loop and no list of products (docs/benchmarks.md)."""
     other = values if by is None else by
     n = len(values)
     if n < 8:

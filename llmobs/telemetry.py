@@ -34,9 +34,9 @@ from opentelemetry.trace import Tracer
 from prometheus_client import CollectorRegistry
 
 from llmobs import __version__
-from llmobs.config import OtelSettings
 from llmobs.metrics.catalogue import SPANS_DROPPED
 from llmobs.metrics.exposition import Registry
+from llmobs.otel_config import OtelSettings
 
 SCOPE = "llmobs"
 log = logging.getLogger("llmobs.telemetry")

@@ -49,8 +49,8 @@ class StreamStats(NamedTuple):
 
     Immutable, like the frozen dataclass it was, but a named tuple: one is made per request on
     the event loop, and a frozen dataclass sets each of its 28 fields through
-    ``object.__setattr__`` (~4 us a record by position, ~8 us with a cold cache, against
-    ~0.5 us). Nothing relies on it being a tuple; compare records field by field.
+    ``object.__setattr__``, several times slower (docs/architecture.md). Nothing relies on it
+    being a tuple; compare records field by field.
     """
 
     operation: str

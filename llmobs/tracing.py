@@ -33,7 +33,6 @@ from llmobs.timing import Outcome, StreamStats
 
 log = logging.getLogger("llmobs.tracing")
 
-CONTENT_LIMIT = 1024  # characters of prompt / completion kept with --capture-content
 
 # GenAI semantic conventions
 OPERATION = "gen_ai.operation.name"
@@ -99,10 +98,10 @@ class RequestDetails(NamedTuple):
 class Tracing:
     """Starts request traces; one per sidecar, built around an injected tracer.
 
-    Writing a finished request's spans costs ~9 us per token event in the SDK (2-3 ms for a
-    256-token answer), which must not land on the relay's event loop between other streams'
-    tokens: it is handed to one worker thread through a bounded queue. When the queue is full
-    the request's trace is dropped and counted, never waited for.
+    Writing a finished request's spans costs the SDK microseconds per token event, milliseconds
+    for a long answer (docs/tracing.md), which must not land on the relay's event loop between
+    other streams' tokens: it is handed to one worker thread through a bounded queue. When the
+    queue is full the request's trace is dropped and counted, never waited for.
     """
 
     def __init__(
@@ -332,7 +331,3 @@ def weighted_quantile(values: FloatArray, weights: FloatArray, q: float) -> floa
     cumulative = np.cumsum(weights[order])
     rank = q * cumulative[-1]
     return float(values[order][min(int(np.searchsorted(cumulative, rank)), values.size - 1)])
-
-
-def truncate(text: str) -> str:
-    return text if len(text) <= CONTENT_LIMIT else text[:CONTENT_LIMIT] + "…"

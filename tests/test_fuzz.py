@@ -27,9 +27,9 @@ from llmobs.formats.framing import NdjsonDecoder, SseDecoder
 from llmobs.formats.inject import UsageStripper, inject_usage
 from llmobs.formats.ollama import OllamaStream
 from llmobs.formats.openai import OpenAIStream
+from llmobs.formats.request import parse_request
 from llmobs.formats.responses import ResponsesStream
 from llmobs.formats.tgi import TgiStream
-from llmobs.observer import parse_request
 
 DIALECTS: tuple[type[Dialect], ...] = (
     OpenAIStream, ResponsesStream, AnthropicStream, TgiStream, OllamaStream, Passthrough,

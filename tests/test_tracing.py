@@ -19,7 +19,8 @@ from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind
 
-from llmobs.config import ConfigError, otel_settings
+from llmobs.options import ConfigError
+from llmobs.otel_config import otel_settings
 from llmobs.telemetry import BoundedSpanProcessor, Telemetry, build_telemetry
 from tests.conftest import AppFactory, SidecarFactory, SidecarHandle, SimFactory, eventually
 

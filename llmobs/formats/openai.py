@@ -20,7 +20,7 @@ Fast path (``Template``): within one response, the plain token events (one choic
 other field repeat byte for byte. Once such an event has been parsed, its bytes around the
 content string are kept; a later event made of the same bytes around another valid, non-empty
 JSON string must parse to the same object but for that one string, so it counts one token for
-the same choice without being parsed (~0.3 us instead of ~2 us). Anything else is parsed.
+the same choice without being parsed (a fraction of a parse's cost). Anything else is parsed.
 ``WholeEvent`` goes one step further for the observer: a read that is such an event, framed,
 is counted without the SSE decoder either. ``tests/test_fast_paths.py`` checks the fast paths
 against the full ones on generated events.
@@ -44,8 +44,8 @@ _BODY = re.compile(rb'(?:[^"\\\x00-\x1f]|\\(?:["\\/bfnrt]|u(?![dD][89a-fA-F])[0-
 # Printable ASCII but quote and backslash: a body of only these bytes is a valid JSON string
 # with no escapes (the template fast path's first test). Tested as ``not body.lstrip(PLAIN)``:
 # lstrip is a memchr per byte, and an empty result is a shared object, nothing allocated;
-# ``re`` took twice the time warm and, in the relay, where each read finds the caches cold,
-# ~1 us more per read (its engine is a large body of code; docs/benchmarks.md).
+# ``re`` is slower, the more so in the relay, where each read finds the caches cold (its engine
+# is a large body of code; docs/benchmarks.md).
 PLAIN = bytes(range(0x20, 0x22)) + bytes(range(0x23, 0x5C)) + bytes(range(0x5D, 0x80))
 
 __all__ = ["DONE", "PLAIN", "OpenAIStream", "Template", "WholeEvent", "loads"]

@@ -1,8 +1,9 @@
 """Settings of the simulated engine: one frozen ``SimSettings``, flags and ``LLMOBS_SIM_*``.
 
-The sim is configured like the sidecar (``llmobs.config``: flag > environment > default, a bad
-value fails at start-up naming its flag and variable) but from its own option table, so that
-``llmobs sim --help`` lists exactly the knobs of the timing model and nothing of the proxy.
+The sim is configured like the sidecar (``llmobs.options``: flag > environment > default, a bad
+value fails at start-up naming its flag and variable, each option declared once as a field)
+but from its own settings, so that ``llmobs sim --help`` lists exactly the knobs of the timing
+model and nothing of the proxy.
 """
 
 from __future__ import annotations
@@ -12,13 +13,14 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from llmobs.config import (
+from llmobs.options import (
     ConfigError,
-    Option,
-    _parse_bool,
     add_arguments,
     flags_of,
     merge_sources,
+    option,
+    options_of,
+    parse_bool,
     source_of,
 )
 from llmobs.sim.faults import FAULT_MODES
@@ -31,157 +33,107 @@ def _parse_dialect(text: str) -> str:
     return text.strip().lower()
 
 
-SIM_OPTIONS: tuple[Option, ...] = (
-    Option("host", "--host", "LLMOBS_SIM_HOST", str, "address the sim listens on", "ADDR"),
-    Option("port", "--port", "LLMOBS_SIM_PORT", int, "port the sim listens on", "PORT"),
-    Option("model", "--model", "LLMOBS_SIM_MODEL", str, "model name served", "NAME"),
-    Option(
-        "seed",
-        "--seed",
-        "LLMOBS_SIM_SEED",
+@dataclass(frozen=True)
+class SimSettings:
+    """The whole timing and fault model of the sim. Defaults resemble an 8B model on one GPU.
+    Every field is an option (``LLMOBS_SIM_*``)."""
+
+    host: str = option("127.0.0.1", str, "address the sim listens on", "ADDR")
+    port: int = option(8000, int, "port the sim listens on", "PORT")
+    model: str = option("sim-llama-3-8b", str, "model name served", "NAME")
+    seed: int = option(
+        0,
         int,
         "seed of output lengths, words and injected errors (per request sequence number)",
         "N",
-    ),
-    Option(
-        "max_batch",
-        "--max-batch",
-        "LLMOBS_SIM_MAX_BATCH",
+    )
+    max_batch: int = option(
+        16,
         int,
         "most requests decoding at once; the rest wait in a FIFO queue",
         "N",
-    ),
-    Option(
-        "prefill_base",
-        "--prefill-base",
-        "LLMOBS_SIM_PREFILL_BASE",
+    )
+    prefill_base: float = option(
+        0.02,
         float,
         "seconds of prefill per admitted request ...",
         "SECONDS",
-    ),
-    Option(
-        "prefill_per_token",
-        "--prefill-per-token",
-        "LLMOBS_SIM_PREFILL_PER_TOKEN",
+    )
+    prefill_per_token: float = option(
+        0.0002,
         float,
         "... plus these seconds per prompt token",
         "SECONDS",
-    ),
-    Option(
-        "decode_base",
-        "--decode-base",
-        "LLMOBS_SIM_DECODE_BASE",
+    )
+    decode_base: float = option(
+        0.015,
         float,
         "seconds of one decode step (one token for every running request) ...",
         "SECONDS",
-    ),
-    Option(
-        "decode_per_seq",
-        "--decode-per-seq",
-        "LLMOBS_SIM_DECODE_PER_SEQ",
+    )
+    decode_per_seq: float = option(
+        0.0005,
         float,
         "... plus these seconds per running request",
         "SECONDS",
-    ),
-    Option(
-        "output_tokens_min",
-        "--output-tokens-min",
-        "LLMOBS_SIM_OUTPUT_TOKENS_MIN",
+    )
+    output_tokens_min: int = option(
+        32,
         int,
         "shortest output, in tokens (lengths are uniform between min and max)",
         "N",
-    ),
-    Option(
-        "output_tokens_max",
-        "--output-tokens-max",
-        "LLMOBS_SIM_OUTPUT_TOKENS_MAX",
+    )
+    output_tokens_max: int = option(
+        256,
         int,
         "longest output, in tokens (a request's max_tokens caps it further)",
         "N",
-    ),
-    Option(
-        "stall_every",
-        "--stall-every",
-        "LLMOBS_SIM_STALL_EVERY",
+    )
+    stall_every: int = option(
+        0,
         int,
         "every N-th decode step (counted over all requests) stalls; 0 turns stalls off",
         "N",
-    ),
-    Option(
-        "stall_ms",
-        "--stall-ms",
-        "LLMOBS_SIM_STALL_MS",
+    )
+    stall_ms: float = option(
+        100.0,
         float,
         "milliseconds a stalled decode step takes in addition",
         "MS",
-    ),
-    Option(
-        "error_rate",
-        "--error-rate",
-        "LLMOBS_SIM_ERROR_RATE",
+    )
+    error_rate: float = option(
+        0.0,
         float,
         "fraction of requests answered with HTTP 500 (deterministic from the seed)",
         "FRACTION",
-    ),
-    Option(
-        "tokens_per_chunk",
-        "--tokens-per-chunk",
-        "LLMOBS_SIM_TOKENS_PER_CHUNK",
+    )
+    tokens_per_chunk: int = option(
+        1,
         int,
         "tokens per SSE chunk after the first, like vLLM --stream-interval",
         "N",
-    ),
-    Option(
-        "dialect",
-        "--dialect",
-        "LLMOBS_SIM_DIALECT",
+    )
+    dialect: str = option(
+        "all",
         _parse_dialect,
-        f"API served: {', '.join(SIM_DIALECTS)} (one dialect keeps /health, /v1/models, /metrics)",
+        "API served: all, openai, ollama, tgi, anthropic, responses (one dialect keeps "
+        "/health, /v1/models, /metrics)",
         "NAME",
-    ),
-    Option(
-        "fault",
-        "--fault",
-        "LLMOBS_SIM_FAULT",
+    )
+    fault: str = option(
+        "none",
         _parse_dialect,
         "break every completion response this way (see llmobs/sim/faults.py), or 'header': "
         "each request names its fault in X-Sim-Fault; 'none' (default): no faults",
         "NAME",
-    ),
-    Option(
-        "stamp",
-        "--stamp",
-        "LLMOBS_SIM_STAMP",
-        _parse_bool,
-        "put the engine's CLOCK_MONOTONIC send time in every OpenAI chunk (llmobs_sent_ns) and "
-        "its receipt time in the first (llmobs_received_ns), for `llmobs bench`",
+    )
+    stamp: bool = option(
+        False,
+        parse_bool,
+        "put the engine's CLOCK_MONOTONIC send time in every OpenAI chunk (llmobs_sent_ns) "
+        "and its receipt time in the first (llmobs_received_ns), for `llmobs bench`",
         "BOOL",
-    ),
-)
-
-
-@dataclass(frozen=True)
-class SimSettings:
-    """The whole timing and fault model of the sim. Defaults resemble an 8B model on one GPU."""
-
-    host: str = "127.0.0.1"
-    port: int = 8000
-    model: str = "sim-llama-3-8b"
-    seed: int = 0
-    max_batch: int = 16
-    prefill_base: float = 0.02
-    prefill_per_token: float = 0.0002
-    decode_base: float = 0.015
-    decode_per_seq: float = 0.0005
-    output_tokens_min: int = 32
-    output_tokens_max: int = 256
-    stall_every: int = 0
-    stall_ms: float = 100.0
-    error_rate: float = 0.0
-    tokens_per_chunk: int = 1
-    dialect: str = "all"
-    fault: str = "none"
-    stamp: bool = False
+    )
 
     def __post_init__(self) -> None:
         _validate(self)
@@ -192,6 +144,9 @@ class SimSettings:
     ) -> SimSettings:
         """Merge CLI flags (values that are not None) over environment over defaults."""
         return cls(**merge_sources(SIM_OPTIONS, environ, flags))
+
+
+SIM_OPTIONS = options_of(SimSettings, "LLMOBS_SIM_")
 
 
 def _source(field: str) -> str:
@@ -236,7 +191,7 @@ def _validate(s: SimSettings) -> None:
 
 def add_sim_arguments(parser: argparse.ArgumentParser) -> None:
     """Add the sim's flags to ``parser`` (``llmobs sim`` and the demo use them)."""
-    add_arguments(parser, SIM_OPTIONS, SimSettings)
+    add_arguments(parser, SIM_OPTIONS)
 
 
 def sim_settings_from_args(args: argparse.Namespace, environ: Mapping[str, str]) -> SimSettings:

@@ -1,0 +1,146 @@
+"""Options declared once: a field of a frozen settings dataclass that is also a CLI flag and an
+environment variable.
+
+A field made with ``option(default, parse, help, metavar)`` is one option: its flag is its name
+with dashes (``--max-body-bytes``), its variable the settings' prefix and its name in capitals
+(``LLMOBS_MAX_BODY_BYTES``), its default the field's. ``options_of`` lists them for the parser
+and ``--help``, so the flag, the variable, the default and the help cannot drift apart.
+Precedence: flag > environment > default; a bad value fails at start-up naming the flag or
+variable it came from.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+_OPTION = "llmobs.option"  # the key of a field's option in its metadata
+
+
+class ConfigError(ValueError):
+    """A configuration value is invalid; the message names its source."""
+
+
+def parse_bool(text: str) -> bool:
+    lowered = text.strip().lower()
+    if lowered in ("1", "true", "yes", "on"):
+        return True
+    if lowered in ("0", "false", "no", "off"):
+        return False
+    raise ValueError(f"expected true/false, got {text!r}")
+
+
+def parse_size(text: str) -> int:
+    """Parse a byte size: plain bytes or with a KiB/MiB/GiB (or k/m/g) suffix."""
+    units = {"k": 1024, "m": 1024**2, "g": 1024**3}
+    cleaned = text.strip().lower().removesuffix("ib").removesuffix("b")
+    if cleaned and cleaned[-1] in units:
+        return int(float(cleaned[:-1]) * units[cleaned[-1]])
+    return int(cleaned)
+
+
+_SI = {"k": 1e3, "m": 1e6, "g": 1e9, "b": 1e9, "t": 1e12, "p": 1e15}
+
+
+def parse_quantity(text: str) -> float:
+    """A number with an optional SI suffix: k, M, G (or B, billions), T, P: 8B, 3.35T, 989e12."""
+    cleaned = text.strip().lower().replace("_", "")
+    if cleaned and cleaned[-1] in _SI:
+        return float(cleaned[:-1]) * _SI[cleaned[-1]]
+    return float(cleaned)
+
+
+def parse_list(text: str) -> tuple[str, ...]:
+    """A comma-separated list (empty entries dropped)."""
+    return tuple(item.strip() for item in text.split(",") if item.strip())
+
+
+@dataclass(frozen=True)
+class _Spec:
+    parse: Callable[[str], Any]
+    help: str
+    metavar: str
+
+
+def option(
+    default: Any, parse: Callable[[str], Any], help: str, metavar: str = "", *, secret: bool = False
+) -> Any:
+    """A settings field that is an option; ``secret``: kept out of ``repr`` (a token)."""
+    return field(default=default, repr=not secret, metadata={_OPTION: _Spec(parse, help, metavar)})
+
+
+@dataclass(frozen=True)
+class Option:
+    """One option as the parser and the docs see it."""
+
+    field: str
+    flag: str
+    env: str
+    parse: Callable[[str], Any]
+    help: str
+    metavar: str
+    default: Any
+
+
+def options_of(settings: type[Any], env_prefix: str) -> tuple[Option, ...]:
+    """The options of a settings dataclass, in the order of its fields."""
+    out = []
+    for f in dataclasses.fields(settings):
+        spec = f.metadata.get(_OPTION)
+        if isinstance(spec, _Spec):
+            flag = "--" + f.name.replace("_", "-")
+            env = env_prefix + f.name.upper()
+            out.append(Option(f.name, flag, env, spec.parse, spec.help, spec.metavar, f.default))
+    return tuple(out)
+
+
+def merge_sources(
+    options: tuple[Option, ...], environ: Mapping[str, str], flags: Mapping[str, Any] | None
+) -> dict[str, Any]:
+    """Values given by flag (not None) or environment, converted; defaults are the caller's."""
+    flags = flags or {}
+    values: dict[str, Any] = {}
+    for opt in options:
+        given = flags.get(opt.field)
+        if given is not None:
+            values[opt.field] = _convert(opt, given, opt.flag)
+        elif opt.env in environ:
+            values[opt.field] = _convert(opt, environ[opt.env], opt.env)
+    return values
+
+
+def _convert(opt: Option, raw: Any, source: str) -> Any:
+    if not isinstance(raw, str):
+        return raw
+    try:
+        return opt.parse(raw)
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(f"{source}: invalid value {raw!r}: {exc}") from exc
+
+
+def source_of(field: str, options: tuple[Option, ...]) -> str:
+    """How a user sets ``field``: "--flag / ENV_VAR", for error messages."""
+    for opt in options:
+        if opt.field == field:
+            return f"{opt.flag} / {opt.env}"
+    return field
+
+
+def add_arguments(parser: argparse.ArgumentParser, options: tuple[Option, ...]) -> None:
+    """Add one flag per option; defaults stay None so the environment can fill them."""
+    for opt in options:
+        parser.add_argument(
+            opt.flag,
+            dest=opt.field,
+            default=None,
+            metavar=opt.metavar or None,
+            help=f"{opt.help} [env {opt.env}; default {opt.default}]",
+        )
+
+
+def flags_of(args: argparse.Namespace, options: tuple[Option, ...]) -> dict[str, Any]:
+    """The values of ``options`` found on parsed arguments."""
+    return {o.field: getattr(args, o.field, None) for o in options}
