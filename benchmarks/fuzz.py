@@ -2,7 +2,7 @@
 
 Not a test: run it by hand and record the result in docs/benchmarks.md.
 
-1. **hypothesis**: the properties of ``tests/test_fuzz.py`` (no exception escapes any decoder,
+1. **hypothesis**: the properties of ``tests/unit/test_fuzz.py`` (no exception escapes any decoder,
    dialect, request parser or usage stripper; any chunking gives the same result; buffers
    bounded) with ``--examples`` examples each instead of CI's few dozen.
 2. **atheris** (coverage-guided libFuzzer; ``pip install atheris``, skipped when absent): for
@@ -157,7 +157,7 @@ def main() -> int:
     failed = False
     if args.examples > 0:
         pytest = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider"]
-        code, out, took = run([*pytest, "tests/test_fuzz.py"], env)
+        code, out, took = run([*pytest, "tests/unit/test_fuzz.py"], env)
         last = out.strip().splitlines()[-1] if out.strip() else ""
         print(f"hypothesis: {args.examples} examples per property, {took:.0f} s: {last}")
         failed |= code != 0

@@ -1,6 +1,6 @@
 """Soak: a long streaming load through a sidecar, its RSS and open fds sampled all along.
 
-Not a test (``tests/test_soak.py`` runs a short version of it): run it by hand and record the
+Not a test (``tests/e2e/test_soak.py`` runs a short version of it): run it by hand and record the
 result in docs/benchmarks.md.
 
 Three processes: the simulated engine in a fast mode (no prefill, a tiny decode step), the

@@ -2,7 +2,7 @@
 
 Dashboards as code: edit this file, run ``python dashboards/generate.py``, commit both.
 ``--check`` exits 1 when the committed JSON is not what this script builds (CI runs it through
-tests/test_dashboards.py). Every query uses only metrics of the catalogue
+tests/deploy/test_dashboards.py). Every query uses only metrics of the catalogue
 (``llmobs/metrics/catalogue.py``), by the names it gives them, and every metric of the
 catalogue is on a panel (the test checks both); template variables:
 datasource, namespace, pod, model.

@@ -7,7 +7,7 @@ The recording and alerting rules are written once, as templates
 percentage or a duration): a rename or a new default cannot leave an alert behind, and the
 dashboard draws the same thresholds. The Prometheus Operator's PrometheusRule carries the same
 groups. Run ``python deploy/generate_rules.py`` after editing a template or a threshold;
-``--check`` exits 1 when a committed file differs (CI runs it through tests/test_deploy.py).
+``--check`` exits 1 when a committed file differs (CI runs it through tests/deploy/test_deploy.py).
 """
 
 from __future__ import annotations

@@ -190,7 +190,7 @@ def small_window(
     baseline_median: float | None = None,
 ) -> TokenWindow:
     """``token_window`` in plain Python, for fewer than ``SMALL`` gaps: the same numbers to
-    the last bit (``tests/test_stats.py`` checks it on random windows), with no numpy call
+    the last bit (``tests/unit/test_stats.py`` checks it on random windows), with no numpy call
     where ``token_window`` makes a dozen.
 
     The sorting, median, stall count, maximum, per-token division and products are exact in

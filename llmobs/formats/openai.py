@@ -22,7 +22,7 @@ content string are kept; a later event made of the same bytes around another val
 JSON string must parse to the same object but for that one string, so it counts one token for
 the same choice without being parsed (a fraction of a parse's cost). Anything else is parsed.
 ``WholeEvent`` goes one step further for the observer: a read that is such an event, framed,
-is counted without the SSE decoder either. ``tests/test_fast_paths.py`` checks the fast paths
+is counted without the SSE decoder either. ``tests/unit/test_fast_paths.py`` checks the fast paths
 against the full ones on generated events.
 """
 
@@ -265,7 +265,7 @@ class WholeEvent:
     decoder's state nor the dialect's changes: so the observer counts it without calling
     either, which is most of a read's cost (``Observer.chunk``). The content must be plain
     (``PLAIN``: printable ASCII but quote and backslash), which also keeps CR and LF out of
-    it; a template whose head or tail has one is not used. ``tests/test_fast_paths.py`` holds
+    it; a template whose head or tail has one is not used. ``tests/unit/test_fast_paths.py`` holds
     observers with and without this path to the same records.
     """
 

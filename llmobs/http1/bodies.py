@@ -4,7 +4,7 @@ A decoder's ``feed`` returns the payload a read carried as one ``bytes`` (the ob
 reads, and an SSE event split over chunks is the framing layer's business), and sets ``done``
 at the end of the body; bytes after it are kept in ``extra`` (a response's make the connection
 unfit for reuse; a request's are the next pipelined request). Property-tested under every
-chunking (tests/test_http1.py).
+chunking (tests/unit/http1/test_bodies.py).
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """HTTP/1.1 policy as pure functions, in the manner of h11's ``_keep_alive`` and
 ``_body_framing``: which body a message has and how it is framed, whether a connection may carry
 another exchange, when ``100 Continue`` is due. No sockets: the server and the upstream
-connection ask these, and the tests ask them directly (tests/test_http1_policy.py).
+connection ask these, and the tests ask them directly (tests/unit/http1/test_policy.py).
 """
 
 from __future__ import annotations

@@ -13,8 +13,8 @@ tuple of label values; an observation is a ``bisect`` and two additions.
 The exposition is what the OpenTelemetry Prometheus exporter wrote for the same instruments:
 same family names and types, label names and values, ``le`` bounds (``repr`` of the float),
 samples in the order their series first appeared, integer sums kept integers until rendered,
-no ``_created`` samples. ``tests/test_exposition.py`` compares the two renderings byte for
-byte, and ``tests/test_metrics.py`` holds a golden exposition.
+no ``_created`` samples. ``tests/unit/metrics/test_exposition.py`` compares the two renderings
+byte for byte, and ``tests/unit/metrics/test_sink.py`` holds a golden exposition.
 
 /metrics does not go through ``collect``: at the label cap (32 models x 3 operations, ~1.3 MiB)
 building prometheus_client's families and samples and formatting them with ``generate_latest``
@@ -23,7 +23,7 @@ garbage collections pause the relay's event loop for tens of ms. ``SeriesCollect
 writes the same bytes directly: each series' text up to the value (name, ``{labels}`` escaped
 and sorted, ``le``) is built once, the first time the series is rendered, and kept (series live
 as long as the process); a scrape then only formats the values (``exposition`` puts a whole
-registry together). ``tests/test_exposition.py`` checks both give the bytes
+registry together). ``tests/unit/metrics/test_exposition.py`` checks both give the bytes
 ``generate_latest`` gives.
 
 Thread safety: observations happen on the event loop, ``collect`` and ``render`` in the

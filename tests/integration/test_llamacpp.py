@@ -34,11 +34,11 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 
 from llmobs.metrics.catalogue import TTFT_BUCKETS
 from llmobs.telemetry import build_telemetry
-from tests.conftest import SidecarFactory, SidecarHandle, eventually
 from tests.integration import client
 from tests.integration.client import CHAT, COMPLETIONS, SEED, Call, Seen
 from tests.integration.llamacpp import MODEL, LlamaServer, needs_llamacpp
-from tests.prom import ROOT, Prometheus, Target, needs_prometheus
+from tests.support.prom import ROOT, Prometheus, Target, needs_prometheus
+from tests.support.servers import SidecarFactory, SidecarHandle, eventually
 
 pytestmark = [pytest.mark.integration, needs_llamacpp]
 

@@ -1,0 +1,343 @@
+"""The Grafana dashboard: generated from dashboards/generate.py, importable (structure, the
+datasource as a variable), every query on catalogue metrics only, every catalogue metric on a
+panel, and every panel returning data from a real Prometheus scraping a sidecar in front of the
+simulated engine, with fake GPUs, the model's shape and tracing on."""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import json
+import re
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+from llmobs.metrics.catalogue import CATALOGUE, Kind
+from llmobs.telemetry import build_telemetry
+from tests.support.fake_nvml import GIB, FakeGpu, FakeNvml
+from tests.support.prom import (
+    ROOT,
+    Prometheus,
+    Target,
+    finite,
+    needs_prometheus,
+    streaming_load,
+)
+from tests.support.promql import metric_names, unknown_metrics, variable_selector
+from tests.support.servers import SidecarFactory, SimFactory
+
+DASHBOARD = ROOT / "dashboards" / "llmobs.json"
+GENERATOR = ROOT / "dashboards" / "generate.py"
+PROVISIONING = ROOT / "dashboards" / "provisioning"
+
+DATASOURCE = {"type": "prometheus", "uid": "${datasource}"}
+ROWS = (
+    "Overview", "User experience", "Load", "Errors and outcomes", "Distributions", "GPU",
+    "Sidecar health",
+)  # fmt: skip
+
+Json = dict[str, Any]
+
+
+def load() -> Json:
+    data: Json = json.loads(DASHBOARD.read_text())
+    return data
+
+
+def panels(dashboard: Json) -> Iterator[Json]:
+    """Every panel, those inside collapsed rows included."""
+    for p in dashboard["panels"]:
+        yield p
+        yield from p.get("panels", [])
+
+
+def queries(dashboard: Json) -> Iterator[tuple[str, str]]:
+    """(where, PromQL) for every panel target and every variable's selector."""
+    for p in panels(dashboard):
+        for t in p.get("targets", []):
+            yield f"panel {p['title']!r} {t['refId']}", t["expr"]
+    for v in dashboard["templating"]["list"]:
+        if v["type"] == "query":
+            selector, _ = variable_selector(v["query"]["query"])
+            if selector is not None:
+                yield f"variable {v['name']!r}", selector
+
+
+def catalogue_problems(dashboard: Json) -> list[str]:
+    problems = []
+    for where, expr in queries(dashboard):
+        unknown = unknown_metrics(expr, set())
+        if unknown:
+            problems.append(f"{where}: not in the catalogue: {sorted(unknown)}")
+    return problems
+
+
+def test_dashboard_is_what_the_generator_builds(tmp_path: Path) -> None:
+    check = [sys.executable, str(GENERATOR), "--check"]
+    done = subprocess.run(check, capture_output=True, text=True, check=False)
+    assert done.returncode == 0, done.stderr
+    stale = tmp_path / "stale.json"
+    stale.write_text(DASHBOARD.read_text().replace("llmobs_stalls_total", "llmobs_stalls"))
+    stale_check = subprocess.run([*check, "--out", str(stale)], capture_output=True, check=False)
+    assert stale_check.returncode == 1
+
+
+def test_dashboard_structure() -> None:
+    d = load()
+    assert d["schemaVersion"] >= 38  # Grafana 10.0 and later
+    assert d["uid"] == "llmobs" and len(d["uid"]) <= 40
+    assert d["id"] is None
+    assert d["title"] and d["tags"] and d["time"]["from"].startswith("now-")
+    rows = [p["title"] for p in d["panels"] if p["type"] == "row"]
+    assert rows == list(ROWS)
+    variables = {v["name"]: v for v in d["templating"]["list"]}
+    assert list(variables) == ["datasource", "namespace", "pod", "model"]
+    assert variables["datasource"]["type"] == "datasource"
+    assert variables["datasource"]["query"] == "prometheus"
+    for name in ("namespace", "pod", "model"):
+        v = variables[name]
+        assert v["type"] == "query" and v["datasource"] == DATASOURCE
+        assert v["includeAll"] and v["allValue"] == ".*"
+        assert v["definition"] == v["query"]["query"]
+    ids = [p["id"] for p in panels(d)]
+    assert len(ids) == len(set(ids))
+    kinds = {p["type"] for p in panels(d)}
+    assert {"row", "stat", "timeseries", "heatmap"} <= kinds
+
+
+def test_no_hard_coded_datasource() -> None:
+    def walk(node: Any, path: str) -> Iterator[tuple[str, Any]]:
+        if isinstance(node, dict):
+            for k, v in node.items():
+                if k == "datasource":
+                    yield path, v
+                yield from walk(v, f"{path}.{k}")
+        elif isinstance(node, list):
+            for i, v in enumerate(node):
+                yield from walk(v, f"{path}[{i}]")
+
+    d = load()
+    for path, ds in walk(d, "$"):
+        if path.startswith("$.annotations"):
+            assert ds == {"type": "grafana", "uid": "-- Grafana --"}  # built-in annotations
+        else:
+            assert ds == DATASOURCE, path
+    for p in panels(d):
+        if p["type"] != "row":
+            assert p["datasource"] == DATASOURCE
+            assert p["targets"], p["title"]
+            refs = [t["refId"] for t in p["targets"]]
+            assert len(refs) == len(set(refs)), p["title"]
+            assert all(t["datasource"] == DATASOURCE and t["expr"] for t in p["targets"])
+
+
+def test_panels_tile_the_grid() -> None:
+    taken: set[tuple[int, int]] = set()
+    for p in panels(load()):
+        g = p["gridPos"]
+        assert g["x"] >= 0 and g["w"] > 0 and g["x"] + g["w"] <= 24, p["title"]
+        cells = {
+            (x, y) for x in range(g["x"], g["x"] + g["w"]) for y in range(g["y"], g["y"] + g["h"])
+        }
+        assert not cells & taken, f"{p['title']!r} overlaps another panel"
+        taken |= cells
+        assert p["title"]
+        if p["type"] != "row":
+            assert p.get("description"), f"{p['title']!r} has no description"
+
+
+def test_queries_use_only_catalogue_metrics() -> None:
+    assert catalogue_problems(load()) == []
+
+
+def test_a_query_outside_the_catalogue_is_caught() -> None:
+    d = load()
+    bad = copy.deepcopy(d)
+    target = next(p for p in panels(bad) if p["type"] == "timeseries")["targets"][0]
+    target["expr"] = target["expr"].replace("_bucket", "_buckets", 1)
+    assert len(catalogue_problems(bad)) == 1
+    bad = copy.deepcopy(d)
+    bad["templating"]["list"][1]["query"]["query"] = "label_values(llmobs_gpu_up, namespace)"
+    assert catalogue_problems(bad) == [
+        "variable 'namespace': not in the catalogue: ['llmobs_gpu_up']"
+    ]
+
+
+def missing_metrics(dashboard: Json) -> set[str]:
+    """Catalogue metrics that no panel queries (a histogram by any of its series)."""
+    used = set().union(*(metric_names(expr) for _, expr in queries(dashboard)))
+    missing = set()
+    for metric in CATALOGUE:
+        histogram = metric.kind in (Kind.HISTOGRAM, Kind.TOKEN_HISTOGRAM)
+        parts = {metric.prometheus + s for s in ("_bucket", "_sum", "_count")}
+        if not (parts if histogram else {metric.prometheus}) & used:
+            missing.add(metric.prometheus)
+    return missing
+
+
+def test_every_catalogue_metric_is_on_the_dashboard() -> None:
+    d = load()
+    assert missing_metrics(d) == set()
+    without_gpu_row = copy.deepcopy(d)
+    titles = [p["title"] for p in d["panels"]]
+    gpu, health = titles.index("GPU"), titles.index("Sidecar health")
+    del without_gpu_row["panels"][gpu + 1 : health]
+    assert missing_metrics(without_gpu_row) == {
+        "llmobs_gpu_memory_used_bytes", "llmobs_gpu_memory_free_bytes",
+        "llmobs_gpu_memory_total_bytes", "llmobs_gpu_memory_reserved_bytes",
+        "llmobs_gpu_utilization", "llmobs_gpu_memory_controller_utilization",
+        "llmobs_gpu_memory_bandwidth_utilization", "llmobs_gpu_memory_bandwidth_bytes_per_second",
+        "llmobs_gpu_memory_bandwidth_peak_bytes_per_second", "llmobs_gpu_power_watts",
+        "llmobs_gpu_temperature_celsius", "llmobs_gpu_clock_sm_hertz",
+        "llmobs_gpu_clock_memory_hertz", "llmobs_mbu", "llmobs_mfu",
+    }  # fmt: skip
+
+
+def test_engine_panels_use_the_uniform_names() -> None:
+    """The engine's queue and KV cache through the collector, whatever the engine."""
+    exprs = {where: expr for where, expr in queries(load())}
+    assert not [e for e in exprs.values() if re.search(r"vllm|sglang|tgi_|llamacpp|trtllm", e)]
+    for name in ("llmobs_engine_requests_waiting", "llmobs_engine_requests_running",
+                 "llmobs_engine_kv_cache_usage"):  # fmt: skip
+        using = [e for e in exprs.values() if name in metric_names(e)]
+        assert using and all(re.search(r"by \([^)]*\bengine\b", e) for e in using), name
+
+
+@pytest.mark.parametrize(
+    ("expr", "names"),
+    [
+        ("up", {"up"}),
+        ('sum by (le) (rate(a_bucket{job="x", le=~"0.1|by(c)"}[5m]))', {"a_bucket"}),
+        ("histogram_quantile(0.99, sum(rate(b[$__rate_interval])) by (le, pod))", {"b"}),
+        ("1000 * (sum(rate(c[5m])) or vector(0)) / sum(rate(d[1m] offset 5m))", {"c", "d"}),
+        ("x and on (namespace) group_left (pod) y > bool 1e3", {"x", "y"}),
+        ('label_replace(e, "dst", "$1", "src", "(.*)")', {"e"}),
+        ("max_over_time(sum(f{pod=~\"$pod\"})[${__range}:1s]) @ end()", {"f"}),
+        ("vllm:num_requests_waiting + ns:rec:rate5m - Inf + NaN",
+         {"vllm:num_requests_waiting", "ns:rec:rate5m"}),
+        ('{__name__="g_total", job="x"}', {"g_total"}),
+        ("sum without (le) (h) unless ignoring (pod) i", {"h", "i"}),
+    ],
+)  # fmt: skip
+def test_metric_names_are_found_in_promql(expr: str, names: set[str]) -> None:
+    assert metric_names(expr) == names
+
+
+def test_a_regex_on_the_metric_name_cannot_be_checked() -> None:
+    with pytest.raises(ValueError, match="__name__"):
+        metric_names('{__name__=~"llmobs_.*"}')
+
+
+def test_provisioning_points_at_the_dashboard() -> None:
+    (source,) = yaml.safe_load((PROVISIONING / "datasources" / "prometheus.yaml").read_text())[
+        "datasources"
+    ][:1]
+    assert source["type"] == "prometheus" and source["url"].startswith("http://prometheus:")
+    (provider,) = yaml.safe_load((PROVISIONING / "dashboards" / "llmobs.yaml").read_text())[
+        "providers"
+    ]
+    assert provider["type"] == "file"
+    compose = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
+    mounts = compose["services"]["grafana"]["volumes"]
+    assert f"./dashboards/llmobs.json:{provider['options']['path']}/llmobs.json:ro" in mounts
+
+
+# --- every panel returns data from a real Prometheus -----------------------------------------
+
+MODEL = "sim-llama-3-8b"
+LABELS = {"namespace": "demo", "pod": "llm-0"}
+RATE_INTERVAL = "10s"  # Grafana's $__rate_interval for a 1 s scrape would be 4 s; leave room
+ALL = {"namespace": ".*", "pod": ".*", "model": ".*"}
+ONE = {"namespace": LABELS["namespace"], "pod": LABELS["pod"], "model": MODEL}
+DATA_TIMEOUT = 40.0
+
+
+def substitute(expr: str, values: dict[str, str]) -> str:
+    out = expr.replace("$__rate_interval", RATE_INTERVAL)
+    for name, value in values.items():
+        out = out.replace(f"${name}", value)
+    assert "$" not in out.replace('"$1"', ""), out
+    return out
+
+
+# Two GPUs seen through a fake NVML: one with GPM (source="gpm"), one without (the
+# memory-controller fallback, source="mem_util"); and Llama-3-8B's shape in bf16 with the H100's
+# dense peak, so that MBU and MFU are computed from the sidecar's own TPOT and TTFT.
+GPUS = [
+    FakeGpu("GPU-dash-0", gpm=True, dram_bw_util=42.0),
+    FakeGpu("GPU-dash-1", name="NVIDIA A100-SXM4-80GB", used=70 * GIB, max_mem_clock_mhz=1593.0),
+]
+MODEL_SHAPE: dict[str, Any] = {
+    "model_params": 8e9, "weight_dtype": "bf16", "model_layers": 32, "model_kv_heads": 8,
+    "model_head_dim": 128, "gpu_peak_flops": 989e12,
+}  # fmt: skip
+COLLECTORS = {"gpu_sample_interval": 0.2, "engine_scrape_interval": 0.2}
+
+
+@needs_prometheus
+async def test_every_panel_returns_data(
+    start_sim: SimFactory, start_sidecar: SidecarFactory, tmp_path: Path
+) -> None:
+    # Stalls every 10 steps and 10 % injected 500s, so that no panel is trivially zero.
+    sim = await start_sim(
+        model=MODEL, stall_every=10, error_rate=0.1, max_batch=64,
+        output_tokens_min=16, output_tokens_max=48,
+    )  # fmt: skip
+    # Tracing on (into memory), so that llmobs_spans_dropped_total is exported.
+    telemetry = build_telemetry(span_exporter=InMemorySpanExporter())
+    side = await start_sidecar(sim.url, telemetry, nvml=FakeNvml(GPUS), **COLLECTORS, **MODEL_SHAPE)
+    # Only the sidecar is scraped: the engine's queue and KV cache come through its collector.
+    targets = [Target("llmobs", side.metrics_url, LABELS)]
+    d = load()
+    pending = {
+        (where, substitute(expr, values))
+        for values in (ALL, ONE)
+        for where, expr in queries(d)
+        if not where.startswith("variable")
+    }
+    variables = {
+        (v["name"], substitute(v["query"]["query"], values))
+        for values in (ALL, ONE)
+        for v in d["templating"]["list"]
+        if v["type"] == "query"
+    }
+    # Every dialect in turn: Ollama's responses carry the engine-reported prefill and load.
+    async with (
+        Prometheus(tmp_path, targets) as prom,
+        streaming_load(side.url, MODEL, 6, dialect="mixed"),
+    ):
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + DATA_TIMEOUT
+        while pending or variables:
+            pending = {(w, q) for w, q in pending if not finite(await prom.query(q))}
+            variables = {(n, q) for n, q in variables if not await label_values(prom, q)}
+            if loop.time() > deadline:
+                break
+            await asyncio.sleep(1.0)
+        bandwidth = await prom.query("llmobs_gpu_memory_bandwidth_utilization")
+        engines = await prom.query("llmobs_engine_kv_cache_usage")
+    missing = sorted(pending) + sorted(variables)
+    assert not missing, "no data (or not finite) from:\n" + "\n".join(map(str, missing))
+    # The measured-bandwidth panel tells the two sources apart; the engine is recognised.
+    assert {(s["gpu"], s["source"]) for s, _ in bandwidth} == {("0", "gpm"), ("1", "mem_util")}
+    assert {s["engine"] for s, _ in engines} == {"vllm"}
+
+
+async def label_values(prom: Prometheus, query: str) -> list[str]:
+    """What Grafana's label_values(selector, label) offers, through /api/v1/series."""
+    selector, label = variable_selector(query)
+    assert selector is not None
+    found = {s[label] for s in await prom.series(selector) if label in s}
+    return sorted(found)
+
+
+def test_substitution_leaves_no_variable() -> None:
+    for _, expr in queries(load()):
+        assert re.search(r"\$\w", substitute(expr, ALL)) is None

@@ -1,0 +1,452 @@
+"""Deployment artifacts, validated offline (no Docker engine, no cluster): docker-compose.yml
+against the Compose Specification schema, the Dockerfile's instructions, every Kubernetes
+manifest of the kustomize base and overlays (kubernetes-validate --strict; the Prometheus
+Operator's CRDs against structural schemas), the PrometheusRule in sync with the rule files,
+the Prometheus and Alertmanager configurations (promtool, amtool), and the compose load
+generator run for real against a sidecar."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import kubernetes_validate
+import pytest
+import yaml
+
+from tests.support.kustomize import build
+from tests.support.prom import AMTOOL, PROMTOOL, ROOT, needs_amtool, needs_promtool
+from tests.support.servers import SidecarFactory, SimFactory
+
+SCHEMAS = ROOT / "deploy" / "schemas"
+COMPOSE = ROOT / "docker-compose.yml"
+KUBERNETES = ROOT / "deploy" / "kubernetes"
+KUSTOMIZATIONS = ("base", "overlays/cpu-sim", "overlays/gpu-vllm")
+CRD_SCHEMAS = {
+    "PodMonitor": "podmonitor.schema.json",
+    "PrometheusRule": "prometheusrule.schema.json",
+}
+# The oldest Kubernetes release still in common support, and the newest the validator knows.
+K8S_VERSIONS = ("1.29.0", kubernetes_validate.latest_version())
+PINNED_IMAGE = re.compile(r"^[\w.\-/:]+(@sha256:[0-9a-f]{64}|:v?\d+\.\d+\.\d+[\w.\-]*)$")
+
+Doc = dict[str, Any]
+
+
+def compose() -> Doc:
+    doc: Doc = yaml.safe_load(COMPOSE.read_text())
+    return doc
+
+
+def compose_errors(doc: Doc) -> list[str]:
+    schema = json.loads((SCHEMAS / "compose-spec.json").read_text())
+    validator = jsonschema.Draft7Validator(schema)
+    return [f"{list(e.absolute_path)}: {e.message}" for e in validator.iter_errors(doc)]
+
+
+# --- docker compose -----------------------------------------------------------------------
+
+
+def test_compose_file_matches_the_compose_specification() -> None:
+    doc = compose()
+    assert compose_errors(doc) == []
+    doc["services"]["llmobs"]["healthcheck"] = {"tset": ["CMD", "true"]}
+    assert compose_errors(doc)
+
+
+def test_check_jsonschema_agrees(tmp_path: Path) -> None:
+    """The same check with the check-jsonschema CLI, as a user would run it."""
+    cli = [
+        sys.executable,
+        "-m",
+        "check_jsonschema",
+        "--schemafile",
+        str(SCHEMAS / "compose-spec.json"),
+    ]
+    done = subprocess.run([*cli, str(COMPOSE)], capture_output=True, text=True, check=False)
+    assert done.returncode == 0, done.stdout + done.stderr
+    broken = tmp_path / "docker-compose.yml"
+    broken.write_text(
+        COMPOSE.read_text().replace("    restart: unless-stopped", "    restart: 3", 1)
+    )
+    assert subprocess.run([*cli, str(broken)], capture_output=True, check=False).returncode == 1
+
+
+def test_compose_services_are_wired_as_documented() -> None:
+    services = compose()["services"]
+    default = {"sim", "llmobs", "load", "prometheus", "alertmanager", "grafana", "jaeger"}
+    assert {n for n, s in services.items() if "profiles" not in s} == default
+    assert {n for n, s in services.items() if s.get("profiles") == ["gpu"]} == {
+        "vllm",
+        "llmobs-gpu",
+    }
+    for name, service in services.items():
+        image = service["image"]
+        assert PINNED_IMAGE.match(image) and not image.endswith(":latest"), (name, image)
+        if "build" in service:
+            assert (ROOT / service["build"]["context"] / "Dockerfile").is_file()
+        for volume in service.get("volumes", []):
+            source = volume.split(":", 1)[0]
+            if source.startswith("./"):
+                assert (ROOT / source).exists(), (name, volume)
+        for dependency in service.get("depends_on", {}):
+            assert dependency in services, (name, dependency)
+    # the sidecar fronts the sim; the gpu profile's sidecar shares vLLM's network, as in a pod
+    assert services["llmobs"]["environment"]["LLMOBS_UPSTREAM"] == "http://sim:8000"
+    gpu_side = services["llmobs-gpu"]
+    assert gpu_side["network_mode"] == "service:vllm"
+    assert gpu_side["environment"]["LLMOBS_UPSTREAM"] == "http://127.0.0.1:8000"
+    (device,) = services["vllm"]["deploy"]["resources"]["reservations"]["devices"]
+    assert device["driver"] == "nvidia" and "gpu" in device["capabilities"]
+    # the cpu profile: llama.cpp as tests/integration runs it, its sidecar in its network
+    assert {n for n, s in services.items() if s.get("profiles") == ["cpu"]} == {
+        "llamacpp",
+        "llmobs-cpu",
+    }
+    engine = services["llamacpp"]["command"][0]
+    for flag in ("--chat_format gemma", "--interrupt_requests false", "--port 8000"):
+        assert flag in engine, flag
+    cpu_side = services["llmobs-cpu"]
+    assert cpu_side["network_mode"] == "service:llamacpp"
+    assert cpu_side["environment"]["LLMOBS_UPSTREAM"] == "http://127.0.0.1:8000"
+    # traces go to Jaeger over OTLP
+    assert services["jaeger"]["environment"]["COLLECTOR_OTLP_ENABLED"] == "true"
+    assert "4317:4317" in services["jaeger"]["ports"]
+    assert services["llmobs"]["environment"]["OTEL_EXPORTER_OTLP_ENDPOINT"] == "http://jaeger:4317"
+    assert "./deploy/prometheus:/etc/prometheus:ro" in services["prometheus"]["volumes"]
+    assert "./deploy/alertmanager:/etc/alertmanager:ro" in services["alertmanager"]["volumes"]
+
+
+def load_script() -> str:
+    script: str = compose()["services"]["load"]["command"][0]
+    return script
+
+
+def test_kubernetes_load_generator_runs_the_compose_script() -> None:
+    load = next(
+        d for d in build(KUBERNETES / "overlays/cpu-sim") if d["metadata"]["name"] == "llmobs-load"
+    )
+    (container,) = load["spec"]["template"]["spec"]["containers"]
+    assert container["command"][:2] == ["python", "-c"]
+    assert textwrap.dedent(container["command"][2]) == textwrap.dedent(load_script())
+
+
+async def test_compose_load_generator_drives_a_sidecar(
+    start_sim: SimFactory, start_sidecar: SidecarFactory
+) -> None:
+    sim = await start_sim(output_tokens_min=4, output_tokens_max=8)
+    side = await start_sidecar(sim.url)
+    env = {**os.environ, "LOAD_URL": side.url, "LOAD_DURATION": "1", "LOAD_CONCURRENCY": "2",
+           "LOAD_DIALECT": "mixed"}  # fmt: skip
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-c", load_script(), env=env,
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
+    )  # fmt: skip
+    out, _ = await asyncio.wait_for(proc.communicate(), timeout=30)
+    assert proc.returncode == 0, out.decode()
+    operations = {
+        labels["gen_ai_operation_name"]
+        for labels, _ in (await side.scrape())["llmobs_requests_total"]
+    }
+    assert operations == {"chat", "text_completion"}
+
+
+# --- Prometheus and Alertmanager configurations ----------------------------------------------
+
+
+@needs_promtool
+def test_prometheus_config_is_valid() -> None:
+    done = subprocess.run(
+        [str(PROMTOOL), "check", "config", str(ROOT / "deploy/prometheus/prometheus.yml")],
+        capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "2 rule files found" in done.stdout
+
+
+ALERTMANAGER = ROOT / "deploy" / "alertmanager" / "alertmanager.yml"
+
+
+@needs_amtool
+def test_alertmanager_config_is_valid() -> None:
+    done = subprocess.run(
+        [str(AMTOOL), "check-config", str(ALERTMANAGER)],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+@needs_amtool
+@pytest.mark.parametrize(
+    ("labels", "receiver"),
+    [
+        ("severity=critical alertname=LLMObsUpstreamErrors", "pager"),
+        ("severity=warning alertname=LLMObsStreamStutter", "chat"),
+        ("severity=info alertname=LLMObsMalformedStreamEvents", "null"),
+    ],
+)
+def test_alertmanager_routes_by_severity(labels: str, receiver: str) -> None:
+    done = subprocess.run(
+        [str(AMTOOL), "config", "routes", "test", f"--config.file={ALERTMANAGER}", *labels.split()],
+        capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == receiver
+
+
+# --- Dockerfile ----------------------------------------------------------------------------
+
+
+def instructions(text: str) -> list[tuple[str, str]]:
+    """(INSTRUCTION, arguments) in order, continuation lines joined, comments dropped."""
+    out: list[tuple[str, str]] = []
+    pending = ""
+    for line in text.splitlines():
+        if not pending and (not line.strip() or line.lstrip().startswith("#")):
+            continue
+        if line.rstrip().endswith("\\"):
+            pending += line.rstrip()[:-1] + " "
+            continue
+        full = (pending + line).strip()
+        pending = ""
+        word, _, rest = full.partition(" ")
+        out.append((word.upper(), rest.strip()))
+    return out
+
+
+def ignored(path: str, patterns: list[str]) -> bool:
+    """Whether .dockerignore excludes ``path`` (or a parent of it); the last match wins."""
+
+    def regex(pattern: str) -> re.Pattern[str]:
+        body = re.escape(pattern).replace(r"\*\*/", "(.*/)?").replace(r"\*\*", ".*")
+        return re.compile("^" + body.replace(r"\*", "[^/]*").replace(r"\?", "[^/]") + "$")
+
+    parts = path.strip("/").split("/")
+    prefixes = ["/".join(parts[: i + 1]) for i in range(len(parts))]
+    excluded = False
+    for raw in patterns:
+        negate = raw.startswith("!")
+        pattern = raw[1:] if negate else raw
+        if any(regex(pattern.strip("/")).match(p) for p in prefixes):
+            excluded = not negate
+    return excluded
+
+
+def dockerfile_problems(text: str, context: Path) -> list[str]:
+    steps = instructions(text)
+    problems: list[str] = []
+    stages: set[str] = set()
+    last_from = max(i for i, (word, _) in enumerate(steps) if word == "FROM")
+    final = steps[last_from:]
+    ignore_file = context / ".dockerignore"
+    patterns = [
+        line.strip()
+        for line in (ignore_file.read_text().splitlines() if ignore_file.exists() else [])
+        if line.strip() and not line.startswith("#")
+    ]
+    for word, args in steps:
+        tokens = [t for t in shlex.split(args) if not t.startswith("--")] if args else []
+        if word == "FROM":
+            image = tokens[0]
+            if len(tokens) >= 3 and tokens[1].upper() == "AS":
+                stages.add(tokens[2])
+            if image not in stages and not PINNED_IMAGE.match(image):
+                problems.append(f"FROM {image}: pin a version tag or a digest")
+        if word == "ADD" and any(re.match(r"^(https?://|git@)", t) for t in tokens[:-1]):
+            problems.append(f"ADD {args}: no remote sources, download in a RUN with a checksum")
+        if word == "COPY" and "--from=" not in args:
+            for source in tokens[:-1]:
+                if not (context / source).exists() or ignored(source, patterns):
+                    problems.append(f"COPY {source}: missing, or excluded by .dockerignore")
+    users = [args for word, args in final if word == "USER"]
+    if not users or users[-1].split(":")[0] in ("root", "0"):
+        problems.append("the final stage must switch to a non-root USER")
+    checks = [args for word, args in final if word == "HEALTHCHECK"]
+    if not checks or checks[-1].upper() == "NONE" or "/healthz" not in checks[-1]:
+        problems.append("the final stage needs a HEALTHCHECK on /healthz")
+    for word in ("ENTRYPOINT", "CMD"):
+        forms = [args for w, args in final if w == word]
+        if not forms or not forms[-1].startswith("["):
+            problems.append(f"{word} in exec form, so that llmobs gets SIGTERM and drains")
+    if not any(word == "RUN" and re.search(r"pip install [\"']?\.", a) for word, a in steps):
+        problems.append("install the project with pip install .")
+    return problems
+
+
+def test_dockerfile_follows_the_rules() -> None:
+    assert dockerfile_problems((ROOT / "Dockerfile").read_text(), ROOT) == []
+    exposed = " ".join(
+        a for w, a in instructions((ROOT / "Dockerfile").read_text()) if w == "EXPOSE"
+    )
+    assert set(exposed.split()) == {"8080", "9464"}
+
+
+def test_dockerfile_lint_catches_mistakes(tmp_path: Path) -> None:
+    (tmp_path / "app").mkdir()
+    (tmp_path / ".dockerignore").write_text("*\n!app\n")
+    bad = """\
+        FROM python:latest
+        ADD https://example.com/x.tar.gz /x
+        COPY app secret.txt /src/
+        RUN pip install requests
+        USER root
+        HEALTHCHECK NONE
+        CMD llmobs serve
+    """
+    problems = dockerfile_problems(textwrap.dedent(bad), tmp_path)
+    assert len(problems) == 8, problems
+
+
+def test_dockerignore_keeps_the_context_small() -> None:
+    patterns = [
+        line
+        for line in (ROOT / ".dockerignore").read_text().splitlines()
+        if line and line[0] != "#"
+    ]
+    for kept in ("pyproject.toml", "README.md", "llmobs/app.py"):
+        assert not ignored(kept, patterns), kept
+    for dropped in (
+        "tests/e2e/test_cli.py",
+        ".git/HEAD",
+        ".venv/bin/python",
+        "llmobs/__pycache__/x.pyc",
+    ):
+        assert ignored(dropped, patterns), dropped
+
+
+# --- Kubernetes ------------------------------------------------------------------------------
+
+
+def test_prometheusrule_is_generated_from_the_rule_files(tmp_path: Path) -> None:
+    check = [sys.executable, str(ROOT / "deploy" / "generate_rules.py"), "--check"]
+    done = subprocess.run(check, capture_output=True, text=True, check=False)
+    assert done.returncode == 0, done.stderr
+    stale = tmp_path / "prometheusrule.yaml"
+    text = (KUBERNETES / "base" / "prometheusrule.yaml").read_text()
+    stale.write_text(text.replace("for: 10m", "for: 15m", 1))
+    assert (
+        subprocess.run([*check, "--out", str(stale)], capture_output=True, check=False).returncode
+        == 1
+    )
+
+
+def manifest_problems(doc: Doc) -> list[str]:
+    """kubernetes-validate --strict for built-in kinds; structural schemas for the CRDs."""
+    if doc["kind"] in CRD_SCHEMAS:
+        schema = json.loads((SCHEMAS / CRD_SCHEMAS[doc["kind"]]).read_text())
+        return [e.message for e in jsonschema.Draft7Validator(schema).iter_errors(doc)]
+    problems = []
+    for version in K8S_VERSIONS:
+        try:
+            kubernetes_validate.validate(doc, version, strict=True)
+        except kubernetes_validate.ValidationError as exc:
+            problems.append(f"{version}: {exc}")
+    return problems
+
+
+@pytest.mark.parametrize("kustomization", KUSTOMIZATIONS)
+def test_manifests_validate(kustomization: str) -> None:
+    docs = build(KUBERNETES / kustomization)
+    assert {d["kind"] for d in docs} >= {"Deployment", "Service", "PodMonitor", "PrometheusRule"}
+    assert {f"{d['kind']}/{d['metadata']['name']}": manifest_problems(d) for d in docs} == {
+        f"{d['kind']}/{d['metadata']['name']}": [] for d in docs
+    }
+
+
+def test_manifest_validation_catches_typos() -> None:
+    docs = {d["kind"]: d for d in build(KUBERNETES / "base")}
+    docs["Deployment"]["spec"]["template"]["spec"]["containers"][1]["readinesProbe"] = {}
+    docs["PodMonitor"]["spec"]["podMetricEndpoints"] = docs["PodMonitor"]["spec"][
+        "podMetricsEndpoints"
+    ]
+    docs["PrometheusRule"]["spec"]["groups"][0]["rules"][0]["recrod"] = "x"
+    for kind in ("Deployment", "PodMonitor", "PrometheusRule"):
+        assert manifest_problems(docs[kind]), kind
+
+
+@pytest.mark.skipif(shutil.which("kubectl") is None, reason="no kubectl to compare with")
+@pytest.mark.parametrize("kustomization", KUSTOMIZATIONS)
+def test_renderer_matches_kubectl_kustomize(kustomization: str) -> None:
+    done = subprocess.run(
+        ["kubectl", "kustomize", str(KUBERNETES / kustomization)],
+        capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    real = [d for d in yaml.safe_load_all(done.stdout) if d]
+
+    def canonical(docs: list[Doc]) -> list[str]:
+        return sorted(json.dumps(d, sort_keys=True) for d in docs)
+
+    assert canonical(build(KUBERNETES / kustomization)) == canonical(real)
+
+
+@needs_promtool
+def test_prometheusrule_groups_pass_promtool(tmp_path: Path) -> None:
+    rule = next(d for d in build(KUBERNETES / "base") if d["kind"] == "PrometheusRule")
+    path = tmp_path / "groups.yml"
+    path.write_text(yaml.safe_dump({"groups": rule["spec"]["groups"]}))
+    done = subprocess.run(
+        [str(PROMTOOL), "check", "rules", str(path)], capture_output=True, text=True, check=False
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+def probe(container: Doc, kind: str) -> tuple[str, str]:
+    get = container[kind]["httpGet"]
+    return get["path"], get["port"]
+
+
+@pytest.mark.parametrize("kustomization", KUSTOMIZATIONS)
+def test_the_sidecar_pattern(kustomization: str) -> None:
+    docs = {
+        d["kind"]: d for d in build(KUBERNETES / kustomization) if d["metadata"]["name"] == "llmobs"
+    }
+    pod = docs["Deployment"]["spec"]["template"]
+    containers = {c["name"]: c for c in pod["spec"]["containers"]}
+    assert set(containers) == {"engine", "llmobs"}
+    engine, side = containers["engine"], containers["llmobs"]
+    ports = {p["name"]: p["containerPort"] for c in containers.values() for p in c["ports"]}
+    env = {e["name"]: e.get("value") for e in side["env"]}
+    # llmobs relays to the engine over localhost and owns the Service's client port
+    assert env["LLMOBS_UPSTREAM"] == f"http://127.0.0.1:{ports['engine']}"
+    assert (
+        int(env["LLMOBS_PORT"]) == ports["http"]
+        and int(env["LLMOBS_METRICS_PORT"]) == ports["metrics"]
+    )
+    service_ports = {p["name"]: p for p in docs["Service"]["spec"]["ports"]}
+    assert service_ports["http"]["targetPort"] == "http"
+    assert docs["Service"]["spec"]["selector"].items() <= pod["metadata"]["labels"].items()
+    # probes on the metrics port: ready when the engine answers, alive while llmobs runs
+    assert probe(side, "readinessProbe") == ("/readyz", "metrics")
+    assert probe(side, "livenessProbe") == ("/healthz", "metrics")
+    # graceful termination: preStop sleeps, then 60 s of draining fit in the grace period
+    sleeps = [int(c["lifecycle"]["preStop"]["exec"]["command"][1]) for c in (engine, side)]
+    assert pod["spec"]["terminationGracePeriodSeconds"] >= max(sleeps) + 60
+    # modest, explicit resources; no CPU limit on the sidecar (throttling delays tokens)
+    assert side["resources"]["requests"].keys() == {"cpu", "memory"}
+    assert "cpu" not in side["resources"]["limits"] and "memory" in side["resources"]["limits"]
+    assert side["securityContext"]["runAsNonRoot"] is True
+    # the PodMonitor finds this pod and scrapes both llmobs and the engine
+    monitor = docs["PodMonitor"]["spec"]
+    assert monitor["selector"]["matchLabels"].items() <= pod["metadata"]["labels"].items()
+    assert {e["port"] for e in monitor["podMetricsEndpoints"]} == {"metrics", "engine"}
+    assert pod["metadata"]["labels"][monitor["jobLabel"]] == "llmobs"  # job="llmobs", as alerted
+    if kustomization != "base":
+        images = [c["image"] for c in pod["spec"]["containers"]]
+        assert all(PINNED_IMAGE.match(i) for i in images), images
+    if kustomization.endswith("gpu-vllm"):
+        assert engine["image"].startswith("vllm/vllm-openai:")
+        assert engine["resources"]["limits"]["nvidia.com/gpu"] == "1"
+        assert engine["startupProbe"]["httpGet"]["path"] == "/health"

@@ -1,0 +1,7 @@
+"""What the tests share: raw HTTP clients and upstreams, the servers the fixtures start, a
+Prometheus harness, fakes (NVML) and hypothesis strategies. No test lives here."""
+
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]  # the repository
+FIXTURES = ROOT / "tests" / "fixtures"

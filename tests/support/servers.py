@@ -1,0 +1,108 @@
+"""Servers on loopback as the tests start them: the simulated engine, sidecars, any aiohttp app;
+their handles; and the waits the tests use on them."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
+
+import aiohttp
+from aiohttp import web
+from prometheus_client import CollectorRegistry
+from prometheus_client.parser import text_string_to_metric_families
+
+from llmobs.app import Sidecar
+from llmobs.metrics.sink import MetricsSink
+from llmobs.sim import SimEngine, SimSettings
+
+
+async def serve(app: web.Application) -> tuple[web.AppRunner, str]:
+    """Start ``app`` on an ephemeral loopback port; return its runner and base URL."""
+    runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", 0).start()
+    host, port = runner.addresses[0][:2]
+    return runner, f"http://{host}:{port}"
+
+
+@dataclass
+class SimHandle:
+    url: str
+    engine: SimEngine
+    settings: SimSettings
+
+
+@dataclass
+class SidecarHandle:
+    url: str
+    metrics_url: str
+    registry: CollectorRegistry
+    sidecar: Sidecar
+
+    @property
+    def sink(self) -> MetricsSink:
+        return self.sidecar.proxy.sink
+
+    def value(self, name: str, **labels: str) -> float:
+        """Sum of the samples named ``name`` whose labels include ``labels`` (0 if none)."""
+        total = 0.0
+        for family in self.registry.collect():
+            for sample in family.samples:
+                if sample.name == name and all(
+                    sample.labels.get(k) == v for k, v in labels.items()
+                ):
+                    total += sample.value
+        return total
+
+    async def scrape(self) -> dict[str, list[tuple[dict[str, str], float]]]:
+        """GET /metrics from the admin port and parse it."""
+        async with aiohttp.ClientSession() as s, s.get(self.metrics_url + "/metrics") as r:
+            assert r.status == 200
+            text = await r.text()
+        out: dict[str, list[tuple[dict[str, str], float]]] = {}
+        for family in text_string_to_metric_families(text):
+            for sample in family.samples:
+                out.setdefault(sample.name, []).append((dict(sample.labels), sample.value))
+        return out
+
+
+SimFactory = Callable[..., Awaitable[SimHandle]]
+SidecarFactory = Callable[..., Awaitable[SidecarHandle]]
+AppFactory = Callable[[web.Application], Awaitable[str]]
+
+
+async def eventually(check: Callable[[], bool]) -> None:
+    """Wait (up to 2 s) until ``check()`` holds: the handler's bookkeeping may finish just
+    after the client has seen the end of its response."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + 2.0
+    while not check():
+        assert loop.time() < deadline, "condition never held"
+        await asyncio.sleep(0.01)
+
+
+@dataclass
+class LoopTurns:
+    count: int = 0
+
+
+@contextlib.asynccontextmanager
+async def loop_turns() -> AsyncIterator[LoopTurns]:
+    """Count the event loop's turns while the body runs: a task that yields once a turn. What
+    one connection's work is spread over shows as many turns; done in one callback, as one."""
+    turns = LoopTurns()
+    done = asyncio.Event()
+
+    async def count() -> None:
+        while not done.is_set():
+            turns.count += 1
+            await asyncio.sleep(0)
+
+    counter = asyncio.create_task(count())
+    try:
+        yield turns
+    finally:
+        done.set()
+        await counter

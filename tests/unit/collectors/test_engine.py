@@ -1,0 +1,181 @@
+"""The engine collector: every engine's exposition mapped, garbage tolerated, the real sim live."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import socket
+from collections.abc import Callable
+
+import aiohttp
+import pytest
+from prometheus_client import generate_latest
+
+from llmobs.collectors.base import register_status
+from llmobs.collectors.engine import EngineCollector, EngineReading, read_engine, register_engine
+from llmobs.telemetry import build_telemetry
+from tests.support.scripted import Script, ScriptedUpstream
+from tests.support.servers import AppFactory, SimFactory
+
+VLLM = """\
+# HELP vllm:num_requests_waiting Number of requests waiting to be processed.
+# TYPE vllm:num_requests_waiting gauge
+vllm:num_requests_waiting{engine="0",model_name="llama"} 3.0
+vllm:num_requests_waiting{engine="1",model_name="llama"} 2.0
+# TYPE vllm:num_requests_running gauge
+vllm:num_requests_running{engine="0",model_name="llama"} 16.0
+vllm:num_requests_running{engine="1",model_name="llama"} 15.0
+# TYPE vllm:kv_cache_usage_perc gauge
+vllm:kv_cache_usage_perc{engine="0",model_name="llama"} 0.5
+vllm:kv_cache_usage_perc{engine="1",model_name="llama"} 0.7
+# TYPE vllm:time_to_first_token_seconds histogram
+vllm:time_to_first_token_seconds_bucket{le="0.1",model_name="llama"} 4.0
+"""
+VLLM_V0 = """\
+vllm:num_requests_waiting{model_name="m"} 1
+vllm:num_requests_running{model_name="m"} 4
+vllm:gpu_cache_usage_perc{model_name="m"} 0.25
+"""
+SGLANG = """\
+# TYPE sglang:num_running_reqs gauge
+sglang:num_running_reqs{model_name="qwen",tp_rank="0"} 12.0
+# TYPE sglang:num_queue_reqs gauge
+sglang:num_queue_reqs{model_name="qwen",tp_rank="0"} 7.0
+# TYPE sglang:token_usage gauge
+sglang:token_usage{model_name="qwen",tp_rank="0"} 0.83
+"""
+TGI = "# TYPE tgi_queue_size gauge\ntgi_queue_size 4\ntgi_batch_current_size 9\n"
+LLAMACPP = """\
+llamacpp:requests_processing 2
+llamacpp:requests_deferred 1
+llamacpp:kv_cache_usage_ratio 0.125
+"""
+TRTLLM = 'trtllm_num_requests_waiting{model_name="x"} 5\ntrtllm_kv_cache_utilization 0.4\n'
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        (VLLM, EngineReading("vllm", 5.0, 31.0, 0.6)),  # counts summed, ratio averaged
+        (VLLM_V0, EngineReading("vllm", 1.0, 4.0, 0.25)),
+        (SGLANG, EngineReading("sglang", 7.0, 12.0, 0.83)),
+        (TGI, EngineReading("tgi", 4.0, 9.0, None)),
+        (LLAMACPP, EngineReading("llamacpp", 1.0, 2.0, 0.125)),
+        (TRTLLM, EngineReading("trtllm", 5.0, None, 0.4)),
+    ],
+)
+def test_each_engine_is_recognised_and_mapped(text: str, expected: EngineReading) -> None:
+    got = read_engine(text)
+    assert got is not None
+    assert got.engine == expected.engine
+    for field in ("waiting", "running", "kv_usage"):
+        assert getattr(got, field) == pytest.approx(getattr(expected, field)), field
+
+
+def test_garbage_is_skipped_line_by_line() -> None:
+    text = (
+        "\x00\xff binary junk {{{\n"
+        'vllm:num_requests_waiting{model_name="a"} not-a-number\n'
+        'vllm:num_requests_waiting{model_name="b"} 2\n'
+        'vllm:num_requests_running{model_name="b" 7\n'  # unterminated labels
+        'vllm:num_requests_running{model_name="b"} 3\n'
+        'vllm:kv_cache_usage_perc{model_name="b"} NaN\n'
+        "<html>502 Bad Gateway</html>\n"
+    )
+    assert read_engine(text) == EngineReading("vllm", 2.0, 3.0, None)
+    assert read_engine("<html>not metrics</html>\n\x00") is None
+    assert read_engine("") is None
+    assert read_engine("process_cpu_seconds_total 12\n") is None  # no engine's metric
+
+
+async def poll(collector: EngineCollector, times: int = 1) -> None:
+    for _ in range(times):
+        await collector.collect_once()
+
+
+async def until(
+    collector: EngineCollector, check: Callable[[EngineReading], bool]
+) -> EngineReading:
+    """Poll until the reading satisfies ``check`` (at most 5 s)."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + 5.0
+    while True:
+        await poll(collector)
+        reading = collector.snapshot
+        if reading is not None and check(reading):
+            return reading
+        assert loop.time() < deadline, reading
+        await asyncio.sleep(0.02)
+
+
+async def test_the_simulated_engine_live(start_sim: SimFactory) -> None:
+    sim = await start_sim(max_batch=1, decode_base=0.02, output_tokens_min=200,
+                          output_tokens_max=200)  # fmt: skip
+    collector = EngineCollector(sim.url + "/metrics", interval=0.05)
+    await poll(collector)
+    assert collector.snapshot == EngineReading("vllm", 0.0, 0.0, 0.0)
+    body = {"model": "m", "stream": True, "messages": [{"role": "user", "content": "hi"}]}
+
+    async def client(session: aiohttp.ClientSession) -> None:
+        async with session.post(sim.url + "/v1/chat/completions", json=body) as r:
+            await r.read()
+
+    async with aiohttp.ClientSession() as session:
+        tasks = [asyncio.create_task(client(session)) for _ in range(3)]
+        busy = await until(collector, lambda r: (r.waiting, r.running) == (2.0, 1.0))
+        assert busy.engine == "vllm" and busy.kv_usage is not None and 0 < busy.kv_usage < 1
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+    assert (collector.up, collector.errors) == (True, 0)
+    await collector.close()
+
+
+def closed_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+async def test_other_engines_and_failures_over_http(
+    start_app: AppFactory, caplog: pytest.LogCaptureFixture
+) -> None:
+    plain = (("Content-Type", "text/plain; version=0.0.4"),)
+    sglang = ScriptedUpstream({"default": Script(((0, SGLANG.encode()),), headers=plain)})
+    missing = ScriptedUpstream({"default": Script(status=404, headers=plain)})
+    junk = ScriptedUpstream({"default": Script(((0, b"\x00garbage {{{\n" * 100),), headers=plain)})
+    urls = [await start_app(u.app()) + "/metrics" for u in (sglang, missing, junk)]
+    ok = EngineCollector(urls[0], 0.05)
+    await poll(ok)
+    assert ok.snapshot == EngineReading("sglang", 7.0, 12.0, 0.83)
+    down = [
+        EngineCollector(url, 0.05) for url in (*urls[1:], f"http://127.0.0.1:{closed_port()}/m")
+    ]
+    with caplog.at_level(logging.INFO, "llmobs.collectors"):
+        for collector in down:
+            await poll(collector, times=3)
+    for collector in down:
+        assert (collector.up, collector.snapshot, collector.errors) == (False, None, 0)
+    assert len(caplog.records) == 3  # once per collector, not per poll
+    assert "answered 404" in caplog.records[0].getMessage()
+    for collector in (ok, *down):
+        await collector.close()
+
+
+async def test_engine_gauges_are_exposed_under_uniform_names(start_app: AppFactory) -> None:
+    upstream = ScriptedUpstream({"default": Script(((0, LLAMACPP.encode()),))})
+    collector = EngineCollector(await start_app(upstream.app()) + "/metrics", 0.05)
+    telemetry = build_telemetry()
+    register_engine(telemetry.meter, collector)
+    register_status(telemetry.meter, [collector])
+    text = generate_latest(telemetry.registry).decode()
+    assert "llmobs_engine_requests_waiting{" not in text  # nothing before the first poll
+    assert 'llmobs_collector_up{collector="engine"} 0.0' in text
+    await poll(collector)
+    text = generate_latest(telemetry.registry).decode()
+    assert 'llmobs_engine_requests_waiting{engine="llamacpp"} 1.0' in text
+    assert 'llmobs_engine_requests_running{engine="llamacpp"} 2.0' in text
+    assert 'llmobs_engine_kv_cache_usage{engine="llamacpp"} 0.125' in text
+    assert 'llmobs_collector_up{collector="engine"} 1.0' in text
+    telemetry.shutdown()
+    await collector.close()

@@ -1,0 +1,107 @@
+"""The sink: the golden /metrics text, bounded model labels, the ITL histogram binned the same
+whichever way a window comes."""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+from hypothesis import given
+
+from llmobs.formats import OPENAI_CHAT
+from llmobs.labels import OTHER, BoundedLabel
+from llmobs.metrics.catalogue import (
+    ITL,
+    ITL_SQUARES,
+)
+from llmobs.metrics.series import TokenHistogram
+from llmobs.observer import ObserveConfig, Observer
+from llmobs.stats import SMALL, TokenWindow
+from llmobs.timing import Outcome, StreamTimer
+from tests.support.metrics import (
+    GOLDEN,
+    MS,
+    exposition,
+    replay,
+    sample,
+    sink_and_telemetry,
+)
+from tests.support.strategies import FAST, token_streams
+
+
+def test_golden_exposition() -> None:
+    text = exposition()
+    if os.environ.get("UPDATE_GOLDEN"):
+        GOLDEN.write_text(text)
+    assert text == GOLDEN.read_text()
+
+
+def test_model_label_is_bounded() -> None:
+    sink, telemetry = sink_and_telemetry(max_models=3)
+    for i in range(50):
+        replay(sink, f"model-{i}", [20.0, 20.0])
+    models = {
+        s.labels["gen_ai_request_model"]
+        for fam in telemetry.registry.collect()
+        for s in fam.samples
+        if "gen_ai_request_model" in s.labels
+    }
+    assert models == {"model-0", "model-1", "model-2", "other"}
+
+
+def test_a_model_name_that_is_not_unicode_is_other() -> None:
+    """A lone surrogate (``"\\ud800"`` in JSON: the stdlib's parser, used without orjson,
+    accepts it) would fail every later rendering of /metrics if it became a label."""
+    models = BoundedLabel(3)
+    assert models.get("m\ud800") == OTHER
+    assert models.get("fine") == "fine"
+    assert len(models) == 1  # the bad name took no slot
+
+
+def test_models_of_failed_requests_do_not_take_label_slots() -> None:
+    sink, telemetry = sink_and_telemetry(max_models=2)
+    for i in range(10):  # a client probing unknown models: the engine answers 404
+        obs = Observer(sink, ObserveConfig(), OPENAI_CHAT, 0)
+        obs.request_body(b'{"model": "probe-%d"}' % i)
+        obs.response(404, "application/json")
+        obs.finish(MS, Outcome.OK)
+    replay(sink, "real", [20.0, 20.0])
+    assert sample(telemetry, "llmobs_requests_total", gen_ai_request_model="other") == 10
+    assert sample(telemetry, "llmobs_requests_total", gen_ai_request_model="real") == 1
+
+
+def reference_counts(histogram: TokenHistogram, window: TokenWindow) -> list[float]:
+    """What binning a window means: numpy's searchsorted and weighted bincount."""
+    bounds = np.asarray(histogram.histogram.bounds)
+    index = np.searchsorted(bounds, window.itl, side="left")
+    counts: list[float] = np.bincount(index, window.weights, bounds.size + 1).tolist()
+    return counts
+
+
+@FAST
+@given(token_streams())
+def test_token_histogram_bins_either_window_the_same(
+    stream: tuple[list[tuple[int, int]], int | None, int],
+) -> None:
+    chunks, total, size = stream
+    histograms = []
+    for small in (SMALL, 0):  # lists binned in Python; arrays with numpy
+        timer = StreamTimer(0, window=size, small=small)
+        windows = []
+        for t, tokens in chunks:
+            if timer.output(t, tokens):
+                windows.append(timer.take_window())
+        windows.append(timer.take_window(total_tokens=total))
+        histogram = TokenHistogram(ITL, ITL_SQUARES)
+        expected = [0.0] * (len(histogram.histogram.bounds) + 1)
+        for window in windows:
+            histogram.record(("chat", "m"), window)
+            for i, count in enumerate(reference_counts(histogram, window)):
+                expected[i] += count
+        series = histogram.histogram.series.get(("chat", "m"))
+        if series is not None:
+            assert series[:-1] == expected
+            assert all(type(v) is float or v == 0 for v in series[:-1])
+        histograms.append((series, histogram.squares.series))
+    a, b = histograms
+    assert repr(a) == repr(b)
