@@ -27,6 +27,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import gc
+import os
 import re
 import shutil
 import subprocess
@@ -275,7 +276,9 @@ def _instructions(args: argparse.Namespace, tokens: int, requests: int) -> int:
         "--instrument", args.instrument, "--tokens", str(tokens), "--requests", str(requests),
         "--streams", str(args.streams), "--runs", "1",
     ]  # fmt: skip
-    out = subprocess.run(command, capture_output=True, text=True, check=True)
+    # fixed string hashes (dict probes vary with the seed) and no BLAS threads spinning
+    env = {**os.environ, "PYTHONHASHSEED": "0", "OPENBLAS_NUM_THREADS": "1"}
+    out = subprocess.run(command, capture_output=True, text=True, check=True, env=env)
     found = re.search(r"Collected : (\d+)", out.stderr)
     if found is None:
         raise SystemExit(f"no count from callgrind:\n{out.stderr[-2000:]}")
@@ -291,6 +294,10 @@ def main() -> None:
     parser.add_argument("--requests", type=int, default=3000)
     parser.add_argument("--streams", type=int, default=16)
     parser.add_argument("--runs", type=int, default=5)
+    parser.add_argument(
+        "--pair", default="200,600",
+        help="instructions: the two request counts differenced (more: less start-up noise)",
+    )  # fmt: skip
     parser.add_argument(
         "--probe", action="store_true", help="time: also time each call into the observers"
     )
@@ -309,7 +316,9 @@ def main() -> None:
     if shutil.which("valgrind") is None:
         raise SystemExit("instructions: valgrind is not installed (apt-get install valgrind)")
     counts = [int(t) for t in args.tokens.split(",")]
-    small, large = 200, 600  # requests: the difference removes start-up and imports
+    # requests: the difference removes start-up and imports (which vary by ~1M instructions
+    # from run to run: the larger the difference, the less of that per request)
+    small, large = (int(n) for n in args.pair.split(","))
     per_request = {}
     for tokens in counts:
         a = _instructions(args, tokens, small)

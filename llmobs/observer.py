@@ -208,7 +208,7 @@ class Observer:
                 return
         self._last_ns = t_ns
         try:
-            if not self._count_events(t_ns, data):
+            if self._template_event is None or not self._count_events(t_ns, data):
                 self._decode(t_ns, data)
         except Exception:
             self._fail("chunk")

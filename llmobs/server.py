@@ -53,6 +53,7 @@ from llmobs.http1 import (
     BodyDecoder,
     FieldsTooLarge,
     Framing,
+    LengthBody,
     ProtocolError,
     RequestHead,
     content_length,
@@ -142,6 +143,7 @@ class Request:
         "body_complete",
         "bodyless",
         "chunked",
+        "content_length",
         "ended",
         "error",
         "head",
@@ -174,6 +176,12 @@ class Request:
         self.remote = conn.remote
         self.keep_alive = request_keep_alive(head)
         self._decoder = decoder
+        # the declared length (None: none declared, or chunked): the body's decoder knows it
+        # (a length of 0 has none)
+        if isinstance(decoder, LengthBody):
+            self.content_length: int | None = decoder.length
+        else:
+            self.content_length = content_length(head.headers) if decoder is None else None
         self._limit = limit
         self._parts: list[bytes] = []
         self._wire = 0  # bytes of the body read off the wire, framing included
@@ -202,10 +210,6 @@ class Request:
     def has_body(self) -> bool:
         """Whether the request declares a body (a length above zero, or chunked)."""
         return self._decoder is not None
-
-    @property
-    def content_length(self) -> int | None:
-        return content_length(self.headers)
 
     @property
     def refused(self) -> bool:

@@ -73,10 +73,11 @@ class NoBody(BodyDecoder):
 class LengthBody(BodyDecoder):
     """A body of ``Content-Length`` bytes."""
 
-    __slots__ = ("remaining",)
+    __slots__ = ("length", "remaining")
 
     def __init__(self, length: int) -> None:
         super().__init__()
+        self.length = length  # as declared
         self.remaining = length
         self.done = length == 0
 

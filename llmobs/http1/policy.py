@@ -67,6 +67,10 @@ def response_has_body(method: str, status: int) -> bool:
 def declared_length(lengths: Sequence[str]) -> int:
     """The one length that ``Content-Length`` lines declare ("5, 5" is one); ValueError if
     they declare none that is valid, or two (a smuggling vector). One validator for both legs."""
+    if len(lengths) == 1:  # the usual head: one plain number, checked as below
+        value = lengths[0]
+        if value.isdigit() and value.isascii() and len(value) <= MAX_LENGTH_DIGITS:
+            return int(value)
     values = {v.strip() for line in lengths for v in line.split(",")}
     value = values.pop() if len(values) == 1 else ""
     if not value.isascii() or not value.isdigit() or len(value) > MAX_LENGTH_DIGITS:

@@ -64,9 +64,12 @@ SMOOTHNESS_BUCKETS = (
 TOKEN_BUCKETS = (1.0, 4.0, 16.0, 64.0, 256.0, 1024.0, 4096.0, 16384.0, 65536.0, 262144.0)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class MetricDef:
-    """One metric: OpenTelemetry instrument name, kind, UCUM unit, labels, buckets."""
+    """One metric: OpenTelemetry instrument name, kind, UCUM unit, labels, buckets.
+
+    Compared and hashed by identity (each is a module constant): recorders key their
+    families by metric, and a field-by-field hash would cost a Python call per lookup."""
 
     name: str
     kind: Kind

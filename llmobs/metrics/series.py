@@ -1,8 +1,9 @@
 """The families of series: histograms and counters kept in plain Python lists.
 
 The only code that knows a series' layout (a histogram's bucket counts, then its sum): the
-sink records through a pre-bound handle per label set (``HistogramFamily.labels``, as
-prometheus_client's ``.labels()``), the renderer reads snapshots.
+sink records through a handle bound once per label set (``HistogramRow``, as
+prometheus_client's ``.labels()`` child, for a request's several histograms at once), the
+renderer reads snapshots.
 
 Why not the OpenTelemetry SDK on this path: one ``Histogram.record()`` or ``Counter.add()``
 costs ~9 us (attribute-set hashing, a lock and an aggregation object per call), and a request
@@ -29,7 +30,9 @@ registry together). ``tests/unit/metrics/test_exposition.py`` checks both give t
 Thread safety: observations happen on the event loop, ``collect`` and ``render`` in the
 /metrics rendering thread. Writers hold the owner's lock (``SeriesCollector.lock``) for a whole
 request's updates, and a scrape copies every series under it (the lists only: counter values
-are immutable numbers), so it never sees half a request.
+are immutable numbers), so it never sees half a request. A label-less series (a gauge's one
+number, its key there from the start) is written by the loop alone without the lock: a scrape
+reads its old value or its new one.
 """
 
 from __future__ import annotations
@@ -84,21 +87,33 @@ def _prefix(name: str, labels: Iterable[tuple[str, str]]) -> str:
     return f"{escape_metric_name(name)}{{{text}}} "
 
 
-class HistogramSeries:
-    """One histogram series, bound to its label values: what a recorder keeps and observes
-    into, with no label lookup per observation."""
+class HistogramRow:
+    """One label set's series in several histogram families (a family may come twice, under
+    different label values), each bound at its first observation, so series appear on
+    /metrics in the order they were first recorded. Observing a whole row is one call, with
+    no label lookup: what recording a request does."""
 
-    __slots__ = ("_bounds", "_series")
+    __slots__ = ("_bounds", "_members", "_series")
 
-    def __init__(self, bounds: tuple[float, ...], series: list[Number]) -> None:
-        self._bounds = bounds
-        self._series = series
+    def __init__(self, members: Sequence[tuple[HistogramFamily, tuple[str, ...]]]) -> None:
+        self._members = tuple(members)
+        self._bounds = tuple(family.bounds for family, _ in self._members)
+        self._series: list[list[Number] | None] = [None] * len(self._members)
 
-    def observe(self, value: Number) -> None:
-        """Count ``value`` in its ``le`` bucket (as OpenTelemetry: ``bisect_left``)."""
-        series = self._series
-        series[bisect_left(self._bounds, value)] += 1
-        series[-1] += value
+    def _bind(self, index: int) -> list[Number]:
+        family, key = self._members[index]
+        series = self._series[index] = family.series_for(key)
+        return series
+
+    def observe_all(self, values: Sequence[Number | None]) -> None:
+        """Count each value in the member of its position (None: not observed); ``values``
+        may be shorter than the row."""
+        bound, bounds = self._series, self._bounds
+        for index, value in enumerate(values):
+            if value is not None:
+                series = bound[index] or self._bind(index)
+                series[bisect_left(bounds[index], value)] += 1
+                series[-1] += value
 
 
 class HistogramFamily:
@@ -127,14 +142,9 @@ class HistogramFamily:
             series = self.series[key] = self._empty()
         return series
 
-    def labels(self, *values: str) -> HistogramSeries:
-        """The series of these label values, bound (made, empty, if it is new: it is then
-        listed on /metrics after those made before it)."""
-        return HistogramSeries(self.bounds, self.series_for(values))
-
     def observe(self, key: tuple[str, ...], value: Number) -> None:
         """Count ``value`` in the series of ``key`` (a caller that observes the same series
-        often binds it once with ``labels``)."""
+        often binds them once in a ``HistogramRow``)."""
         series = self.series_for(key)
         series[bisect_left(self.bounds, value)] += 1
         series[-1] += value

@@ -5,7 +5,8 @@ request needs ten, and the SDK's Prometheus exporter rebuilds every family at ea
 Each series is a plain-Python accumulator (``series``) exposed by one prometheus_client
 collector on the registry /metrics renders, with the exposition the exporter produced (names,
 types, labels, buckets): a request costs a few microseconds. A request's series are bound
-once per label set (``_LabelSet``), so recording one is a few list updates under one lock. The
+once per label set (``_LabelSet``, a ``HistogramRow``), so recording one is a few list updates
+under one lock. The
 per-token ITL histogram is binned a window at a time (``series.TokenHistogram``), with the
 sum of squares that makes ITL variance aggregable across pods. When metrics are also pushed
 over OTLP, request-level metrics are recorded into OpenTelemetry instruments as well
@@ -49,7 +50,7 @@ from llmobs.metrics.otel import OtelInstruments, token_counts
 from llmobs.metrics.series import (
     CounterFamily,
     HistogramFamily,
-    HistogramSeries,
+    HistogramRow,
     SeriesCollector,
     TokenHistogram,
 )
@@ -60,22 +61,20 @@ _STATUS_CLASSES = {status: status_class(status) for status in range(600)}
 # The request histograms a label set binds, in the order ``record_request`` observes them
 # (the token usage histogram twice: input, then output tokens)
 _OBSERVED = (DURATION, TTFT, TPOT, SMOOTHNESS, ENGINE_PROMPT_EVAL, ENGINE_LOAD)
-_USAGE_IN, _USAGE_OUT = len(_OBSERVED), len(_OBSERVED) + 1
-_USAGE_TYPES = {"input": _USAGE_IN, "output": _USAGE_OUT}
+_USAGE_TYPES = {"input": 0, "output": 1}  # their place after _OBSERVED's
 
 
 class _LabelSet:
     """The request series of one (operation, model) label set, bound once: recording a
-    request then observes into handles it holds, with no label tuple built and no dict
-    lookup. A series is bound at its first observation, so series appear on /metrics in the
-    order they were first recorded."""
+    request then observes into a row it holds (``HistogramRow``), with no label tuple built
+    and no dict lookup."""
 
-    __slots__ = ("key", "series")
+    __slots__ = ("key", "row")
 
-    def __init__(self, operation: str, model: str) -> None:
-        self.key = (operation, model)
+    def __init__(self, key: tuple[str, str], row: HistogramRow) -> None:
+        self.key = key
         # _OBSERVED's series, then the usage histogram's for input and output tokens
-        self.series: list[HistogramSeries | None] = [None] * (len(_OBSERVED) + 2)
+        self.row = row
 
 
 class MetricsSink:
@@ -117,9 +116,14 @@ class MetricsSink:
         self._requests = self._counter(REQUESTS)
         self._tokens = self._counter(TOKENS)
         self._stalls = self._counter(STALLS)
-        # Zero-valued series up front, so dashboards and alerts see 0 rather than no data.
-        for metric in (ACTIVE, QUEUE_DEPTH, OBSERVER_ERRORS, MALFORMED):
-            self._counter(metric).series[()] = 0
+        # the label-less ones (gauges, and counters of the sidecar's own errors): zero-valued
+        # series up front, so dashboards and alerts see 0 rather than no data
+        self._active = self._counter(ACTIVE)
+        self._queue = self._counter(QUEUE_DEPTH)
+        self._errors = self._counter(OBSERVER_ERRORS)
+        self._malformed = self._counter(MALFORMED)
+        for family in (self._active, self._queue, self._errors, self._malformed):
+            family.series[()] = 0
         self.collector = SeriesCollector(tuple(self._families.values()))
         self._lock = self.collector.lock
         if registry is not None:
@@ -139,36 +143,36 @@ class MetricsSink:
         label = self.models.get(model, admit)
         found = self._by_label.get((operation, label))
         if found is None:
-            found = self._by_label[(operation, label)] = _LabelSet(operation, label)
+            found = self._by_label[(operation, label)] = self._new_label_set(operation, label)
         if label == model or (label == UNKNOWN and not model):  # final: the model's own label
             self._sets[(operation, model)] = found
         return found
 
-    def _gauge(self, metric: MetricDef, delta: int) -> None:
-        family = self._counter(metric)
-        with self._lock:
-            family.series[()] += delta
+    def _gauge(self, family: CounterFamily, delta: int) -> None:
+        """Add ``delta`` to a label-less series (OTLP too, when pushed). No lock: the series
+        is one number, written by the event loop alone, and a scrape reads it old or new."""
+        family.series[()] += delta
         if self._otel is not None:
-            self._otel.add(metric, delta)
+            self._otel.add(family.metric, delta)
 
     def request_started(self) -> None:
-        self._gauge(ACTIVE, 1)
+        self._gauge(self._active, 1)
 
     def request_ended(self) -> None:
-        self._gauge(ACTIVE, -1)
+        self._gauge(self._active, -1)
 
     def queue_enter(self) -> None:
-        self._gauge(QUEUE_DEPTH, 1)
+        self._gauge(self._queue, 1)
 
     def queue_leave(self) -> None:
-        self._gauge(QUEUE_DEPTH, -1)
+        self._gauge(self._queue, -1)
 
     def observer_error(self) -> None:
-        self._gauge(OBSERVER_ERRORS, 1)
+        self._gauge(self._errors, 1)
 
     def malformed(self, count: int) -> None:
         if count:
-            self._gauge(MALFORMED, count)
+            self._gauge(self._malformed, count)
 
     def record_tokens(
         self, operation: str, model: str | None, window: TokenWindow, admit: bool = False
@@ -181,28 +185,25 @@ class MetricsSink:
             with self._lock:
                 self._itl.record(key, window)
 
-    def _bind(self, labels: _LabelSet, index: int) -> HistogramSeries:
-        """The label set's series number ``index`` (of ``_OBSERVED``, then usage), bound at
-        its first observation: series appear on /metrics in the order they were recorded."""
-        key = labels.key
-        if index < _USAGE_IN:
-            series = self._histograms[_OBSERVED[index]].labels(*key)
-        else:
-            kind = "input" if index == _USAGE_IN else "output"
-            series = self._histograms[TOKEN_USAGE].labels(*key, kind)
-        labels.series[index] = series
-        return series
+    def _new_label_set(self, operation: str, model: str) -> _LabelSet:
+        key = (operation, model)
+        usage = self._histograms[TOKEN_USAGE]
+        members: list[tuple[HistogramFamily, tuple[str, ...]]]
+        members = [(self._histograms[metric], key) for metric in _OBSERVED]
+        members += [(usage, (*key, "input")), (usage, (*key, "output"))]
+        return _LabelSet(key, HistogramRow(members))
 
-    def _record_tokens(self, labels: _LabelSet, s: StreamStats) -> None:
-        """The request's token counts: the usage histogram (input and output tokens) and the
-        counter by type and source."""
-        op, model = labels.key
-        series = labels.series
+    def _record_tokens(self, op: str, model: str, s: StreamStats) -> tuple[int | None, ...]:
+        """The request's token counts into the counter by type and source; returns the
+        input and output counts (None: not recorded) for the usage histogram."""
+        usage: list[int | None] = [None, None]
+        tokens = self._tokens
         for kind, source, count in token_counts(s):
             index = _USAGE_TYPES.get(kind)
             if index is not None:
-                (series[index] or self._bind(labels, index)).observe(count)
-            self._tokens.add((op, model, kind, source), count)
+                usage[index] = count
+            tokens.add((op, model, kind, source), count)
+        return tuple(usage)
 
     def record_request(self, s: StreamStats, windows: Sequence[TokenWindow] = ()) -> None:
         """A finished request into every request series, and its last ``windows`` of ITLs
@@ -219,15 +220,13 @@ class MetricsSink:
         with self._lock:
             # an enum's ``_value_`` is a plain attribute; ``.value`` is a Python-level property
             self._requests.add((op, model, s.outcome._value_, status, s.finish_reason), 1)
-            series = labels.series
+            usage = self._record_tokens(op, model, s)
+            # the row's members in order: _OBSERVED's, then the usage histogram's
             values = (s.duration_s, s.ttft_s, s.tpot_s, s.smoothness, s.engine_prompt_eval_s,
-                      s.engine_load_s)  # fmt: skip  # _OBSERVED's, in its order
-            for i, value in enumerate(values):
-                if value is not None:
-                    (series[i] or self._bind(labels, i)).observe(value)
+                      s.engine_load_s, *usage)  # fmt: skip
+            labels.row.observe_all(values)
             if s.stalls:
                 self._stalls.add(key, s.stalls)
-            self._record_tokens(labels, s)
             for window in windows:
                 if window.size:
                     try:

@@ -57,6 +57,25 @@ async def test_the_handler_sees_the_request_as_sent(serve: ServeFactory) -> None
     assert request.content_length == 5
 
 
+async def test_the_declared_length_of_each_framing(serve: ServeFactory) -> None:
+    """``content_length`` is what the head declares: a length (0 too), None for chunked or
+    nothing declared."""
+    seen = Seen()
+    served = await serve(echo(seen))
+    client = await served.connect()
+    await client.send(b"POST /a HTTP/1.1\r\nHost: t\r\nContent-Length: 0\r\n\r\n")
+    await read_response(client.reader)
+    await client.send(
+        b"POST /b HTTP/1.1\r\nHost: t\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n0\r\n\r\n"
+    )
+    await read_response(client.reader)
+    await client.send(get("/c"))
+    assert (await read_response(client.reader)).status == 200
+    assert [(r.path, r.has_body, r.content_length) for r in seen.requests] == [
+        ("/a", False, 0), ("/b", True, None), ("/c", False, None),
+    ]  # fmt: skip
+
+
 async def test_respond_200_has_the_reason_ok(serve: ServeFactory) -> None:
     """``respond`` takes the reason from ``REASONS``, which lists only error statuses: a 200
     goes out as "HTTP/1.1 200 Error"."""
