@@ -23,6 +23,7 @@ from typing import Any
 
 from llmobs.metrics import catalogue as c
 from llmobs.metrics import thresholds as t
+from llmobs.slo import DEFAULT_TARGET
 
 OUT = Path(__file__).resolve().with_name("llmobs.json")
 
@@ -73,6 +74,12 @@ GPU_BANDWIDTH_PEAK = c.GPU_BANDWIDTH_PEAK.prometheus
 GPU_POWER = c.GPU_POWER.prometheus
 GPU_TEMPERATURE = c.GPU_TEMPERATURE.prometheus
 GPU_CLOCK = {"sm": c.GPU_CLOCK_SM.prometheus, "memory": c.GPU_CLOCK_MEMORY.prometheus}
+SLO_REQUESTS = c.SLO_REQUESTS.prometheus
+SLO_MISSES = c.SLO_MISSES.prometheus
+SLO_TOKENS = c.SLO_OUTPUT_TOKENS.prometheus
+SLO_TARGET = c.SLO_TARGET.prometheus
+SLO_WINDOW_SECONDS = c.SLO_WINDOW.prometheus
+SLO_WINDOW = "$slo_window"  # a range chosen on the dashboard (default 28d: --slo-window's)
 MBU = c.MBU.prometheus
 MFU = c.MFU.prometheus
 FAILED = 'outcome=~"upstream_error|upstream_timeout"'
@@ -250,6 +257,140 @@ def overview_row() -> list[Json]:
             FAILURE_RATIO,
             "percentunit",
             thresholds((None, "green"), (FAILURE_RATIO_MAX, "red")),
+        ),
+    ]
+
+
+def _bad_ratio(window: str, by: str = "gen_ai_request_model") -> str:
+    """The share of judged requests that were bad over ``window``, per ``by`` (""; all)."""
+    group = f"sum by ({by}) " if by else "sum "
+    bad = f'{group}(increase({SLO_REQUESTS}{{{MODEL}, verdict="bad"}}[{window}]))'
+    judged = f"{group}(increase({SLO_REQUESTS}{{{MODEL}}}[{window}]))"
+    return f"{bad} / ({judged} > 0)"  # a model with none judged has no share, not 0/0
+
+
+SLO_BUDGET = f"(1 - max by (gen_ai_request_model) ({SLO_TARGET}{{{MODEL}}}))"
+
+
+def slo_row() -> list[Json]:
+    good = MODEL + ', verdict="good"'
+    overall = _bad_ratio(SLO_WINDOW, by="")
+    return [
+        stat(
+            "Attainment",
+            "Share of judged requests of the models chosen that met their objectives, over the "
+            "SLO window chosen above.",
+            f"1 - ({overall})",
+            "percentunit",
+            thresholds((None, "red"), (DEFAULT_TARGET, "green")),
+            decimals=3,
+        ),
+        stat(
+            "Error budget left (worst model)",
+            "The least error budget any model chosen has left over the SLO window.",
+            f"min(1 - ({_bad_ratio(SLO_WINDOW)}) / {SLO_BUDGET})",
+            "percentunit",
+            thresholds((None, "red"), (0, "orange"), (0.5, "green")),
+        ),
+        stat(
+            "Burn rate 1h (worst model)",
+            "The fastest any model chosen spends its error budget, over the last hour: 1 "
+            "spends it in exactly its window; the page alert needs 14.4.",
+            f"max(({_bad_ratio('1h')}) / {SLO_BUDGET})",
+            "none",
+            thresholds((None, "green"), (1, "orange"), (14.4, "red")),
+            decimals=2,
+        ),
+        stat(
+            "Goodput",
+            "Requests per second that met their objectives.",
+            total(SLO_REQUESTS, good),
+            "reqps",
+            thresholds((None, "blue")),
+        ),
+        stat(
+            "Target",
+            "The strictest target of the models chosen (--slo-target, --slo-file).",
+            f"max({SLO_TARGET}{{{MODEL}}})",
+            "percentunit",
+            thresholds((None, "blue")),
+            decimals=3,
+        ),
+        stat(
+            "Objective window",
+            "The window the sidecars measure their targets over (--slo-window); the panels "
+            "here use the SLO window chosen above.",
+            f"max({SLO_WINDOW_SECONDS}{{{MODEL}}})",
+            "s",
+            thresholds((None, "blue")),
+        ),
+        timeseries(
+            "Attainment over the SLO window",
+            "Share of judged requests that met every bound of their objective set (docs/slo.md), "
+            "per model, over the window chosen above (client disconnects and 4xx are not "
+            "judged). The dashed line is each model's target.",
+            [
+                target(f"1 - ({_bad_ratio(SLO_WINDOW)})", "{{gen_ai_request_model}}"),
+                target(
+                    f"max by (gen_ai_request_model) ({SLO_TARGET}{{{MODEL}}})",
+                    "target {{gen_ai_request_model}}",
+                ),
+            ],
+            "percentunit",
+            max=1,
+        ),
+        timeseries(
+            "Error budget remaining",
+            "1 − (bad share over the window) / (1 − target): 100 % untouched, 0 spent, below "
+            "0 overspent.",
+            [
+                target(
+                    f"1 - ({_bad_ratio(SLO_WINDOW)}) / {SLO_BUDGET}",
+                    "{{gen_ai_request_model}}",
+                )
+            ],
+            "percentunit",
+            thresholds=thresholds((None, "red"), (0, "transparent")),
+        ),
+        timeseries(
+            "Burn rate",
+            "Bad share / (1 − target) over 1 h and 6 h: 1 spends the budget in exactly the "
+            "window; the page alert needs 14.4 (1 h) or 6 (6 h), the ticket 3 (1 d) or 1 (3 d).",
+            [
+                target(f"({_bad_ratio('1h')}) / {SLO_BUDGET}", "1h {{gen_ai_request_model}}"),
+                target(f"({_bad_ratio('6h')}) / {SLO_BUDGET}", "6h {{gen_ai_request_model}}"),
+            ],
+            "none",
+            min=0,
+            thresholds=thresholds((None, "transparent"), (6, "orange"), (14.4, "red")),
+        ),
+        timeseries(
+            "Goodput and throughput (requests/s)",
+            "Requests per second that met their objectives, next to all judged requests and all "
+            "requests relayed.",
+            [
+                target(total(SLO_REQUESTS, good), "good"),
+                target(total(SLO_REQUESTS), "judged"),
+                target(total(REQUESTS), "all"),
+            ],
+            "reqps",
+        ),
+        timeseries(
+            "Token goodput and throughput (tokens/s)",
+            "Output tokens per second of requests that met their objectives, next to all output "
+            "tokens.",
+            [
+                target(total(SLO_TOKENS, good), "good"),
+                target(total(TOKENS, MODEL + ", gen_ai_token_type=" + OUTPUT), "all"),
+            ],
+            "short",
+        ),
+        timeseries(
+            "Misses by objective (the binding one)",
+            "Bad requests per second by the objective they missed; one request may miss "
+            "several. The tallest is the constraint that binds.",
+            [target(f"sum by (objective) ({rate(SLO_MISSES)}) > 0", "{{objective}}")],
+            "reqps",
         ),
     ]
 
@@ -720,6 +861,22 @@ def variable(name: str, label: str, query: str) -> Json:
     }
 
 
+def window_variable() -> Json:
+    """The range the SLO panels measure attainment and budget over (a Prometheus range)."""
+    options = ["1h", "1d", "7d", "28d", "30d"]
+    return {
+        "type": "custom",
+        "name": "slo_window",
+        "label": "SLO window",
+        "query": ",".join(options),
+        "current": {"selected": True, "text": "28d", "value": "28d"},
+        "options": [{"selected": o == "28d", "text": o, "value": o} for o in options],
+        "includeAll": False,
+        "multi": False,
+        "hide": 0,
+    }
+
+
 def dashboard() -> Json:
     datasource = {
         "type": "datasource",
@@ -734,6 +891,7 @@ def dashboard() -> Json:
     }
     rows = [
         ("Overview", overview_row()),
+        ("Service-level objectives", slo_row()),
         ("User experience", experience_row()),
         ("Load", load_row()),
         ("Errors and outcomes", errors_row()),
@@ -793,6 +951,7 @@ def dashboard() -> Json:
                 variable(
                     "model", "Model", f"label_values({REQUESTS}{{{POD}}}, gen_ai_request_model)"
                 ),
+                window_variable(),
             ]
         },
         "panels": layout(rows),

@@ -22,6 +22,8 @@ from typing import Any
 import yaml
 
 from llmobs.metrics import catalogue, thresholds
+from llmobs.options import parse_duration
+from llmobs.slo import Objectives, ObjectiveSet, build_objectives, prometheus_duration
 
 DEPLOY = Path(__file__).resolve().parent
 TEMPLATES = DEPLOY / "prometheus" / "templates"
@@ -66,10 +68,73 @@ def values() -> dict[str, str]:
     return out
 
 
-def rule_file(path: Path) -> str:
-    """The rule file ``path`` (in deploy/prometheus/), rendered from its template."""
+# The windows of the multi-window, multi-burn-rate alerts (Google SRE workbook, "Alerting on
+# SLOs"): page at 14.4x over 1h and 5m, or 6x over 6h and 30m; ticket at 3x over 1d and 2h, or
+# 1x over 3d and 6h.
+BURN_WINDOWS = ("5m", "30m", "1h", "2h", "6h", "1d", "3d")
+_BY = "namespace, job, gen_ai_operation_name, gen_ai_request_model"
+
+
+def _indent(text: str, spaces: int) -> str:
+    return "\n".join(" " * spaces + line if line else line for line in text.splitlines())
+
+
+def slo_ratio_rules(requests: str) -> str:
+    """The share of bad requests of each label set over each burn-rate window."""
+    rules = []
+    for window in BURN_WINDOWS:
+        rules.append(
+            f"- record: namespace_job_operation_model:llmobs_slo_errors:ratio_rate{window}\n"
+            f"  expr: |\n"
+            f'    sum by ({_BY}) (rate({requests}{{verdict="bad"}}[{window}]))\n'
+            f"      / sum by ({_BY}) (rate({requests}[{window}]))"
+        )
+    return _indent("\n".join(rules), 6)
+
+
+def slo_budget_rules(requests: str, window_metric: str, objectives: Objectives) -> str:
+    """Attainment and the error budget left, over each objective window the objectives
+    declare (a range must be written out: one rule per window, for the label sets of it)."""
+    rules = []
+    for seconds in objectives.windows:
+        window = prometheus_duration(seconds)
+        ratio = (
+            f'sum by ({_BY}) (increase({requests}{{verdict="bad"}}[{window}]))\n'
+            f"      / sum by ({_BY}) (increase({requests}[{window}]))"
+        )
+        of_window = f"    and on ({_BY})\n      max by ({_BY}) ({window_metric}) == {seconds:.0f}"
+        rules.append(
+            f"- record: namespace_job_operation_model:llmobs_slo_attainment:ratio\n"
+            f"  expr: |\n"
+            f"    (1 - {ratio})\n{of_window}\n"
+            f"  labels:\n"
+            f"    slo_window: {window}"
+        )
+        rules.append(
+            f"- record: namespace_job_operation_model:llmobs_slo_error_budget_remaining:ratio\n"
+            f"  expr: |\n"
+            f"    (\n"
+            f"      1 - ({ratio})\n"
+            f"      / on ({_BY}) (1 - namespace_job_operation_model:llmobs_slo_target:max)\n"
+            f"    )\n{of_window}\n"
+            f"  labels:\n"
+            f"    slo_window: {window}"
+        )
+    return _indent("\n".join(rules), 6)
+
+
+def rule_file(path: Path, objectives: Objectives | None = None) -> str:
+    """The rule file ``path`` (in deploy/prometheus/), rendered from its template; the SLO
+    budget rules for ``objectives`` (default: the sidecar's defaults)."""
+    objectives = objectives or Objectives(ObjectiveSet())
     template = _Template((TEMPLATES / path.name).read_text())
-    return template.substitute(values(), header=RULES_HEADER.format(name=path.name))
+    requests = catalogue.SLO_REQUESTS.prometheus
+    return template.substitute(
+        values(),
+        header=RULES_HEADER.format(name=path.name),
+        slo_ratio_rules=slo_ratio_rules(requests),
+        slo_budget_rules=slo_budget_rules(requests, catalogue.SLO_WINDOW.prometheus, objectives),
+    )
 
 
 HEADER = """\
@@ -94,10 +159,10 @@ def _str(dumper: yaml.SafeDumper, value: str) -> yaml.ScalarNode:
 _Dumper.add_representer(str, _str)
 
 
-def prometheus_rule(sources: Sequence[Path] = SOURCES) -> str:
+def prometheus_rule(sources: Sequence[Path] = SOURCES, objectives: Objectives | None = None) -> str:
     groups: list[Any] = []
     for path in sources:
-        groups.extend(yaml.safe_load(rule_file(path))["groups"])
+        groups.extend(yaml.safe_load(rule_file(path, objectives))["groups"])
     manifest = {
         "apiVersion": "monitoring.coreos.com/v1",
         "kind": "PrometheusRule",
@@ -112,9 +177,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--check", action="store_true", help="fail if a file is stale")
     parser.add_argument("--out", type=Path, default=OUT, help="where the manifest goes")
+    parser.add_argument(
+        "--slo-window", type=parse_duration, default=ObjectiveSet().window,
+        help="the default objective window, as the sidecar's --slo-window (28d)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--slo-file", default="", help="the sidecar's --slo-file: its windows get rules too"
+    )
     args = parser.parse_args(argv)
-    files = {path: rule_file(path) for path in SOURCES}
-    files[args.out] = prometheus_rule()
+    objectives = build_objectives(ObjectiveSet(window=args.slo_window), args.slo_file)
+    files = {path: rule_file(path, objectives) for path in SOURCES}
+    files[args.out] = prometheus_rule(objectives=objectives)
     if args.check:
         stale = [p for p, text in files.items() if not p.exists() or p.read_text() != text]
         for path in stale:

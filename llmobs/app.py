@@ -145,6 +145,7 @@ def tracing_for(settings: Settings, telemetry: Telemetry) -> Tracing | None:
         server_address=upstream.hostname or "",
         server_port=upstream.port or (443 if upstream.scheme == "https" else 80),
         on_drop=telemetry.spans_dropped,
+        good_ratio=settings.traces_good_ratio,
     )
 
 
@@ -166,8 +167,9 @@ class Proxy:
         self.settings = settings
         self.telemetry = telemetry
         self.sink = MetricsSink(
-            telemetry.registry, settings.max_models, on_request, push=telemetry.push_meter
-        )
+            telemetry.registry, settings.max_models, on_request, push=telemetry.push_meter,
+            objectives=settings.objectives(),
+        )  # fmt: skip
         self.tracing: Tracing | None = None
         self.relay: Relay | None = None
         self._upstream: Upstream | None = None

@@ -24,12 +24,14 @@ from llmobs.options import (
     option,
     options_of,
     parse_bool,
+    parse_duration,
     parse_list,
     parse_quantity,
     parse_size,
     source_of,
 )
 from llmobs.options import add_arguments as _add_arguments
+from llmobs.slo import DEFAULT_TARGET, DEFAULT_WINDOW, Objectives, ObjectiveSet, build_objectives
 
 __all__ = ["OPTIONS", "ConfigError", "Settings", "add_arguments", "settings_from_args"]
 
@@ -40,7 +42,8 @@ EVENT_LOOPS = ("auto", "uvloop", "asyncio")
 @dataclass(frozen=True)
 class Settings:
     """The sidecar's whole configuration. Build with ``from_sources``; never mutate. Every
-    field but the last two is an option (collectors' ones: docs/gpu.md)."""
+    field but the last two is an option (collectors' ones: docs/gpu.md; objectives'
+    docs/slo.md)."""
 
     upstream: str = option(
         "http://127.0.0.1:8000",
@@ -241,6 +244,42 @@ class Settings:
         "KV-cache element type: auto (the activation dtype), fp16, bf16, fp8, ...",
         "DTYPE",
     )
+    # Service-level objectives (docs/slo.md): the default set; --slo-file overrides per model
+    slo_ttft: float | None = option(
+        None, parse_duration, "SLO: a good request's time to first token is at most this",
+        "DURATION",
+    )  # fmt: skip
+    slo_tpot: float | None = option(
+        None, parse_duration, "SLO: a good request's time per output token is at most this",
+        "DURATION",
+    )  # fmt: skip
+    slo_max_gap: float | None = option(
+        None, parse_duration, "SLO: a good request's longest gap between tokens is at most this",
+        "DURATION",
+    )  # fmt: skip
+    slo_no_stalls: bool = option(
+        False, parse_bool, "SLO: a good request has no stall (see --stall-factor)", "BOOL"
+    )
+    slo_duration: float | None = option(
+        None, parse_duration, "SLO: a good request ends within this, end to end", "DURATION"
+    )
+    slo_target: float = option(
+        DEFAULT_TARGET, float, "SLO: the share of requests that should be good", "RATIO"
+    )
+    slo_window: float = option(
+        DEFAULT_WINDOW, parse_duration, "SLO: the window the target is measured over (28d)",
+        "DURATION",
+    )  # fmt: skip
+    slo_file: str = option(
+        "", str, "SLO: a YAML file of per-model and per-operation objectives (docs/slo.md)",
+        "PATH",
+    )  # fmt: skip
+    traces_good_ratio: float = option(
+        1.0,
+        float,
+        "share of good requests' traces kept (sampled by trace id); bad ones are always kept",
+        "RATIO",
+    )
     # Not options: the CUDA/NVIDIA runtime's variables, read by ``from_sources`` (docs/gpu.md).
     cuda_visible_devices: str | None = None
     nvidia_visible_devices: str | None = None
@@ -254,6 +293,15 @@ class Settings:
     ) -> Settings:
         """Merge CLI flags (values that are not None) over environment over defaults."""
         return cls(**merge_sources(OPTIONS, environ, flags), **visible_devices(environ))
+
+    def objectives(self) -> Objectives:
+        """The service-level objectives: the default set, and the file's overrides (read)."""
+        default = ObjectiveSet(
+            ttft=self.slo_ttft, tpot=self.slo_tpot, max_gap=self.slo_max_gap,
+            no_stalls=self.slo_no_stalls, duration=self.slo_duration, target=self.slo_target,
+            window=self.slo_window,
+        )  # fmt: skip
+        return build_objectives(default, self.slo_file)
 
     @property
     def upstream_base(self) -> str:
@@ -294,6 +342,21 @@ def _validate(s: Settings) -> None:
     if s.log_level.lower() not in _LOG_LEVELS:
         raise ConfigError(f"{_source('log_level')}: expected one of {', '.join(_LOG_LEVELS)}")
     _validate_collectors(s)
+    _validate_objectives(s)
+
+
+def _validate_objectives(s: Settings) -> None:
+    for name in ("slo_ttft", "slo_tpot", "slo_max_gap", "slo_duration"):
+        value = getattr(s, name)
+        if value is not None and not value > 0:
+            raise ConfigError(f"{_source(name)}: must be > 0 seconds, got {value}")
+    if not 0 < s.slo_target < 1:
+        raise ConfigError(f"{_source('slo_target')}: must be above 0 and below 1")
+    if not s.slo_window >= 3600:
+        raise ConfigError(f"{_source('slo_window')}: must be at least 1h")
+    if not 0 <= s.traces_good_ratio <= 1:
+        raise ConfigError(f"{_source('traces_good_ratio')}: must be from 0 to 1")
+    s.objectives()  # the file's entries: ConfigError naming the file and the entry
 
 
 def visible_devices(environ: Mapping[str, str]) -> dict[str, Any]:

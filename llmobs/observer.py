@@ -20,6 +20,7 @@ from llmobs.formats.framing import Framing, NdjsonDecoder, SseDecoder
 from llmobs.formats.openai import PLAIN, OpenAIStream, Template, WholeEvent
 from llmobs.formats.request import NO_BODY, parse_request, truncate
 from llmobs.metrics.sink import MetricsSink
+from llmobs.slo import Verdict
 from llmobs.stats import TokenWindow
 from llmobs.timing import Outcome, StreamStats, StreamTimer, TokenSource, finish_request
 from llmobs.tracing import RequestDetails, RequestTrace
@@ -336,8 +337,9 @@ class Observer:
                 t_ns, operation=self.operation, model=self.info.model, outcome=outcome,
                 status=self.status, stream=False, input_tokens=None, output_tokens=None,
             )  # fmt: skip
+        verdict: Verdict | None = None
         try:  # the guards of _guard, inline: once per request
-            sink.record_request(record, windows)
+            verdict = sink.record_request(record, windows)
         except Exception:
             self._fail("finish")
         if malformed:
@@ -347,11 +349,17 @@ class Observer:
         except Exception:
             self._fail("finish")
         if self._trace is not None:
-            self._guard("finish", self._finish_trace, self._trace, record, windows, t_ns)
+            trace = self._trace
+            self._guard("finish", self._finish_trace, trace, record, windows, t_ns, verdict)
         return record
 
     def _finish_trace(
-        self, trace: RequestTrace, record: StreamStats, windows: list[TokenWindow], t_ns: int
+        self,
+        trace: RequestTrace,
+        record: StreamStats,
+        windows: list[TokenWindow],
+        t_ns: int,
+        verdict: Verdict | None,
     ) -> None:
         timers = [self._timer, *(self._choices or {}).values()]
         firsts = [t.first_ns for t in timers if t.first_ns is not None]
@@ -362,6 +370,7 @@ class Observer:
             temperature=self.info.temperature,
             prompt=self.info.prompt,
             completion=truncate("".join(captured)) if captured is not None else None,
+            verdict=verdict,
         )
         times = (self._forwarded_ns, min(firsts, default=None), max(lasts, default=None), t_ns)
         trace.finish(record, windows, times, details)

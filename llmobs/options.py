@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -51,6 +52,24 @@ def parse_quantity(text: str) -> float:
     if cleaned and cleaned[-1] in _SI:
         return float(cleaned[:-1]) * _SI[cleaned[-1]]
     return float(cleaned)
+
+
+_DURATION_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, "w": 604800.0}
+
+
+def parse_duration(text: str) -> float:
+    """Seconds from a number with an optional unit, as Prometheus spells one: 500ms, 2s,
+    1.5, 5m, 6h, 28d, 1w (no unit: seconds)."""
+    cleaned = text.strip().lower()
+    value, scale = cleaned, 1.0
+    for unit in ("ms", "s", "m", "h", "d", "w"):
+        if cleaned.endswith(unit) and cleaned[: -len(unit)].strip():
+            value, scale = cleaned[: -len(unit)], _DURATION_UNITS[unit]
+            break
+    seconds = float(value) * scale
+    if not math.isfinite(seconds):
+        raise ValueError(f"not a duration: {text!r}")
+    return seconds
 
 
 def parse_list(text: str) -> tuple[str, ...]:

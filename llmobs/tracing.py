@@ -28,10 +28,14 @@ from opentelemetry.trace import Span, SpanKind, Status, StatusCode, Tracer
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 from llmobs.formats import Route
+from llmobs.slo import Verdict
 from llmobs.stats import FloatArray, TokenWindow
 from llmobs.timing import Outcome, StreamStats
 
 log = logging.getLogger("llmobs.tracing")
+
+_TRACE_ID_MASK = (1 << 64) - 1  # the trace id's low 64 bits: random in every W3C trace id
+_TRACE_ID_SPACE = 1 << 64
 
 
 # GenAI semantic conventions
@@ -58,6 +62,8 @@ STALLS = "llmobs.stalls"
 TOKEN_SOURCE = "llmobs.token_count_source"
 OUTCOME = "llmobs.outcome"
 DIALECT = "llmobs.dialect"
+SLO_VERDICT = "llmobs.slo.verdict"  # good or bad (absent: judged in no SLO series)
+SLO_MISSED = "llmobs.slo.missed"  # the objectives a bad request missed
 EVENTS_CAP = "llmobs.token_events.cap"
 EVENTS_DROPPED = "llmobs.token_events.dropped"
 PREFILL_SPAN = "queue+prefill"
@@ -93,6 +99,7 @@ class RequestDetails(NamedTuple):
     temperature: float | None = None
     prompt: str | None = None  # only with --capture-content, truncated
     completion: str | None = None  # only with --capture-content, truncated
+    verdict: Verdict | None = None  # against the request's objectives (None: not judged)
 
 
 class Tracing:
@@ -115,8 +122,12 @@ class Tracing:
         server_port: int = 0,
         max_pending: int = 1024,
         on_drop: Callable[[int], None] = lambda n: None,
+        good_ratio: float = 1.0,
     ) -> None:
         self.tracer = tracer
+        # tail sampling: a good request's trace is kept when its trace id falls under this
+        # bound (as TraceIdRatioBased draws, so every party keeps the same traces)
+        self._keep_below = round(good_ratio * _TRACE_ID_SPACE)
         self._jobs: queue.Queue[Callable[[], None] | None] = queue.Queue(maxsize=max_pending)
         self._worker: threading.Thread | None = None
         self._on_drop = on_drop
@@ -146,7 +157,15 @@ class Tracing:
                 "server.port": self._server[1],
             },
         )
-        return RequestTrace(self, span, trace.set_span_in_context(span, parent), start_ns, meta)
+        context = span.get_span_context()
+        # kept whatever its verdict: a trace the client sampled, or every trace (ratio 1)
+        keep = self._keep_below >= _TRACE_ID_SPACE or (
+            trace.get_current_span(parent).get_span_context().trace_flags.sampled
+        )
+        keep = keep or (context.trace_id & _TRACE_ID_MASK) < self._keep_below
+        return RequestTrace(
+            self, span, trace.set_span_in_context(span, parent), start_ns, meta, keep
+        )
 
     def inject(self, context: Context, carrier: MutableMapping[str, str]) -> None:
         self._propagator.inject(carrier, context=context)
@@ -189,12 +208,20 @@ class Tracing:
 class RequestTrace:
     """The trace of one request: inject its context upstream, write it when it ends."""
 
-    __slots__ = ("_context", "_mono0", "_tracing", "_wall0", "span")
+    __slots__ = ("_context", "_mono0", "_tracing", "_wall0", "keep", "span")
 
     def __init__(
-        self, tracing: Tracing, span: Span, context: Context, start_ns: int, meta: RequestMeta
+        self,
+        tracing: Tracing,
+        span: Span,
+        context: Context,
+        start_ns: int,
+        meta: RequestMeta,
+        keep: bool = True,
     ) -> None:
         self._tracing = tracing
+        # written even if the request turns out good (else only if bad: tail sampling)
+        self.keep = keep
         self.span = span
         self._context = context
         self._mono0 = start_ns
@@ -219,6 +246,9 @@ class RequestTrace:
 
         ``times`` = (forwarded, first token, last token, end) on the relay's monotonic clock.
         """
+        verdict = details.verdict
+        if not self.keep and (verdict is None or verdict.good):
+            return  # sampled out: never ended, so no processor sees it
         decoded = times[1] is not None and times[2] is not None
         spans = 3 if decoded else 2  # the request span, queue+prefill, and decode if any
         self._tracing.defer(lambda: self._write(record, windows, times, details), spans)
@@ -315,6 +345,11 @@ def _attributes(
         OUTPUT_MESSAGES: details.completion,
     }
     attrs.update({k: v for k, v in optional.items() if v is not None})
+    verdict = details.verdict
+    if verdict is not None:
+        attrs[SLO_VERDICT] = "good" if verdict.good else "bad"
+        if verdict.missed:
+            attrs[SLO_MISSED] = [objective.value for objective in verdict.missed]
     itl = [w.itl for w in windows if w.itl.size]
     if itl:
         values = np.concatenate(itl)

@@ -37,6 +37,8 @@ OUTCOME = "outcome"
 STATUS_CLASS = "status_class"
 FINISH_REASON = "finish_reason"
 TOKEN_SOURCE = "token_count_source"
+VERDICT = "verdict"  # good, bad (llmobs.slo)
+OBJECTIVE = "objective"  # the objective a bad request missed (llmobs.slo.Objective)
 
 _OP_MODEL = (OPERATION, MODEL)
 
@@ -151,6 +153,33 @@ ENGINE_LOAD = MetricDef(
     "llmobs.engine.load.duration", Kind.HISTOGRAM, "s",
     "Model load time the engine reports for the request (Ollama load_duration).",
     _OP_MODEL, TTFT_BUCKETS,
+)  # fmt: skip
+SLO_REQUESTS = MetricDef(
+    "llmobs.slo.requests", Kind.COUNTER, "{request}",
+    "Requests judged against their service-level objectives: good (every bound met) or bad "
+    "(a bound missed, or failed as the user sees it); client disconnects and 4xx are in neither.",
+    (*_OP_MODEL, VERDICT),
+)  # fmt: skip
+SLO_MISSES = MetricDef(
+    "llmobs.slo.misses", Kind.COUNTER, "{request}",
+    "Bad requests by the objective they missed (one request may miss several): ttft, tpot, "
+    "max_gap, stall, duration, or error.",
+    (*_OP_MODEL, OBJECTIVE),
+)  # fmt: skip
+SLO_OUTPUT_TOKENS = MetricDef(
+    "llmobs.slo.output_tokens", Kind.COUNTER, "{token}",
+    "Output tokens of judged requests by verdict: the good ones are the token goodput.",
+    (*_OP_MODEL, VERDICT),
+)  # fmt: skip
+SLO_TARGET = MetricDef(
+    "llmobs.slo.target", Kind.UPDOWN, "1",
+    "The objective's target: the share of requests that should be good (per label set).",
+    _OP_MODEL,
+)  # fmt: skip
+SLO_WINDOW = MetricDef(
+    "llmobs.slo.window", Kind.UPDOWN, "s",
+    "The window the objective's target is measured over (per label set).",
+    _OP_MODEL,
 )  # fmt: skip
 ACTIVE = MetricDef(
     "llmobs.requests.active", Kind.UPDOWN, "{request}",
@@ -286,7 +315,7 @@ COLLECTOR_METRICS: tuple[MetricDef, ...] = (
 CATALOGUE: tuple[MetricDef, ...] = (
     TTFT, TPOT, DURATION, TOKEN_USAGE, ITL, ITL_SQUARES, STALLS, SMOOTHNESS, REQUESTS, TOKENS,
     ENGINE_PROMPT_EVAL, ENGINE_LOAD, ACTIVE, QUEUE_DEPTH, MALFORMED, OBSERVER_ERRORS,
-    SPANS_DROPPED,
+    SPANS_DROPPED, SLO_REQUESTS, SLO_MISSES, SLO_OUTPUT_TOKENS, SLO_TARGET, SLO_WINDOW,
     *COLLECTOR_METRICS,
 )  # fmt: skip
 
@@ -296,6 +325,7 @@ CATALOGUE: tuple[MetricDef, ...] = (
 REQUEST_METRICS: tuple[MetricDef, ...] = (
     ACTIVE, QUEUE_DEPTH, OBSERVER_ERRORS, MALFORMED, REQUESTS, DURATION, TTFT, TPOT,
     SMOOTHNESS, TOKEN_USAGE, TOKENS, STALLS, ENGINE_PROMPT_EVAL, ENGINE_LOAD, ITL, ITL_SQUARES,
+    SLO_REQUESTS, SLO_MISSES, SLO_OUTPUT_TOKENS, SLO_TARGET, SLO_WINDOW,
 )  # fmt: skip
 
 

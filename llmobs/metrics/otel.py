@@ -20,12 +20,16 @@ from llmobs.metrics.catalogue import (
     ITL_SQUARES,
     MALFORMED,
     MODEL,
+    OBJECTIVE,
     OBSERVER_ERRORS,
     OPERATION,
     OUTCOME,
     QUEUE_DEPTH,
     REQUEST_METRICS,
     REQUESTS,
+    SLO_MISSES,
+    SLO_OUTPUT_TOKENS,
+    SLO_REQUESTS,
     SMOOTHNESS,
     STALLS,
     STATUS_CLASS,
@@ -35,9 +39,11 @@ from llmobs.metrics.catalogue import (
     TOKENS,
     TPOT,
     TTFT,
+    VERDICT,
     Kind,
     MetricDef,
 )
+from llmobs.slo import Verdict
 from llmobs.timing import StreamStats, TokenSource
 
 Instrument = Counter | Histogram | UpDownCounter
@@ -81,7 +87,9 @@ class OtelInstruments:
         for m in (ACTIVE, QUEUE_DEPTH, OBSERVER_ERRORS, MALFORMED):  # 0 from the start
             self.add(m, 0)
 
-    def add(self, metric: MetricDef, value: int, attributes: dict[str, str] | None = None) -> None:
+    def add(
+        self, metric: MetricDef, value: float, attributes: dict[str, str] | None = None
+    ) -> None:
         """Add to a counter or an up-down counter."""
         instrument = self._by_metric[metric]
         assert not isinstance(instrument, Histogram)
@@ -92,6 +100,15 @@ class OtelInstruments:
         instrument = self._by_metric[metric]
         assert isinstance(instrument, Histogram)
         instrument.record(value, attributes)
+
+    def record_verdict(self, verdict: Verdict, output_tokens: int, op: str, model: str) -> None:
+        """A judged request's verdict, its misses and its output tokens."""
+        attrs = {OPERATION: op, MODEL: model}
+        label = "good" if verdict.good else "bad"
+        self.add(SLO_REQUESTS, 1, {**attrs, VERDICT: label})
+        for objective in verdict.missed:
+            self.add(SLO_MISSES, 1, {**attrs, OBJECTIVE: objective.value})
+        self.add(SLO_OUTPUT_TOKENS, output_tokens, {**attrs, VERDICT: label})
 
     def record_request(self, s: StreamStats, op: str, model: str, status: str) -> None:
         attrs = {OPERATION: op, MODEL: model}

@@ -32,10 +32,17 @@ from llmobs.metrics.catalogue import (
     ITL,
     ITL_SQUARES,
     MALFORMED,
+    MODEL,
     OBSERVER_ERRORS,
+    OPERATION,
     QUEUE_DEPTH,
     REQUEST_METRICS,
     REQUESTS,
+    SLO_MISSES,
+    SLO_OUTPUT_TOKENS,
+    SLO_REQUESTS,
+    SLO_TARGET,
+    SLO_WINDOW,
     SMOOTHNESS,
     STALLS,
     TOKEN_USAGE,
@@ -54,6 +61,7 @@ from llmobs.metrics.series import (
     SeriesCollector,
     TokenHistogram,
 )
+from llmobs.slo import Objectives, ObjectiveSet, Verdict
 from llmobs.stats import TokenWindow
 from llmobs.timing import StreamStats
 
@@ -69,12 +77,14 @@ class _LabelSet:
     request then observes into a row it holds (``HistogramRow``), with no label tuple built
     and no dict lookup."""
 
-    __slots__ = ("key", "row")
+    __slots__ = ("bad", "good", "key", "row")
 
     def __init__(self, key: tuple[str, str], row: HistogramRow) -> None:
         self.key = key
         # _OBSERVED's series, then the usage histogram's for input and output tokens
         self.row = row
+        self.good = (*key, "good")  # the SLO series' label values, by verdict
+        self.bad = (*key, "bad")
 
 
 class MetricsSink:
@@ -91,8 +101,11 @@ class MetricsSink:
         max_models: int,
         on_request: Callable[[str, StreamStats], None] | None = None,
         push: Meter | None = None,
+        objectives: Objectives | None = None,
     ) -> None:
         self.models = BoundedLabel(max_models)
+        # what each request is judged by (the default: no latency bound, 99.9 % not failing)
+        self.objectives = objectives or Objectives(ObjectiveSet())
         # (operation, model as sent) -> its label set, for models whose label cannot change
         # (known, or none): bounded by the label cap; and (operation, label) -> label set
         self._sets: dict[tuple[str, str | None], _LabelSet] = {}
@@ -116,6 +129,9 @@ class MetricsSink:
         self._requests = self._counter(REQUESTS)
         self._tokens = self._counter(TOKENS)
         self._stalls = self._counter(STALLS)
+        self._slo_requests = self._counter(SLO_REQUESTS)
+        self._slo_misses = self._counter(SLO_MISSES)
+        self._slo_tokens = self._counter(SLO_OUTPUT_TOKENS)
         # the label-less ones (gauges, and counters of the sidecar's own errors): zero-valued
         # series up front, so dashboards and alerts see 0 rather than no data
         self._active = self._counter(ACTIVE)
@@ -191,7 +207,27 @@ class MetricsSink:
         members: list[tuple[HistogramFamily, tuple[str, ...]]]
         members = [(self._histograms[metric], key) for metric in _OBSERVED]
         members += [(usage, (*key, "input")), (usage, (*key, "output"))]
-        return _LabelSet(key, HistogramRow(members))
+        labels = _LabelSet(key, HistogramRow(members))
+        self._slo_series(labels)
+        return labels
+
+    def _slo_series(self, labels: _LabelSet) -> None:
+        """A new label set's SLO series, at 0 (``rate()`` then reads 0, not "no data"), and its
+        objective's target and window."""
+        key = labels.key
+        objective_set = self.objectives.for_request(*key)
+        settings = ((SLO_TARGET, objective_set.target), (SLO_WINDOW, objective_set.window))
+        with self._lock:
+            for family in (self._slo_requests, self._slo_tokens):
+                for verdict in (labels.good, labels.bad):
+                    family.series.setdefault(verdict, 0)
+            for objective in objective_set.objectives:
+                self._slo_misses.series.setdefault((*key, objective.value), 0)
+            for metric, value in settings:
+                self._counter(metric).series[key] = value
+        if self._otel is not None:
+            for metric, value in settings:
+                self._otel.add(metric, value, {OPERATION: key[0], MODEL: key[1]})
 
     def _record_tokens(self, op: str, model: str, s: StreamStats) -> tuple[int | None, ...]:
         """The request's token counts into the counter by type and source; returns the
@@ -205,17 +241,19 @@ class MetricsSink:
             tokens.add((op, model, kind, source), count)
         return tuple(usage)
 
-    def record_request(self, s: StreamStats, windows: Sequence[TokenWindow] = ()) -> None:
+    def record_request(self, s: StreamStats, windows: Sequence[TokenWindow] = ()) -> Verdict | None:
         """A finished request into every request series, and its last ``windows`` of ITLs
         (those ``record_tokens`` did not take mid-stream) under the same labels, all under
-        one lock. A window that fails to record is raised after everything else about the
-        request (its series, OTLP, the per-request hook) is recorded."""
+        one lock; returns its verdict against its objectives (None: judged in no SLO series).
+        A window that fails to record is raised after everything else about the request (its
+        series, OTLP, the per-request hook) is recorded."""
         labels = self._sets.get((s.operation, s.model))
         if labels is None:
             labels = self._label_set(s.operation, s.model, 200 <= s.status < 400)
         key = labels.key
         op, model = key
         status = _STATUS_CLASSES.get(s.status) or status_class(s.status)
+        verdict = self.objectives.for_request(s.operation, s.model).judge(s)
         failed: Exception | None = None
         with self._lock:
             # an enum's ``_value_`` is a plain attribute; ``.value`` is a Python-level property
@@ -227,6 +265,8 @@ class MetricsSink:
             labels.row.observe_all(values)
             if s.stalls:
                 self._stalls.add(key, s.stalls)
+            if verdict is not None:
+                self._record_verdict(labels, verdict, s.output_tokens)
             for window in windows:
                 if window.size:
                     try:
@@ -235,7 +275,23 @@ class MetricsSink:
                         failed = exc
         if self._otel is not None:
             self._otel.record_request(s, op, model, status)
+            if verdict is not None:
+                self._otel.record_verdict(verdict, s.output_tokens, op, model)
         if self._on_request is not None:
             self._on_request(model, s)
         if failed is not None:
             raise failed
+        return verdict
+
+    def _record_verdict(self, labels: _LabelSet, verdict: Verdict, output_tokens: int) -> None:
+        """A judged request: good or bad, what it missed, and its output tokens (hold the
+        lock)."""
+        if verdict.good:
+            self._slo_requests.add(labels.good, 1)
+            self._slo_tokens.add(labels.good, output_tokens)
+            return
+        self._slo_requests.add(labels.bad, 1)
+        self._slo_tokens.add(labels.bad, output_tokens)
+        op, model = labels.key
+        for objective in verdict.missed:
+            self._slo_misses.add((op, model, objective._value_), 1)

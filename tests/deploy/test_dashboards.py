@@ -39,7 +39,7 @@ PROVISIONING = ROOT / "dashboards" / "provisioning"
 
 DATASOURCE = {"type": "prometheus", "uid": "${datasource}"}
 ROWS = (
-    "Overview", "User experience", "Load", "Errors and outcomes", "Distributions", "GPU",
+    "Overview", "Service-level objectives", "User experience", "Load", "Errors and outcomes", "Distributions", "GPU",
     "Sidecar health",
 )  # fmt: skip
 
@@ -98,7 +98,10 @@ def test_dashboard_structure() -> None:
     rows = [p["title"] for p in d["panels"] if p["type"] == "row"]
     assert rows == list(ROWS)
     variables = {v["name"]: v for v in d["templating"]["list"]}
-    assert list(variables) == ["datasource", "namespace", "pod", "model"]
+    assert list(variables) == ["datasource", "namespace", "pod", "model", "slo_window"]
+    window = variables["slo_window"]  # a range every SLO panel measures over
+    assert window["type"] == "custom" and window["current"]["value"] == "28d"
+    assert all(re.fullmatch(r"\d+[hdw]", o["value"]) for o in window["options"])
     assert variables["datasource"]["type"] == "datasource"
     assert variables["datasource"]["query"] == "prometheus"
     for name in ("namespace", "pod", "model"):
@@ -160,7 +163,10 @@ def test_queries_use_only_catalogue_metrics() -> None:
 def test_a_query_outside_the_catalogue_is_caught() -> None:
     d = load()
     bad = copy.deepcopy(d)
-    target = next(p for p in panels(bad) if p["type"] == "timeseries")["targets"][0]
+    target = next(
+        t for p in panels(bad) if p["type"] == "timeseries" for t in p["targets"]
+        if "_bucket" in t["expr"]
+    )  # fmt: skip
     target["expr"] = target["expr"].replace("_bucket", "_buckets", 1)
     assert len(catalogue_problems(bad)) == 1
     bad = copy.deepcopy(d)
@@ -254,8 +260,8 @@ def test_provisioning_points_at_the_dashboard() -> None:
 MODEL = "sim-llama-3-8b"
 LABELS = {"namespace": "demo", "pod": "llm-0"}
 RATE_INTERVAL = "10s"  # Grafana's $__rate_interval for a 1 s scrape would be 4 s; leave room
-ALL = {"namespace": ".*", "pod": ".*", "model": ".*"}
-ONE = {"namespace": LABELS["namespace"], "pod": LABELS["pod"], "model": MODEL}
+ALL = {"namespace": ".*", "pod": ".*", "model": ".*", "slo_window": "28d"}
+ONE = {"namespace": LABELS["namespace"], "pod": LABELS["pod"], "model": MODEL, "slo_window": "1h"}
 DATA_TIMEOUT = 40.0
 
 
