@@ -1,4 +1,5 @@
-"""Command line: ``llmobs serve | sim | demo | bench`` (also ``python -m llmobs ...``). Thin."""
+"""Command line: ``llmobs serve | sim | demo | bench | slo`` (also ``python -m llmobs ...``).
+Thin."""
 
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ from llmobs.demo import add_demo_arguments, run_demo
 from llmobs.logs import configure as configure_logging
 from llmobs.otel_config import OtelSettings, otel_settings
 from llmobs.sim import add_sim_arguments, run_sim, sim_settings_from_args
+from llmobs.slo_report import add_slo_arguments, run_slo_cli
 from llmobs.telemetry import build_telemetry
 
 
@@ -64,6 +66,16 @@ def _parser() -> argparse.ArgumentParser:
         "request, memory per stream and the gap a /metrics scrape adds (docs/benchmarks.md).",
     )
     add_bench_arguments(bench)
+
+    slo = sub.add_parser(
+        "slo",
+        help="report attainment, goodput and misses per objective; exit 1 below target",
+        description="Read a sidecar's /metrics, or a Prometheus server over a range, and print "
+        "per operation and model the requests judged against their service-level objectives, "
+        "the share good against the target, good output tokens and the misses by objective. "
+        "Exits 1 when a label set is below its target: a gate for CI after a load test.",
+    )
+    add_slo_arguments(slo)
     return parser
 
 
@@ -124,6 +136,8 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
             return asyncio.run(_sim(args, env))
         if args.command == "bench":
             return run_bench_cli(args)
+        if args.command == "slo":
+            return run_slo_cli(args, sys.stdout)
         tune_process()
         return asyncio.run(run_demo(args, env))
     except ConfigError as exc:

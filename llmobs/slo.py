@@ -223,9 +223,7 @@ def load_overrides(path: str | Path, default: ObjectiveSet) -> dict[_Key, Object
     for i, raw in enumerate(entries):
         key, objective_set = _entry(default, raw, f"--slo-file {path}: objectives[{i}]")
         if key in out:
-            raise ConfigError(
-                f"--slo-file {path}: objectives[{i}] matches what an entry before it does"
-            )
+            raise ConfigError(f"--slo-file {path}: objectives[{i}] repeats an earlier match")
         out[key] = objective_set
     return out
 

@@ -39,8 +39,8 @@ PROVISIONING = ROOT / "dashboards" / "provisioning"
 
 DATASOURCE = {"type": "prometheus", "uid": "${datasource}"}
 ROWS = (
-    "Overview", "Service-level objectives", "User experience", "Load", "Errors and outcomes", "Distributions", "GPU",
-    "Sidecar health",
+    "Overview", "Service-level objectives", "User experience", "Load", "Errors and outcomes",
+    "Distributions", "GPU", "Sidecar health",
 )  # fmt: skip
 
 Json = dict[str, Any]
