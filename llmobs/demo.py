@@ -3,7 +3,7 @@
 The main job on a fresh machine: no GPU, no engine, no configuration. It shows in a minute
 what the sidecar is for: the TTFT a user waits for grows with the queue, and a stream that
 pauses every 50 tokens (the simulated engine's default here) has a fine mean ITL, a bad P99,
-and a smoothness score that says so.
+and a smoothness score that says so; and how many requests met a chat objective (goodput).
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ from llmobs.config import Settings
 from llmobs.load import DIALECTS, Result, Workload, run_load
 from llmobs.otel_config import otel_settings
 from llmobs.sim import SimSettings, build_sim_app
+from llmobs.slo import Objective, describe
 from llmobs.summary import buckets, quantile, total
 from llmobs.telemetry import build_telemetry
 
@@ -67,6 +68,41 @@ class Tally:
             self.failed += 1
 
 
+# The objective the demo judges by unless LLMOBS_SLO_* says otherwise: a chat service's, loose
+# enough for the simulated engine's pauses (100 ms) and tight enough for its queue to show.
+DEMO_OBJECTIVE = {"slo_ttft": 1.0, "slo_tpot": 0.05, "slo_max_gap": 0.25, "slo_target": 0.99}
+
+
+def _with_objective(settings: Settings) -> Settings:
+    """The demo's default objective, where the environment declares no bound of its own."""
+    bounds = (settings.slo_ttft, settings.slo_tpot, settings.slo_max_gap, settings.slo_duration)
+    if any(b is not None for b in bounds) or settings.slo_no_stalls or settings.slo_file:
+        return settings
+    return dataclasses.replace(settings, **DEMO_OBJECTIVE)  # type: ignore[arg-type]
+
+
+def goodput_lines(sidecar: Sidecar, elapsed: float) -> list[str]:
+    """Goodput against the objective, read from the sidecar's SLO series."""
+    reg = sidecar.telemetry.registry
+    objective = sidecar.settings.objectives().default
+    good = total(reg, "llmobs_slo_requests_total", verdict="good")
+    judged = good + total(reg, "llmobs_slo_requests_total", verdict="bad")
+    good_tokens = total(reg, "llmobs_slo_output_tokens_total", verdict="good")
+    share = f"{good / judged:.1%}" if judged else "n/a"
+    misses = ", ".join(
+        f"{o.value} {n:.0f}"
+        for o in Objective
+        if (n := total(reg, "llmobs_slo_misses_total", objective=o.value))
+    )
+    return [
+        f"  objective       {describe(objective)}",
+        f"  goodput         {share} of {judged:.0f} requests good (target "
+        f"{objective.target:.1%}): {good / elapsed:.1f} good requests/s, "
+        f"{good_tokens / elapsed:.0f} good output tokens/s",
+        f"  misses          {misses or 'none'}",
+    ]
+
+
 def _ms(value: float | None) -> str:
     return "   n/a" if value is None else f"{value * 1000:6.0f}"
 
@@ -95,6 +131,7 @@ def summary(sidecar: Sidecar, tally: Tally, elapsed: float, peak_queue: float) -
         f"  stalls          {stalls:8.0f}   ({stalls / max(requests, 1):.2f} per request)",
         f"  queue depth     peak {peak_queue:3.0f}   (requests waiting for their first token)",
         f"  throughput      {out_tokens / elapsed:8.0f} output tokens/s",
+        *goodput_lines(sidecar, elapsed),
     ]
     if tally.ttfts:
         ordered = sorted(tally.ttfts)
@@ -116,7 +153,7 @@ async def run_demo(
     await web.TCPSite(sim_runner, "127.0.0.1", 0).start()
     sim_url = f"http://127.0.0.1:{sim_runner.addresses[0][1]}"
     settings = dataclasses.replace(
-        Settings.from_sources(environ),
+        _with_objective(Settings.from_sources(environ)),
         upstream=sim_url, host=args.host, port=args.port,
         metrics_host=args.host, metrics_port=args.metrics_port,
     )  # fmt: skip

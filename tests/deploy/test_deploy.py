@@ -450,3 +450,42 @@ def test_the_sidecar_pattern(kustomization: str) -> None:
         assert engine["image"].startswith("vllm/vllm-openai:")
         assert engine["resources"]["limits"]["nvidia.com/gpu"] == "1"
         assert engine["startupProbe"]["httpGet"]["path"] == "/health"
+
+
+@needs_promtool
+def test_rules_are_generated_for_the_operators_own_objective_windows(tmp_path: Path) -> None:
+    """``--slo-window`` and the windows of ``--slo-file``: one attainment and one budget rule
+    per window, each for the label sets of it; the result passes promtool."""
+    slo = tmp_path / "slo.yaml"
+    slo.write_text("objectives:\n  - model: llama\n    window: 7d\n")
+    out = tmp_path / "prometheusrule.yaml"
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "deploy" / "generate_rules.py"), "--check", "--out",
+         str(out), "--slo-window", "30d", "--slo-file", str(slo)],
+        capture_output=True, text=True, check=False, cwd=ROOT,
+    )  # fmt: skip
+    assert done.returncode == 1  # the committed files hold the defaults' windows, not these
+    manifest = yaml.safe_load(
+        _generated(["--out", str(out), "--slo-window", "30d", "--slo-file", str(slo)], tmp_path)
+    )
+    rules = [r for g in manifest["spec"]["groups"] for r in g["rules"]]
+    budget = [r for r in rules if r.get("record", "").endswith("error_budget_remaining:ratio")]
+    assert sorted(r["labels"]["slo_window"] for r in budget) == ["30d", "7d"]
+    assert any("== 604800" in r["expr"] and "[7d]" in r["expr"] for r in budget)
+    groups = tmp_path / "groups.yml"
+    groups.write_text(yaml.safe_dump({"groups": manifest["spec"]["groups"]}))
+    check = subprocess.run(
+        [str(PROMTOOL), "check", "rules", str(groups)], capture_output=True, check=False
+    )
+    assert check.returncode == 0, check.stdout + check.stderr
+
+
+def _generated(args: list[str], workdir: Path) -> str:
+    """Run the generator into a copy of deploy/ (the committed files stay as they are)."""
+    copy = workdir / "deploy"
+    shutil.copytree(ROOT / "deploy", copy)
+    subprocess.run(
+        [sys.executable, str(copy / "generate_rules.py"), *args], check=True, cwd=ROOT,
+        capture_output=True,
+    )  # fmt: skip
+    return Path(args[args.index("--out") + 1]).read_text()

@@ -115,3 +115,9 @@ async def test_demo_runs_and_prints_a_summary() -> None:
     for needle in ("TTFT", "ITL", "smoothness", "stalls", "queue depth", "tokens/s", "/metrics"):
         assert needle in text
     assert re.search(r"requests\s+[1-9]", text)
+    # goodput against the demo's chat objective, every request judged
+    assert "objective       ttft <= 1s, tpot <= 0.05s, max gap <= 0.25s" in text
+    found = re.search(r"goodput\s+(\S+) of (\d+) requests good", text)
+    assert found is not None, text
+    requests = re.search(r"requests\s+(\d+)", text)
+    assert requests is not None and found.group(2) == requests.group(1)

@@ -19,9 +19,13 @@ from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind
 
+from llmobs.formats import OPENAI_CHAT
 from llmobs.options import ConfigError
 from llmobs.otel_config import otel_settings
+from llmobs.slo import GOOD, Objective, Verdict
 from llmobs.telemetry import BoundedSpanProcessor, Telemetry, build_telemetry
+from llmobs.timing import Outcome, StreamStats, TokenSource
+from llmobs.tracing import RequestDetails, RequestMeta, Tracing
 from tests.support.servers import AppFactory, SidecarFactory, SidecarHandle, SimFactory, eventually
 
 TRACE_ID = "4bf92f3577b34da6a3ce929d0e0e4736"
@@ -391,4 +395,46 @@ def test_failed_exports_count_their_spans_as_dropped() -> None:
     processor.shutdown()
     assert sum(drops) == 10
     assert processor.dropped == 10
+    telemetry.shutdown()
+
+
+def test_tail_sampling_keeps_every_bad_trace_and_a_share_of_good_ones() -> None:
+    """``good_ratio``: a good request's trace is kept when its trace id's low 64 bits fall
+    under the ratio (as TraceIdRatioBased draws); a bad one always; one whose client sampled
+    its trace always."""
+    exporter = InMemorySpanExporter()
+    telemetry = build_telemetry(span_exporter=exporter)
+    assert telemetry.tracer is not None
+    tracing = Tracing(telemetry.tracer, good_ratio=0.5)
+    meta = RequestMeta("POST", "/v1/chat/completions", {}, 0)
+    record = StreamStats(
+        "chat", "m", Outcome.OK, 200, True, 1.0, 0.1, 0.01, 5, 10, TokenSource.USAGE, 10,
+        9.0, 0.09, 0.001, 0.02, 0, 1.0,
+    )  # fmt: skip
+    times = (0, None, None, 1_000_000)
+    kept: dict[int, bool] = {}
+    for i in range(200):
+        trace = tracing.start(OPENAI_CHAT, 0, meta)
+        trace_id = trace.span.get_span_context().trace_id
+        assert trace.keep == ((trace_id & (2**64 - 1)) < 2**63)
+        verdict = GOOD if i % 2 else Verdict(False, (Objective.TTFT,))
+        trace.finish(record, [], times, RequestDetails(verdict=verdict))
+        kept[trace_id] = trace.keep or not verdict.good
+    tracing.drain()
+    telemetry.tracer_provider.force_flush()  # type: ignore[union-attr]
+    exported = {s.context.trace_id for s in exporter.get_finished_spans() if s.parent is None}
+    assert exported == {t for t, keep in kept.items() if keep}
+    assert 100 < len(exported) < 200  # every bad one (100), about half the good ones
+    roots = [s for s in exporter.get_finished_spans() if s.parent is None]
+    bad = [s for s in roots if attr(s, "llmobs.slo.verdict") == "bad"]
+    assert len({s.context.trace_id for s in bad}) == 100
+    assert {tuple(attr(s, "llmobs.slo.missed")) for s in bad} == {("ttft",)}
+    # a trace the client sampled is kept, good or not; at ratio 1 every trace is kept
+    parent = {"traceparent": f"00-{TRACE_ID}-{PARENT_ID}-01"}
+    sampled = Tracing(telemetry.tracer, good_ratio=0.0).start(
+        OPENAI_CHAT, 0, meta._replace(headers=parent)
+    )
+    assert sampled.keep
+    assert Tracing(telemetry.tracer).start(OPENAI_CHAT, 0, meta).keep
+    assert not Tracing(telemetry.tracer, good_ratio=0.0).start(OPENAI_CHAT, 0, meta).keep
     telemetry.shutdown()

@@ -7,6 +7,7 @@ import os
 
 import numpy as np
 from hypothesis import given
+from prometheus_client import CollectorRegistry
 
 from llmobs.formats import OPENAI_CHAT
 from llmobs.labels import OTHER, BoundedLabel
@@ -15,9 +16,11 @@ from llmobs.metrics.catalogue import (
     ITL_SQUARES,
 )
 from llmobs.metrics.series import TokenHistogram
+from llmobs.metrics.sink import MetricsSink
 from llmobs.observer import ObserveConfig, Observer
+from llmobs.slo import GOOD, Objective, Objectives, ObjectiveSet, Verdict
 from llmobs.stats import SMALL, TokenWindow
-from llmobs.timing import Outcome, StreamTimer
+from llmobs.timing import Outcome, StreamStats, StreamTimer, TokenSource
 from tests.support.metrics import (
     GOLDEN,
     MS,
@@ -105,3 +108,50 @@ def test_token_histogram_bins_either_window_the_same(
         histograms.append((series, histogram.squares.series))
     a, b = histograms
     assert repr(a) == repr(b)
+
+
+def _record(
+    ttft: float, outcome: Outcome = Outcome.OK, status: int = 200, model: str = "llama"
+) -> StreamStats:
+    return StreamStats(
+        "chat", model, outcome, status, True, 1.0, ttft, 0.01, 5, 10, TokenSource.USAGE, 10,
+        9.0, 0.09, 0.001, 0.02, 0, 1.0,
+    )  # fmt: skip
+
+
+def test_the_sink_counts_each_verdict_and_starts_every_series_at_zero() -> None:
+    registry = CollectorRegistry()
+    objectives = Objectives(
+        ObjectiveSet(ttft=0.5), {(None, "qwen"): ObjectiveSet(ttft=0.2, no_stalls=True, target=0.9)}
+    )
+    sink = MetricsSink(registry, 8, objectives=objectives)
+    verdicts = [
+        sink.record_request(_record(0.1)),
+        sink.record_request(_record(0.9)),
+        sink.record_request(_record(0.1, Outcome.UPSTREAM_ERROR, 502)),
+        sink.record_request(_record(0.1, Outcome.CLIENT_DISCONNECT)),
+        sink.record_request(_record(0.3, model="qwen")),
+    ]
+    assert verdicts == [
+        GOOD, Verdict(False, (Objective.TTFT,)), Verdict(False, (Objective.ERROR,)), None,
+        Verdict(False, (Objective.TTFT,)),
+    ]  # fmt: skip
+
+    def value(name: str, **labels: str) -> float | None:
+        return registry.get_sample_value(name, labels)
+
+    llama = {"gen_ai_operation_name": "chat", "gen_ai_request_model": "llama"}
+    qwen = {**llama, "gen_ai_request_model": "qwen"}
+    assert value("llmobs_slo_requests_total", **llama, verdict="good") == 1
+    assert value("llmobs_slo_requests_total", **llama, verdict="bad") == 2
+    assert value("llmobs_slo_misses_total", **llama, objective="ttft") == 1
+    assert value("llmobs_slo_misses_total", **llama, objective="error") == 1
+    assert value("llmobs_slo_output_tokens_total", **llama, verdict="good") == 10
+    assert value("llmobs_slo_output_tokens_total", **llama, verdict="bad") == 20
+    # qwen's own set: its target, and each of its objectives' series from 0
+    assert value("llmobs_slo_target", **qwen) == 0.9
+    assert value("llmobs_slo_target", **llama) == 0.999
+    assert value("llmobs_slo_window_seconds", **qwen) == 28 * 86400
+    assert value("llmobs_slo_requests_total", **qwen, verdict="good") == 0
+    assert value("llmobs_slo_misses_total", **qwen, objective="stall") == 0
+    assert value("llmobs_slo_misses_total", **llama, objective="stall") is None
