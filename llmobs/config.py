@@ -31,7 +31,14 @@ from llmobs.options import (
     source_of,
 )
 from llmobs.options import add_arguments as _add_arguments
-from llmobs.slo import DEFAULT_TARGET, DEFAULT_WINDOW, Objectives, ObjectiveSet, build_objectives
+from llmobs.slo import (
+    DEFAULT_TARGET,
+    DEFAULT_WINDOW,
+    ObjectiveError,
+    Objectives,
+    ObjectiveSet,
+    build_objectives,
+)
 
 __all__ = ["OPTIONS", "ConfigError", "Settings", "add_arguments", "settings_from_args"]
 
@@ -346,17 +353,12 @@ def _validate(s: Settings) -> None:
 
 
 def _validate_objectives(s: Settings) -> None:
-    for name in ("slo_ttft", "slo_tpot", "slo_max_gap", "slo_duration"):
-        value = getattr(s, name)
-        if value is not None and not value > 0:
-            raise ConfigError(f"{_source(name)}: must be > 0 seconds, got {value}")
-    if not 0 < s.slo_target < 1:
-        raise ConfigError(f"{_source('slo_target')}: must be above 0 and below 1")
-    if not s.slo_window >= 3600:
-        raise ConfigError(f"{_source('slo_window')}: must be at least 1h")
     if not 0 <= s.traces_good_ratio <= 1:
         raise ConfigError(f"{_source('traces_good_ratio')}: must be from 0 to 1")
-    s.objectives()  # the file's entries: ConfigError naming the file and the entry
+    try:  # the default set (checked by ObjectiveSet), then the file's entries
+        s.objectives()
+    except ObjectiveError as exc:  # a field of the default set: a flag's or variable's
+        raise ConfigError(f"{_source('slo_' + exc.field)}: {exc.message}") from None
 
 
 def visible_devices(environ: Mapping[str, str]) -> dict[str, Any]:

@@ -72,6 +72,16 @@ DEFAULT_WINDOW = 28 * 86400.0
 _Key = tuple[str | None, str | None]  # (operation, model) an override matches; None: any
 
 
+class ObjectiveError(ConfigError):
+    """A field of an objective set that is not valid; ``field`` names it, for the caller
+    to name where it came from (a flag, a variable, an entry of the file)."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(f"{field}: {message}")
+        self.field = field
+        self.message = message
+
+
 @dataclass(frozen=True)
 class ObjectiveSet:
     """The bounds one request is judged by (seconds; None: not bounded), the share of requests
@@ -89,11 +99,11 @@ class ObjectiveSet:
         for name in ("ttft", "tpot", "max_gap", "duration"):
             value = getattr(self, name)
             if value is not None and not value > 0:
-                raise ConfigError(f"{name}: must be > 0 seconds, got {value}")
+                raise ObjectiveError(name, f"must be > 0 seconds, got {value}")
         if not 0 < self.target < 1:
-            raise ConfigError(f"target: must be above 0 and below 1, got {self.target}")
+            raise ObjectiveError("target", f"must be above 0 and below 1, got {self.target}")
         if not self.window >= 3600:
-            raise ConfigError(f"window: must be at least 1h, got {self.window:g}s")
+            raise ObjectiveError("window", f"must be at least 1h, got {self.window:g}s")
 
     @property
     def objectives(self) -> tuple[Objective, ...]:
