@@ -30,7 +30,12 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from llmobs.collectors import Collectors, NvmlBackend
 from llmobs.config import ConfigError, Settings
 from llmobs.formats import Route
-from llmobs.metrics.exposition import exposition_async
+from llmobs.metrics.exposition import (
+    OPENMETRICS_CONTENT_TYPE,
+    exposition_async,
+    openmetrics_async,
+    wants_openmetrics,
+)
 from llmobs.metrics.sink import MetricsSink
 from llmobs.observer import ObserveConfig, Observer
 from llmobs.proxy import ObserverFactory, Relay
@@ -237,7 +242,8 @@ def build_admin_app(
     collectors: Collectors | None = None,
     lifecycle: Lifecycle | None = None,
 ) -> web.Application:
-    """/metrics (Prometheus text), /healthz (the sidecar), /readyz (the upstream answers)."""
+    """/metrics (Prometheus text, or OpenMetrics with exemplars when the scraper asks for
+    it), /healthz (the sidecar), /readyz (the upstream answers)."""
     app = web.Application()
     lifecycle = lifecycle or Lifecycle()
     registry = telemetry.registry
@@ -258,9 +264,15 @@ def build_admin_app(
         # their own renderer on the event loop a part at a time (no GIL contention with a
         # thread, no garbage to collect: docs/benchmarks.md); other collectors render in the
         # thread.
-        body = await exposition_async(registry, render)
+        if wants_openmetrics(request.headers.get("Accept", "")):  # with exemplars
+            body = await openmetrics_async(registry, render)
+            content_type = OPENMETRICS_CONTENT_TYPE
+        else:
+            body = await exposition_async(registry, render)
+            content_type = CONTENT_TYPE_LATEST
         resp = web.Response(body=body)
-        resp.headers["Content-Type"] = CONTENT_TYPE_LATEST
+        resp.headers["Content-Type"] = content_type
+        resp.headers["Vary"] = "Accept"
         return resp
 
     async def healthz(request: web.Request) -> web.Response:

@@ -19,7 +19,7 @@ from llmobs.formats.base import ABORTED, ERROR, NONE, loads
 from llmobs.formats.framing import Framing, NdjsonDecoder, SseDecoder
 from llmobs.formats.openai import PLAIN, OpenAIStream, Template, WholeEvent
 from llmobs.formats.request import NO_BODY, parse_request, truncate
-from llmobs.metrics.sink import MetricsSink
+from llmobs.metrics.sink import MetricsSink, TraceRef
 from llmobs.slo import Verdict
 from llmobs.stats import TokenWindow
 from llmobs.timing import Outcome, StreamStats, StreamTimer, TokenSource, finish_request
@@ -339,7 +339,7 @@ class Observer:
             )  # fmt: skip
         verdict: Verdict | None = None
         try:  # the guards of _guard, inline: once per request
-            verdict = sink.record_request(record, windows)
+            verdict = sink.record_request(record, windows, self._trace_ref())
         except Exception:
             self._fail("finish")
         if malformed:
@@ -352,6 +352,12 @@ class Observer:
             trace = self._trace
             self._guard("finish", self._finish_trace, trace, record, windows, t_ns, verdict)
         return record
+
+    def _trace_ref(self) -> TraceRef | None:
+        """The request's trace, for the exemplars of its observations (None: not traced)."""
+        trace = self._trace
+        ids = trace.ids() if trace is not None else None
+        return TraceRef(*ids, trace.keep) if ids is not None and trace is not None else None
 
     def _finish_trace(
         self,

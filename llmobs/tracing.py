@@ -227,6 +227,15 @@ class RequestTrace:
         self._mono0 = start_ns
         self._wall0 = meta.wall_ns
 
+    def ids(self) -> tuple[str, str] | None:
+        """The request span's trace and span ids as W3C writes them (hex), if it is recorded
+        (else no trace will exist to point at)."""
+        span = self.span
+        if not span.is_recording():
+            return None
+        context = span.get_span_context()
+        return format(context.trace_id, "032x"), format(context.span_id, "016x")
+
     def wall(self, t_ns: int) -> int:
         """A monotonic stamp of the relay on the wall clock spans use."""
         return self._wall0 + (t_ns - self._mono0)

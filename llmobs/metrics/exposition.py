@@ -17,11 +17,16 @@ import threading
 from concurrent.futures import Executor
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from prometheus_client.openmetrics.exposition import CONTENT_TYPE_LATEST as OPENMETRICS_LATEST
+from prometheus_client.openmetrics.exposition import generate_latest as openmetrics_latest
 from prometheus_client.registry import Collector
 
 from llmobs.metrics.series import SeriesCollector
 
 CONTENT_TYPE = CONTENT_TYPE_LATEST  # the Prometheus text format, version 0.0.4
+OPENMETRICS_CONTENT_TYPE = OPENMETRICS_LATEST  # OpenMetrics 1.0 text: with exemplars
+_OPENMETRICS = "application/openmetrics-text"
+_EOF = b"# EOF\n"
 
 
 class Registry(CollectorRegistry):
@@ -86,4 +91,49 @@ def exposition(registry: CollectorRegistry) -> bytes:
             parts.append(collector.render().encode())
         else:
             parts.append(generate_latest(collector))
+    return b"".join(parts)
+
+
+def wants_openmetrics(accept: str) -> bool:
+    """Content negotiation (RFC 9110 12.5.1, as Prometheus' scrape Accept header uses it):
+    OpenMetrics when the scraper prefers it to the Prometheus text format, or likes it as
+    well; the text format by default (no header, ``*/*``, ``text/plain``)."""
+    best = {"openmetrics": 0.0, "text": 0.0}
+    for item in accept.split(","):
+        media, _, params = item.strip().partition(";")
+        media = media.strip().lower()
+        kind = "openmetrics" if media == _OPENMETRICS else "text"
+        if kind == "text" and media not in ("text/plain", "*/*", "text/*"):
+            continue
+        quality = 1.0
+        for param in params.split(";"):
+            name, _, value = param.strip().partition("=")
+            if name.strip().lower() == "q":
+                try:
+                    quality = float(value)
+                except ValueError:
+                    quality = 0.0
+        best[kind] = max(best[kind], quality)
+    return best["openmetrics"] > 0 and best["openmetrics"] >= best["text"]
+
+
+async def openmetrics_async(registry: CollectorRegistry, executor: Executor) -> bytes:
+    """The bytes prometheus_client's OpenMetrics writer gives for ``registry``, the series
+    (with their exemplars) rendered on the event loop a part at a time, as for the text
+    format: the writer would build every family's objects first (150 ms and a 15 ms pause
+    of the loop at the label cap, docs/benchmarks.md)."""
+    loop = asyncio.get_running_loop()
+    members = _members(registry)
+    if members is None:
+        return await loop.run_in_executor(executor, openmetrics_latest, registry)
+    parts: list[bytes] = []
+    for collector in members:
+        if isinstance(collector, SeriesCollector):
+            for part in collector.render_parts(openmetrics=True):
+                parts.append(part.encode())
+                await asyncio.sleep(0)
+        else:
+            text = await loop.run_in_executor(executor, openmetrics_latest, collector)
+            parts.append(text.removesuffix(_EOF))
+    parts.append(_EOF)
     return b"".join(parts)

@@ -41,7 +41,7 @@ import threading
 from bisect import bisect_left, bisect_right
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from itertools import chain
-from typing import cast
+from typing import Any, cast
 
 import numpy as np
 from prometheus_client.core import (
@@ -51,7 +51,9 @@ from prometheus_client.core import (
     Metric,
 )
 from prometheus_client.openmetrics.exposition import escape_label_name, escape_metric_name
+from prometheus_client.openmetrics.exposition import generate_latest as openmetrics_latest
 from prometheus_client.registry import Collector
+from prometheus_client.samples import Exemplar as ClientExemplar
 from prometheus_client.utils import floatToGoString as _untyped_go
 
 from llmobs.metrics.catalogue import MetricDef
@@ -62,9 +64,14 @@ Key = tuple[str, ...]
 # A family's series at a scrape: their label values, and their numbers (a histogram's buckets
 # and sum, series after series).
 Snapshot = tuple[list[Key], list[Number]]
+# A bucket's exemplar: the trace and span of a request that fell into it, the value observed,
+# and when (unix seconds). At most one per bucket, the latest (OpenMetrics keeps one per line).
+Exemplar = tuple[str, str, float, float]
+Exemplars = dict[Key, list[Exemplar | None]]
 
 # A sample's value as ``generate_latest`` writes it (Go's float formatting).
 _go = cast(Callable[[Number], str], _untyped_go)
+_openmetrics = cast(Callable[[Collector], bytes], openmetrics_latest)
 
 
 def _label_value(value: str) -> str:
@@ -77,6 +84,28 @@ def _help(name: str, description: str, kind: str) -> str:
     doc = description.replace("\\", r"\\").replace("\n", r"\n")
     name = escape_metric_name(name)
     return f"# HELP {name} {doc}\n# TYPE {name} {kind}\n"
+
+
+class _Empty(Collector):
+    """One family with no samples: what the OpenMetrics writer gives for it is its header."""
+
+    def __init__(self, family: Metric) -> None:
+        self._family = family
+
+    def collect(self) -> Iterable[Metric]:
+        return (self._family,)
+
+
+def _openmetrics_head(family: Metric) -> str:
+    """The ``# HELP`` and ``# TYPE`` lines of ``family`` as the OpenMetrics writer of
+    prometheus_client writes them (a counter is named without ``_total`` there)."""
+    return _openmetrics(_Empty(family)).decode().removesuffix("# EOF\n")
+
+
+def _exemplar_text(found: Exemplar) -> str:
+    """A bucket line's exemplar, as prometheus_client's OpenMetrics writer writes one."""
+    trace_id, span_id, value, at = found
+    return f' # {{span_id="{span_id}",trace_id="{trace_id}"}} {_go(value)} {at}'
 
 
 def _prefix(name: str, labels: Iterable[tuple[str, str]]) -> str:
@@ -93,21 +122,28 @@ class HistogramRow:
     /metrics in the order they were first recorded. Observing a whole row is one call, with
     no label lookup: what recording a request does."""
 
-    __slots__ = ("_bounds", "_members", "_series")
+    __slots__ = ("_bounds", "_exemplars", "_members", "_series")
 
     def __init__(self, members: Sequence[tuple[HistogramFamily, tuple[str, ...]]]) -> None:
         self._members = tuple(members)
         self._bounds = tuple(family.bounds for family, _ in self._members)
         self._series: list[list[Number] | None] = [None] * len(self._members)
+        self._exemplars: list[list[Exemplar | None] | None] = [None] * len(self._members)
 
     def _bind(self, index: int) -> list[Number]:
         family, key = self._members[index]
         series = self._series[index] = family.series_for(key)
         return series
 
-    def observe_all(self, values: Sequence[Number | None]) -> None:
+    def observe_all(
+        self, values: Sequence[Number | None], trace: tuple[str, str, float] | None = None
+    ) -> None:
         """Count each value in the member of its position (None: not observed); ``values``
-        may be shorter than the row."""
+        may be shorter than the row. With ``trace`` (trace id, span id, unix time), each
+        value is also its bucket's exemplar."""
+        if trace is not None:
+            self._observe_traced(values, trace)
+            return
         bound, bounds = self._series, self._bounds
         for index, value in enumerate(values):
             if value is not None:
@@ -115,11 +151,30 @@ class HistogramRow:
                 series[bisect_left(bounds[index], value)] += 1
                 series[-1] += value
 
+    def _observe_traced(
+        self, values: Sequence[Number | None], trace: tuple[str, str, float]
+    ) -> None:
+        trace_id, span_id, at = trace
+        bound, bounds = self._series, self._bounds
+        for index, value in enumerate(values):
+            if value is not None:
+                series = bound[index] or self._bind(index)
+                bucket = bisect_left(bounds[index], value)
+                series[bucket] += 1
+                series[-1] += value
+                exemplars = self._exemplars[index]
+                if exemplars is None:
+                    family, key = self._members[index]
+                    exemplars = self._exemplars[index] = family.exemplars_for(key)
+                exemplars[bucket] = (trace_id, span_id, float(value), at)
+
 
 class HistogramFamily:
     """One histogram family: label values -> [count per bucket ..., +Inf count, sum]."""
 
-    __slots__ = ("_edges", "_head", "_text", "bounds", "metric", "series", "size")
+    __slots__ = (
+        "_edges", "_head", "_om_head", "_text", "bounds", "exemplars", "metric", "series", "size",
+    )  # fmt: skip
 
     def __init__(self, metric: MetricDef) -> None:
         self.metric = metric
@@ -127,7 +182,11 @@ class HistogramFamily:
         self.size = len(self.bounds) + 1  # index of the sum in a series
         self._edges = [repr(b) for b in self.bounds] + ["+Inf"]
         self.series: dict[tuple[str, ...], list[Number]] = {}
+        # label values -> one exemplar slot per bucket: made for a series at its first traced
+        # observation (an untraced sidecar keeps none)
+        self.exemplars: Exemplars = {}
         self._head = _help(metric.prometheus, metric.description, "histogram")
+        self._om_head = _openmetrics_head(self.family(([], [])))
         # label values -> the text of each bucket line, then _count and _sum, up to the value
         self._text: dict[Key, tuple[str, ...]] = {}
 
@@ -142,6 +201,17 @@ class HistogramFamily:
             series = self.series[key] = self._empty()
         return series
 
+    def exemplars_for(self, key: Key) -> list[Exemplar | None]:
+        """The exemplar slots of ``key``'s series (one per bucket), made if it has none."""
+        found = self.exemplars.get(key)
+        if found is None:
+            found = self.exemplars[key] = [None] * self.size
+        return found
+
+    def exemplars_snapshot(self) -> Exemplars:
+        """A copy of every series' exemplars (hold the lock)."""
+        return {key: list(slots) for key, slots in self.exemplars.items()}
+
     def observe(self, key: tuple[str, ...], value: Number) -> None:
         """Count ``value`` in the series of ``key`` (a caller that observes the same series
         often binds them once in a ``HistogramRow``)."""
@@ -155,7 +225,9 @@ class HistogramFamily:
         Two lists whatever the number of series: few objects for the garbage collector."""
         return list(self.series), list(chain.from_iterable(self.series.values()))
 
-    def family(self, snapshot: Snapshot) -> Metric:
+    def family(self, snapshot: Snapshot, exemplars: Exemplars | None = None) -> Metric:
+        """prometheus_client's family of ``snapshot``, each bucket with its exemplar (if
+        ``exemplars`` has one: the OpenMetrics exposition shows them)."""
         metric = self.metric
         out = HistogramMetricFamily(
             metric.prometheus, metric.description, labels=metric.prometheus_labels, unit=""
@@ -165,11 +237,18 @@ class HistogramFamily:
         keys, values = snapshot
         for n, key in enumerate(keys):
             series = values[n * (size + 1) : (n + 1) * (size + 1)]
-            buckets: list[tuple[str, float]] = []
+            slots = exemplars.get(key) if exemplars else None
+            buckets: list[Any] = []
             total: Number = 0
             for i in range(size):
                 total += series[i]
-                buckets.append((edges[i], total))
+                found = slots[i] if slots is not None else None
+                if found is None:
+                    buckets.append((edges[i], total))
+                else:
+                    trace_id, span_id, value, at = found
+                    labels = {"trace_id": trace_id, "span_id": span_id}
+                    buckets.append((edges[i], total, ClientExemplar(labels, value, at)))
             out.add_metric(key, buckets, series[size])
         return out
 
@@ -190,14 +269,24 @@ class HistogramFamily:
         pairs_ = labels.items()
         return (*text, _prefix(f"{name}_count", pairs_), _prefix(f"{name}_sum", pairs_))
 
-    def render(self, snapshot: Snapshot, out: list[str], start: int = 0, stop: int = -1) -> None:
+    def render(
+        self,
+        snapshot: Snapshot,
+        out: list[str],
+        start: int = 0,
+        stop: int = -1,
+        exemplars: Exemplars | None = None,
+    ) -> None:
         """Append the family's lines, as ``generate_latest(family(snapshot))`` writes them
-        (series ``start`` to ``stop`` only, with the family's header if ``start`` is 0)."""
+        (series ``start`` to ``stop`` only, with the family's header if ``start`` is 0); with
+        ``exemplars`` (a dict, maybe empty), as the OpenMetrics writer writes
+        ``family(snapshot, exemplars)``: the lines are the same but for the header and the
+        exemplars after the bucket lines that have one."""
         keys, values = snapshot
         if not keys:
             return
         if start == 0:
-            out.append(self._head)
+            out.append(self._head if exemplars is None else self._om_head)
         cache = self._text
         size = self.size
         go: dict[Number, str] = {}  # cumulative count -> text (counts repeat across buckets)
@@ -206,6 +295,7 @@ class HistogramFamily:
             text = cache.get(key)
             if text is None:
                 text = cache[key] = self._series_text(key)
+            slots = exemplars.get(key) if exemplars else None
             total: Number = 0
             for i in range(size):
                 total += values[j]
@@ -213,7 +303,10 @@ class HistogramFamily:
                 value = go.get(total)
                 if value is None:
                     value = go[total] = _go(total)
-                out.append(f"{text[i]}{value}\n")
+                if slots is not None and (found := slots[i]) is not None:
+                    out.append(f"{text[i]}{value}{_exemplar_text(found)}\n")
+                else:
+                    out.append(f"{text[i]}{value}\n")
             if len(text) > size:
                 out.append(f"{text[size]}{value}\n{text[size + 1]}{_go(values[j])}\n")
             j += 1
@@ -222,7 +315,7 @@ class HistogramFamily:
 class CounterFamily:
     """A counter family (or a gauge: ``gauge=True``): label values -> value."""
 
-    __slots__ = ("_head", "_name", "_text", "gauge", "metric", "series")
+    __slots__ = ("_head", "_name", "_om_head", "_text", "gauge", "metric", "series")
 
     def __init__(self, metric: MetricDef, *, gauge: bool = False) -> None:
         self.metric = metric
@@ -233,6 +326,7 @@ class CounterFamily:
         if not gauge:
             self._name = metric.prometheus.removesuffix("_total") + "_total"
         self._head = _help(self._name, metric.description, "gauge" if gauge else "counter")
+        self._om_head = _openmetrics_head(self.family(([], [])))
         self._text: dict[Key, str] = {}  # label values -> the sample's line up to the value
 
     def add(self, key: tuple[str, ...], value: Number) -> None:
@@ -257,14 +351,22 @@ class CounterFamily:
             out.add_metric(key, value)
         return out
 
-    def render(self, snapshot: Snapshot, out: list[str], start: int = 0, stop: int = -1) -> None:
+    def render(
+        self,
+        snapshot: Snapshot,
+        out: list[str],
+        start: int = 0,
+        stop: int = -1,
+        exemplars: Exemplars | None = None,
+    ) -> None:
         """Append the family's lines, as ``generate_latest(family(snapshot))`` writes them
-        (series ``start`` to ``stop`` only, with the family's header if ``start`` is 0)."""
+        (series ``start`` to ``stop`` only, with the family's header if ``start`` is 0); with
+        ``exemplars`` (counters carry none), as the OpenMetrics writer does: another header."""
         keys, values = snapshot
         if not keys:
             return
         if start == 0:
-            out.append(self._head)
+            out.append(self._head if exemplars is None else self._om_head)
         cache = self._text
         end = len(keys) if stop < 0 else stop
         for key, value in zip(keys[start:end], values[start:end], strict=True):
@@ -307,6 +409,13 @@ class TokenHistogram:
             self._bin_sorted_array(series, ordered)
         series[-1] += window.itl_sum
         self.squares.add(labels, window.itl_sumsq)
+
+    def exemplar(self, labels: Key, value: float, trace: tuple[str, str, float]) -> None:
+        """``trace`` as the exemplar of ``value``'s bucket (hold the collector's lock)."""
+        histogram = self.histogram
+        slots = histogram.exemplars_for(labels)
+        trace_id, span_id, at = trace
+        slots[bisect_left(histogram.bounds, value)] = (trace_id, span_id, float(value), at)
 
     def _bin_sorted_list(self, series: list[Number], ordered: list[float]) -> None:
         """Ascending ITLs of one token each, a run of values in one bucket at a time."""
@@ -357,6 +466,10 @@ class TokenHistogram:
 Family = HistogramFamily | CounterFamily
 
 
+def _exemplars_of(family: Family) -> Exemplars | None:
+    return family.exemplars_snapshot() if isinstance(family, HistogramFamily) else None
+
+
 class SeriesCollector(Collector):
     """Exposes ``families`` (in this order) from a prometheus_client registry.
 
@@ -373,8 +486,23 @@ class SeriesCollector(Collector):
             return [(f, f.snapshot()) for f in self.families]
 
     def collect(self) -> Iterator[Metric]:
-        for family, snapshot in self._snapshot():
-            if snapshot[0]:
+        """prometheus_client's families, histogram buckets with their exemplars (which only
+        the OpenMetrics exposition writes)."""
+        with self.lock:
+            taken = [
+                (
+                    f,
+                    f.snapshot(),
+                    _exemplars_of(f),
+                )
+                for f in self.families
+            ]
+        for family, snapshot, exemplars in taken:
+            if not snapshot[0]:
+                continue
+            if isinstance(family, HistogramFamily):
+                yield family.family(snapshot, exemplars)
+            else:
                 yield family.family(snapshot)
 
     def describe(self) -> Iterable[Metric]:
@@ -387,15 +515,22 @@ class SeriesCollector(Collector):
             family.render(snapshot, out)
         return "".join(out)
 
-    def render_parts(self, lines: int = 1000) -> Iterator[str]:
+    def render_parts(self, lines: int = 1000, openmetrics: bool = False) -> Iterator[str]:
         """``render()`` in parts of about ``lines`` lines, from one snapshot taken at the
-        first part: a caller on the event loop can let other tasks run between parts."""
+        first part: a caller on the event loop can let other tasks run between parts. With
+        ``openmetrics``, the families as the OpenMetrics writer writes ``collect()``'s, with
+        their exemplars (without the closing ``# EOF``)."""
         out: list[str] = []
-        for family, snapshot in self._snapshot():
+        with self.lock:
+            taken = [
+                (f, f.snapshot(), (_exemplars_of(f) or {}) if openmetrics else None)
+                for f in self.families
+            ]
+        for family, snapshot, exemplars in taken:
             per_series = family.size + 3 if isinstance(family, HistogramFamily) else 1
             step = max(1, lines // per_series)
             for start in range(0, len(snapshot[0]), step):
-                family.render(snapshot, out, start, start + step)
+                family.render(snapshot, out, start, start + step, exemplars)
                 if len(out) >= lines:
                     yield "".join(out)
                     out.clear()

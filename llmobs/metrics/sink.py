@@ -18,7 +18,9 @@ explode the series count, and a new model takes a slot only from a successful re
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Sequence
+from typing import NamedTuple
 
 from opentelemetry.metrics import Meter
 from prometheus_client import CollectorRegistry
@@ -70,6 +72,16 @@ _STATUS_CLASSES = {status: status_class(status) for status in range(600)}
 # (the token usage histogram twice: input, then output tokens)
 _OBSERVED = (DURATION, TTFT, TPOT, SMOOTHNESS, ENGINE_PROMPT_EVAL, ENGINE_LOAD)
 _USAGE_TYPES = {"input": 0, "output": 1}  # their place after _OBSERVED's
+
+
+class TraceRef(NamedTuple):
+    """The trace of a request, for its exemplars: its ids (hex, as W3C writes them) and
+    whether the trace is kept when the request is good (tail sampling keeps a bad one
+    always): an exemplar only ever points at a trace that is kept."""
+
+    trace_id: str
+    span_id: str
+    kept_if_good: bool = True
 
 
 class _LabelSet:
@@ -241,10 +253,14 @@ class MetricsSink:
             tokens.add((op, model, kind, source), count)
         return tuple(usage)
 
-    def record_request(self, s: StreamStats, windows: Sequence[TokenWindow] = ()) -> Verdict | None:
+    def record_request(
+        self, s: StreamStats, windows: Sequence[TokenWindow] = (), trace: TraceRef | None = None
+    ) -> Verdict | None:
         """A finished request into every request series, and its last ``windows`` of ITLs
         (those ``record_tokens`` did not take mid-stream) under the same labels, all under
         one lock; returns its verdict against its objectives (None: judged in no SLO series).
+        With the request's ``trace``, its observations are their buckets' exemplars (if the
+        trace is kept).
         A window that fails to record is raised after everything else about the request (its
         series, OTLP, the per-request hook) is recorded."""
         labels = self._sets.get((s.operation, s.model))
@@ -254,6 +270,9 @@ class MetricsSink:
         op, model = key
         status = _STATUS_CLASSES.get(s.status) or status_class(s.status)
         verdict = self.objectives.for_request(s.operation, s.model).judge(s)
+        exemplar = None
+        if trace is not None and (trace.kept_if_good or (verdict is not None and not verdict.good)):
+            exemplar = (trace.trace_id, trace.span_id, time.time())
         failed: Exception | None = None
         with self._lock:
             # an enum's ``_value_`` is a plain attribute; ``.value`` is a Python-level property
@@ -262,7 +281,7 @@ class MetricsSink:
             # the row's members in order: _OBSERVED's, then the usage histogram's
             values = (s.duration_s, s.ttft_s, s.tpot_s, s.smoothness, s.engine_prompt_eval_s,
                       s.engine_load_s, *usage)  # fmt: skip
-            labels.row.observe_all(values)
+            labels.row.observe_all(values, exemplar)
             if s.stalls:
                 self._stalls.add(key, s.stalls)
             if verdict is not None:
@@ -273,6 +292,8 @@ class MetricsSink:
                         self._itl.record(key, window)
                     except Exception as exc:  # raised below, once the request is recorded
                         failed = exc
+            if exemplar is not None and s.itl_count:  # the ITL's: the request's worst gap
+                self._itl.exemplar(key, s.itl_max, exemplar)
         if self._otel is not None:
             self._otel.record_request(s, op, model, status)
             if verdict is not None:

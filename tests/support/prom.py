@@ -92,8 +92,13 @@ class Prometheus:
     """
 
     def __init__(
-        self, workdir: Path, targets: Sequence[Target], rules: Mapping[str, str] | None = None
+        self,
+        workdir: Path,
+        targets: Sequence[Target],
+        rules: Mapping[str, str] | None = None,
+        features: Sequence[str] = (),
     ) -> None:
+        self.features = tuple(features)  # --enable-feature=..., e.g. exemplar-storage
         assert PROMETHEUS is not None, _INSTALL
         self.workdir = workdir
         self.port = free_port()
@@ -112,6 +117,7 @@ class Prometheus:
                 f"--storage.tsdb.path={self.workdir / 'data'}",
                 f"--web.listen-address=127.0.0.1:{self.port}",
                 "--log.level=warn",
+                *(f"--enable-feature={f}" for f in self.features),
                 stdout=log,
                 stderr=asyncio.subprocess.STDOUT,
                 stdin=asyncio.subprocess.DEVNULL,

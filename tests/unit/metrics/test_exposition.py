@@ -9,11 +9,15 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.openmetrics.exposition import generate_latest as openmetrics_latest
+from prometheus_client.openmetrics.parser import text_string_to_metric_families
 
 from llmobs.metrics.catalogue import ITL, ITL_SQUARES, REQUESTS, TTFT, Kind, MetricDef
-from llmobs.metrics.exposition import Registry, exposition, exposition_async
+from llmobs.metrics.exposition import Registry, exposition, exposition_async, openmetrics_async
 from llmobs.metrics.series import CounterFamily, HistogramFamily, SeriesCollector, TokenHistogram
+from llmobs.metrics.sink import TraceRef
 from llmobs.stats import TokenWindow
+from llmobs.timing import Outcome, StreamStats, TokenSource
 from tests.support.metrics import exposition as golden_text
 from tests.support.metrics import replay, sink_and_telemetry
 
@@ -189,3 +193,41 @@ def test_exposition_async_is_generate_latest() -> None:
         assert asyncio.run(render()) == generate_latest(telemetry.registry)
     finally:
         telemetry.shutdown()
+
+
+def test_openmetrics_is_the_openmetrics_writers_with_exemplars() -> None:
+    """The OpenMetrics exposition the handler serves (series rendered by their own renderer,
+    exemplars and all) is byte for byte what prometheus_client's OpenMetrics writer makes of
+    the same registry; and it parses, with the exemplars where they were recorded."""
+    sink, telemetry = sink_and_telemetry(tracing=True)
+    for model in ("llama", 'we"ird\\mo\ndel ✓'):
+        replay(sink, model, [20.0] * 9)
+    traced = StreamStats(
+        "chat", "llama", Outcome.OK, 200, True, 1.5, 0.4, 0.03, 12, 10, TokenSource.USAGE, 10,
+        9.0, 0.27, 0.0081, 0.05, 0, 0.99,
+    )  # fmt: skip
+    sink.record_request(
+        traced, (), TraceRef("0af7651916cd43dd8448eb211c80319c", "b7ad6b7169203331")
+    )
+
+    async def render() -> bytes:
+        with ThreadPoolExecutor(1) as pool:
+            return await openmetrics_async(telemetry.registry, pool)
+
+    try:
+        ours = asyncio.run(render())
+        assert ours == openmetrics_latest(telemetry.registry)  # type: ignore[no-untyped-call]
+    finally:
+        telemetry.shutdown()
+    text = ours.decode()
+    assert text.endswith("# EOF\n") and text.count("# EOF") == 1
+    assert "# TYPE llmobs_requests counter\n" in text  # OpenMetrics names counters so
+    found = {
+        (family.name, sample.exemplar.value)
+        for family in text_string_to_metric_families(text)  # type: ignore[no-untyped-call]
+        for sample in family.samples
+        if sample.exemplar is not None
+    }
+    assert ("gen_ai_server_time_to_first_token_seconds", 0.4) in found
+    assert ("gen_ai_server_request_duration_seconds", 1.5) in found
+    assert ("llmobs_inter_token_latency_seconds", 0.05) in found  # the worst gap's

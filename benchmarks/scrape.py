@@ -1,0 +1,89 @@
+"""What rendering /metrics costs at the label cap, per exposition format, and how long the
+event loop waits meanwhile.
+
+Not a test: run it by hand and record what it says in docs/benchmarks.md. A sink is filled as
+a busy sidecar's would be at the label cap (32 models x 3 operations, 20 traced requests of 50
+tokens each per label set, so every histogram bucket that was hit has an exemplar); then each
+format is rendered the way the /metrics handler renders it, five times, while a task on the
+same loop sleeps 1 ms at a time and notes how late it wakes.
+
+    python benchmarks/scrape.py
+"""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import time
+from collections.abc import Awaitable, Callable
+from concurrent.futures import Executor, ThreadPoolExecutor
+
+import uvloop
+from prometheus_client import CollectorRegistry
+
+from llmobs.metrics.exposition import Registry, exposition_async, openmetrics_async
+from llmobs.metrics.sink import MetricsSink, TraceRef
+from llmobs.timing import Outcome, StreamTimer
+
+Render = Callable[[CollectorRegistry, Executor], Awaitable[bytes]]
+
+
+def fill(sink: MetricsSink, models: int = 32, requests: int = 20, tokens: int = 50) -> None:
+    for op in ("chat", "text_completion", "embeddings"):
+        for m in range(models):
+            for i in range(requests):
+                timer = StreamTimer(0)
+                t_ns = 0
+                for k in range(tokens):
+                    t_ns += 10_000_000 + (k * 997 % 7) * 3_000_000 + i * 100_000
+                    timer.output(t_ns, 1)
+                record = timer.finish(
+                    t_ns + 1000, operation=op, model=f"model-{m}", outcome=Outcome.OK,
+                    status=200, stream=True, input_tokens=10, output_tokens=tokens,
+                )  # fmt: skip
+                trace = TraceRef(f"{m + 1:032x}", f"{i + 1:016x}")
+                sink.record_request(record, [timer.take_window(None)], trace)
+
+
+async def lag_while(render: Awaitable[bytes]) -> tuple[float, float, int]:
+    """(seconds the render took, the loop's worst lateness meanwhile, bytes)."""
+    worst = 0.0
+    done = False
+
+    async def ticker() -> None:
+        nonlocal worst
+        while not done:
+            t = time.perf_counter()
+            await asyncio.sleep(0.001)
+            worst = max(worst, time.perf_counter() - t - 0.001)
+
+    task = asyncio.ensure_future(ticker())
+    await asyncio.sleep(0.05)
+    start = time.perf_counter()
+    body = await render
+    took = time.perf_counter() - start
+    done = True
+    await task
+    return took, worst, len(body)
+
+
+async def main() -> None:
+    registry = Registry()
+    fill(MetricsSink(registry, 32))
+    gc.freeze()  # as llmobs serve does once started
+    formats: tuple[tuple[str, Render], ...] = (
+        ("Prometheus text", exposition_async), ("OpenMetrics", openmetrics_async),
+    )  # fmt: skip
+    with ThreadPoolExecutor(1) as pool:
+        for name, render in formats:
+            runs = sorted([await lag_while(render(registry, pool)) for _ in range(5)])
+            lags = sorted(r[1] for r in runs)
+            print(
+                f"{name}: {runs[0][2] / 1024:.0f} KiB, render {runs[0][0] * 1e3:.1f}-"
+                f"{runs[-1][0] * 1e3:.1f} ms, worst loop lag {lags[-1] * 1e3:.1f} ms "
+                f"(median run {lags[2] * 1e3:.1f} ms)"
+            )
+
+
+if __name__ == "__main__":
+    uvloop.run(main())
