@@ -194,7 +194,8 @@ def stat(title: str, description: str, expr: str, unit: str, steps: Json, **defa
 
 def heatmap(title: str, description: str, histogram: str) -> Json:
     expr = f"sum by (le) ({rate(histogram + '_bucket', fn='increase')})"
-    p = panel("heatmap", title, description, [target(expr, "{{le}}", format="heatmap")], "s", 12)
+    heat = target(expr, "{{le}}", format="heatmap", exemplar=True)  # exemplars: traces
+    p = panel("heatmap", title, description, [heat], "s", 12)
     p["options"] = {
         "calculate": False,
         "cellGap": 1,
@@ -204,6 +205,7 @@ def heatmap(title: str, description: str, histogram: str) -> Json:
         "tooltip": {"mode": "single", "yHistogram": True, "showColorScale": True},
         "legend": {"show": True},
         "filterValues": {"le": 1e-9},
+        "exemplars": {"color": "rgba(255,0,255,0.7)"},
     }
     return p
 
@@ -397,7 +399,17 @@ def slo_row() -> list[Json]:
 
 def experience_row() -> list[Json]:
     def quantiles(histogram: str, qs: Iterable[float]) -> list[Json]:
-        return [target(quantile(q, histogram), f"p{q * 100:g}") for q in qs]
+        # exemplars on the highest quantile's query: a dot per bucket's latest traced request,
+        # which links to its trace (docs/tracing.md)
+        qs = list(qs)
+        return [
+            target(
+                quantile(q, histogram),
+                f"p{q * 100:g}",
+                **({"exemplar": True} if q == qs[-1] else {}),
+            )
+            for q in qs
+        ]
 
     ttft_slo = thresholds((None, "transparent"), (TTFT_SLO, "red"))
     itl_slo = thresholds((None, "transparent"), (ITL_SLO, "red"))

@@ -255,6 +255,28 @@ def test_provisioning_points_at_the_dashboard() -> None:
     assert f"./dashboards/llmobs.json:{provider['options']['path']}/llmobs.json:ro" in mounts
 
 
+def test_exemplars_lead_from_the_panels_to_the_traces() -> None:
+    """The latency panels and the heatmaps ask for exemplars; the provisioned Prometheus data
+    source opens an exemplar's trace_id in the Jaeger data source; the compose Prometheus
+    stores exemplars; the PodMonitor scrapes OpenMetrics first (which carries them)."""
+    d = load()
+    with_exemplars = {
+        p["title"] for p in panels(d) for t in p.get("targets", []) if t.get("exemplar")
+    }
+    assert {"Time to first token", "Inter-token latency", "Time per output token"} <= with_exemplars
+    assert {p["title"] for p in panels(d) if p["type"] == "heatmap"} <= with_exemplars
+    sources = yaml.safe_load((PROVISIONING / "datasources" / "prometheus.yaml").read_text())
+    by_uid = {s["uid"]: s for s in sources["datasources"]}
+    (link,) = by_uid["prometheus"]["jsonData"]["exemplarTraceIdDestinations"]
+    assert link["name"] == "trace_id" and by_uid[link["datasourceUid"]]["type"] == "jaeger"
+    compose = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
+    assert "--enable-feature=exemplar-storage" in compose["services"]["prometheus"]["command"]
+    monitor = yaml.safe_load(
+        (ROOT / "deploy" / "kubernetes" / "base" / "podmonitor.yaml").read_text()
+    )
+    assert monitor["spec"]["scrapeProtocols"][0] == "OpenMetricsText1.0.0"
+
+
 # --- every panel returns data from a real Prometheus -----------------------------------------
 
 MODEL = "sim-llama-3-8b"
