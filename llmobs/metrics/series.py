@@ -154,6 +154,8 @@ class HistogramRow:
     def _observe_traced(
         self, values: Sequence[Number | None], trace: tuple[str, str, float]
     ) -> None:
+        """``observe_all``'s loop, each value also its bucket's exemplar: a loop of its own,
+        so that an untraced request pays nothing for exemplars."""
         trace_id, span_id, at = trace
         bound, bounds = self._series, self._bounds
         for index, value in enumerate(values):
