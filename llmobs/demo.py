@@ -84,7 +84,7 @@ def _with_objective(settings: Settings) -> Settings:
 def goodput_lines(sidecar: Sidecar, elapsed: float) -> list[str]:
     """Goodput against the objective, read from the sidecar's SLO series."""
     reg = sidecar.telemetry.registry
-    objective = sidecar.settings.objectives().default
+    objective = sidecar.proxy.sink.objectives.default
     good = total(reg, "llmobs_slo_requests_total", verdict="good")
     judged = good + total(reg, "llmobs_slo_requests_total", verdict="bad")
     good_tokens = total(reg, "llmobs_slo_output_tokens_total", verdict="good")

@@ -256,16 +256,13 @@ def describe(objective_set: ObjectiveSet) -> str:
     if objective_set.no_stalls:
         parts.append("no stalls")
     bounds = ", ".join(parts) or "no latency bound (errors only)"
-    return f"{bounds}; {objective_set.target:.4g} good over {_window_text(objective_set.window)}"
+    window = prometheus_duration(objective_set.window)
+    return f"{bounds}; {objective_set.target:.4g} good over {window}"
 
 
-def _window_text(seconds: float) -> str:
+def prometheus_duration(seconds: float) -> str:
+    """A window as a Prometheus range spells it (``28d``, ``6h``), and as people read it."""
     for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
         if seconds >= size and seconds % size == 0:
             return f"{seconds / size:g}{unit}"
     return f"{seconds:g}s"
-
-
-def prometheus_duration(seconds: float) -> str:
-    """A window as a Prometheus range (``28d``, ``6h``)."""
-    return _window_text(seconds)

@@ -8,6 +8,10 @@ order ``generate_latest`` follows), the series by their own renderer and the res
 registered through prometheus_client's public ``register``: no private state of the client is
 read. A registry of another class, or one with target info, is rendered by
 ``generate_latest`` whole.
+
+The same holds for OpenMetrics (``openmetrics_async``), which a scraper gets when it asks for
+it (``wants_openmetrics``): the series render it themselves, with their exemplars, and the
+other collectors go to prometheus_client's OpenMetrics writer.
 """
 
 from __future__ import annotations

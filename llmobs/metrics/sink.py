@@ -241,7 +241,7 @@ class MetricsSink:
             for metric, value in settings:
                 self._otel.add(metric, value, {OPERATION: key[0], MODEL: key[1]})
 
-    def _record_tokens(self, op: str, model: str, s: StreamStats) -> tuple[int | None, ...]:
+    def _record_tokens(self, op: str, model: str, s: StreamStats) -> list[int | None]:
         """The request's token counts into the counter by type and source; returns the
         input and output counts (None: not recorded) for the usage histogram."""
         usage: list[int | None] = [None, None]
@@ -251,7 +251,7 @@ class MetricsSink:
             if index is not None:
                 usage[index] = count
             tokens.add((op, model, kind, source), count)
-        return tuple(usage)
+        return usage
 
     def record_request(
         self, s: StreamStats, windows: Sequence[TokenWindow] = (), trace: TraceRef | None = None
