@@ -37,12 +37,13 @@ def fill(sink: MetricsSink, models: int = 32, requests: int = 20, tokens: int = 
                 for k in range(tokens):
                     t_ns += 10_000_000 + (k * 997 % 7) * 3_000_000 + i * 100_000
                     timer.output(t_ns, 1)
+                window = timer.take_window(None)  # before finish: it pools the windows
                 record = timer.finish(
                     t_ns + 1000, operation=op, model=f"model-{m}", outcome=Outcome.OK,
                     status=200, stream=True, input_tokens=10, output_tokens=tokens,
                 )  # fmt: skip
                 trace = TraceRef(f"{m + 1:032x}", f"{i + 1:016x}")
-                sink.record_request(record, [timer.take_window(None)], trace)
+                sink.record_request(record, [window], trace)
 
 
 async def lag_while(render: Awaitable[bytes]) -> tuple[float, float, int]:

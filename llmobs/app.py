@@ -25,17 +25,11 @@ from urllib.parse import urlsplit
 
 import aiohttp
 from aiohttp import web
-from prometheus_client import CONTENT_TYPE_LATEST
 
 from llmobs.collectors import Collectors, NvmlBackend
 from llmobs.config import ConfigError, Settings
 from llmobs.formats import Route
-from llmobs.metrics.exposition import (
-    OPENMETRICS_CONTENT_TYPE,
-    exposition_async,
-    openmetrics_async,
-    wants_openmetrics,
-)
+from llmobs.metrics.exposition import negotiate, render
 from llmobs.metrics.sink import MetricsSink
 from llmobs.observer import ObserveConfig, Observer
 from llmobs.proxy import ObserverFactory, Relay
@@ -249,7 +243,7 @@ def build_admin_app(
     registry = telemetry.registry
     # One rendering thread: concurrent scrapes queue instead of collecting in parallel (the
     # OpenTelemetry exporter's collector is not safe to run twice at once).
-    render = ThreadPoolExecutor(max_workers=1, thread_name_prefix="llmobs-metrics")
+    pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="llmobs-metrics")
 
     expected = f"Bearer {settings.metrics_token}".encode() if settings.metrics_token else b""
 
@@ -260,16 +254,13 @@ def build_admin_app(
                 status=401,
                 headers={"WWW-Authenticate": 'Bearer realm="llmobs"'},
             )
-        # The bytes generate_latest(registry) gives, but the request series are written by
-        # their own renderer on the event loop a part at a time (no GIL contention with a
-        # thread, no garbage to collect: docs/benchmarks.md); other collectors render in the
-        # thread.
-        if wants_openmetrics(request.headers.get("Accept", "")):  # with exemplars
-            body = await openmetrics_async(registry, render)
-            content_type = OPENMETRICS_CONTENT_TYPE
-        else:
-            body = await exposition_async(registry, render)
-            content_type = CONTENT_TYPE_LATEST
+        # The Prometheus text format unless the scraper asks for OpenMetrics (exemplars) or
+        # protobuf (native histograms). The request series are written by their own renderer
+        # on the event loop a part at a time (no GIL contention with a thread, no garbage to
+        # collect: docs/benchmarks.md); other collectors render in the thread.
+        fmt = negotiate(request.headers.get("Accept", ""))
+        body = await render(fmt, registry, pool)
+        content_type = fmt.value
         resp = web.Response(body=body)
         resp.headers["Content-Type"] = content_type
         resp.headers["Vary"] = "Accept"
@@ -298,7 +289,7 @@ def build_admin_app(
         async with _client_session(limit=4) as session:
             app[SESSION] = session
             yield
-        render.shutdown(wait=True)
+        pool.shutdown(wait=True)
 
     app.cleanup_ctx.append(session_ctx)
     if collectors is not None:  # polled in the background while the admin app runs

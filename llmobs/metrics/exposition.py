@@ -10,13 +10,16 @@ read. A registry of another class, or one with target info, is rendered by
 ``generate_latest`` whole.
 
 The same holds for OpenMetrics (``openmetrics_async``), which a scraper gets when it asks for
-it (``wants_openmetrics``): the series render it themselves, with their exemplars, and the
-other collectors go to prometheus_client's OpenMetrics writer.
+it (``negotiate``): the series render it themselves, with their exemplars, and the other
+collectors go to prometheus_client's OpenMetrics writer. And for Prometheus' protobuf format
+(``protobuf_async``), which prometheus_client cannot write: the series encode themselves, with
+their native buckets, and the other collectors' families are encoded by ``protobuf``.
 """
 
 from __future__ import annotations
 
 import asyncio
+import enum
 import threading
 from concurrent.futures import Executor
 
@@ -25,10 +28,9 @@ from prometheus_client.openmetrics.exposition import CONTENT_TYPE_LATEST as OPEN
 from prometheus_client.openmetrics.exposition import generate_latest as openmetrics_latest
 from prometheus_client.registry import Collector
 
+from llmobs.metrics import protobuf
 from llmobs.metrics.series import SeriesCollector
 
-CONTENT_TYPE = CONTENT_TYPE_LATEST  # the Prometheus text format, version 0.0.4
-OPENMETRICS_CONTENT_TYPE = OPENMETRICS_LATEST  # OpenMetrics 1.0 text: with exemplars
 _OPENMETRICS = "application/openmetrics-text"
 _EOF = b"# EOF\n"
 
@@ -98,27 +100,84 @@ def exposition(registry: CollectorRegistry) -> bytes:
     return b"".join(parts)
 
 
-def wants_openmetrics(accept: str) -> bool:
-    """Content negotiation (RFC 9110 12.5.1, as Prometheus' scrape Accept header uses it):
-    OpenMetrics when the scraper prefers it to the Prometheus text format, or likes it as
-    well; the text format by default (no header, ``*/*``, ``text/plain``)."""
-    best = {"openmetrics": 0.0, "text": 0.0}
+class Format(enum.Enum):
+    """An exposition format /metrics can answer in: its content type."""
+
+    TEXT = CONTENT_TYPE_LATEST  # the Prometheus text format, version 0.0.4
+    OPENMETRICS = OPENMETRICS_LATEST  # OpenMetrics 1.0 text: with exemplars
+    PROTOBUF = protobuf.CONTENT_TYPE  # delimited MetricFamily: with native histograms
+
+
+# On equal preference, the richer format (Prometheus lists them best first anyway).
+_RANK = {Format.PROTOBUF: 2, Format.OPENMETRICS: 1, Format.TEXT: 0}
+
+
+def _media(item: str) -> tuple[Format | None, float]:
+    """The format one Accept entry names (None: none we write) and its quality."""
+    media, *params = (part.strip() for part in item.split(";"))
+    values = {}
+    for param in params:
+        name, _, value = param.partition("=")
+        values[name.strip().lower()] = value.strip().strip('"')
+    try:
+        quality = float(values.get("q", "1"))
+    except ValueError:
+        quality = 0.0
+    media = media.lower()
+    if media == protobuf.MEDIA_TYPE:
+        if values.get("proto") != protobuf.PROTO or values.get("encoding") != "delimited":
+            return None, 0.0  # the text and compact-text protobuf encodings: not written
+        return Format.PROTOBUF, quality
+    if media == _OPENMETRICS:
+        return Format.OPENMETRICS, quality
+    if media in ("text/plain", "*/*", "text/*"):
+        return Format.TEXT, quality
+    return None, 0.0
+
+
+def negotiate(accept: str) -> Format:
+    """Content negotiation (RFC 9110 12.5.1, as Prometheus' scrape Accept header uses it): the
+    format the scraper likes best, the richer one on a tie; the text format when it names
+    none we write (no header, ``*/*``, ``text/plain``, ``application/json``)."""
+    best = {fmt: 0.0 for fmt in Format}
     for item in accept.split(","):
-        media, _, params = item.strip().partition(";")
-        media = media.strip().lower()
-        kind = "openmetrics" if media == _OPENMETRICS else "text"
-        if kind == "text" and media not in ("text/plain", "*/*", "text/*"):
-            continue
-        quality = 1.0
-        for param in params.split(";"):
-            name, _, value = param.strip().partition("=")
-            if name.strip().lower() == "q":
-                try:
-                    quality = float(value)
-                except ValueError:
-                    quality = 0.0
-        best[kind] = max(best[kind], quality)
-    return best["openmetrics"] > 0 and best["openmetrics"] >= best["text"]
+        fmt, quality = _media(item)
+        if fmt is not None:
+            best[fmt] = max(best[fmt], quality)
+    chosen = max(Format, key=lambda fmt: (best[fmt], _RANK[fmt]))
+    return chosen if best[chosen] > 0 else Format.TEXT
+
+
+async def protobuf_async(registry: CollectorRegistry, executor: Executor) -> bytes:
+    """The registry in Prometheus' protobuf format: each family a delimited ``MetricFamily``,
+    in the registry's order; the request series (with their native buckets and exemplars)
+    encoded on the event loop a part at a time, the other collectors in ``executor``."""
+    loop = asyncio.get_running_loop()
+    members = _members(registry)
+    if members is None:
+        members = [registry]
+    parts: list[bytes] = []
+    for collector in members:
+        if isinstance(collector, SeriesCollector):
+            for part in collector.proto_parts():
+                parts.append(part)
+                await asyncio.sleep(0)
+        else:
+            parts.append(await loop.run_in_executor(executor, _families_bytes, collector))
+    return b"".join(parts)
+
+
+def _families_bytes(collector: Collector | CollectorRegistry) -> bytes:
+    return b"".join(protobuf.family_bytes(family) for family in collector.collect())
+
+
+async def render(fmt: Format, registry: CollectorRegistry, executor: Executor) -> bytes:
+    """/metrics in ``fmt``."""
+    if fmt is Format.PROTOBUF:
+        return await protobuf_async(registry, executor)
+    if fmt is Format.OPENMETRICS:
+        return await openmetrics_async(registry, executor)
+    return await exposition_async(registry, executor)
 
 
 async def openmetrics_async(registry: CollectorRegistry, executor: Executor) -> bytes:

@@ -41,6 +41,7 @@ import threading
 from bisect import bisect_left, bisect_right
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from itertools import chain
+from math import inf
 from typing import Any, cast
 
 import numpy as np
@@ -56,7 +57,9 @@ from prometheus_client.registry import Collector
 from prometheus_client.samples import Exemplar as ClientExemplar
 from prometheus_client.utils import floatToGoString as _untyped_go
 
+from llmobs.metrics import native, protobuf
 from llmobs.metrics.catalogue import MetricDef
+from llmobs.metrics.native import NativeBuckets
 from llmobs.stats import TokenWindow
 
 Number = int | float
@@ -122,17 +125,19 @@ class HistogramRow:
     /metrics in the order they were first recorded. Observing a whole row is one call, with
     no label lookup: what recording a request does."""
 
-    __slots__ = ("_bounds", "_exemplars", "_members", "_series")
+    __slots__ = ("_bounds", "_exemplars", "_members", "_natives", "_series")
 
     def __init__(self, members: Sequence[tuple[HistogramFamily, tuple[str, ...]]]) -> None:
         self._members = tuple(members)
         self._bounds = tuple(family.bounds for family, _ in self._members)
         self._series: list[list[Number] | None] = [None] * len(self._members)
         self._exemplars: list[list[Exemplar | None] | None] = [None] * len(self._members)
+        self._natives: list[NativeBuckets | None] = [None] * len(self._members)
 
     def _bind(self, index: int) -> list[Number]:
         family, key = self._members[index]
         series = self._series[index] = family.series_for(key)
+        self._natives[index] = family.natives.get(key)
         return series
 
     def observe_all(
@@ -144,12 +149,15 @@ class HistogramRow:
         if trace is not None:
             self._observe_traced(values, trace)
             return
-        bound, bounds = self._series, self._bounds
+        bound, bounds, natives = self._series, self._bounds, self._natives
         for index, value in enumerate(values):
             if value is not None:
                 series = bound[index] or self._bind(index)
                 series[bisect_left(bounds[index], value)] += 1
                 series[-1] += value
+                native = natives[index]
+                if native is not None:
+                    native.add(value)
 
     def _observe_traced(
         self, values: Sequence[Number | None], trace: tuple[str, str, float]
@@ -157,13 +165,16 @@ class HistogramRow:
         """``observe_all``'s loop, each value also its bucket's exemplar: a loop of its own,
         so that an untraced request pays nothing for exemplars."""
         trace_id, span_id, at = trace
-        bound, bounds = self._series, self._bounds
+        bound, bounds, natives = self._series, self._bounds, self._natives
         for index, value in enumerate(values):
             if value is not None:
                 series = bound[index] or self._bind(index)
                 bucket = bisect_left(bounds[index], value)
                 series[bucket] += 1
                 series[-1] += value
+                native = natives[index]
+                if native is not None:
+                    native.add(value)
                 exemplars = self._exemplars[index]
                 if exemplars is None:
                     family, key = self._members[index]
@@ -175,7 +186,8 @@ class HistogramFamily:
     """One histogram family: label values -> [count per bucket ..., +Inf count, sum]."""
 
     __slots__ = (
-        "_edges", "_head", "_om_head", "_text", "bounds", "exemplars", "metric", "series", "size",
+        "_edges", "_head", "_om_head", "_text", "bounds", "exemplars", "layout", "metric",
+        "natives", "series", "size",
     )  # fmt: skip
 
     def __init__(self, metric: MetricDef) -> None:
@@ -184,6 +196,10 @@ class HistogramFamily:
         self.size = len(self.bounds) + 1  # index of the sum in a series
         self._edges = [repr(b) for b in self.bounds] + ["+Inf"]
         self.series: dict[tuple[str, ...], list[Number]] = {}
+        # label values -> the series' native buckets, kept next to the classic ones (same
+        # observations; count and sum are the classic series'), if the metric has a layout
+        self.layout = metric.native
+        self.natives: dict[Key, NativeBuckets] = {}
         # label values -> one exemplar slot per bucket: made for a series at its first traced
         # observation (an untraced sidecar keeps none)
         self.exemplars: Exemplars = {}
@@ -201,7 +217,13 @@ class HistogramFamily:
         series = self.series.get(key)
         if series is None:
             series = self.series[key] = self._empty()
+            if self.layout is not None:
+                self.natives[key] = NativeBuckets(self.layout)
         return series
+
+    def natives_snapshot(self) -> dict[Key, native.Snapshot]:
+        """A copy of every series' native buckets (hold the lock)."""
+        return {key: buckets.copy() for key, buckets in self.natives.items()}
 
     def exemplars_for(self, key: Key) -> list[Exemplar | None]:
         """The exemplar slots of ``key``'s series (one per bucket), made if it has none."""
@@ -220,6 +242,9 @@ class HistogramFamily:
         series = self.series_for(key)
         series[bisect_left(self.bounds, value)] += 1
         series[-1] += value
+        found = self.natives.get(key)
+        if found is not None:
+            found.add(value)
 
     def snapshot(self) -> Snapshot:
         """The label values of every series and all their numbers end to end (hold the lock).
@@ -313,6 +338,77 @@ class HistogramFamily:
                 out.append(f"{text[size]}{value}\n{text[size + 1]}{_go(values[j])}\n")
             j += 1
 
+    def proto(
+        self,
+        snapshot: Snapshot,
+        start: int,
+        stop: int,
+        exemplars: Exemplars | None = None,
+        natives: dict[Key, native.Snapshot] | None = None,
+    ) -> bytes:
+        """Series ``start`` to ``stop`` as a serialized ``MetricFamily`` (the family's name,
+        help and type with the first): classic buckets (the +Inf one only to carry an
+        exemplar, as client_golang writes it), with their exemplars, and the native buckets
+        next to them (``natives``), whose exemplars also go in the histogram's own list."""
+        keys, values = snapshot
+        out = protobuf.MetricFamily()
+        if start == 0:
+            out.name = self.metric.prometheus
+            out.help = self.metric.description
+            out.type = protobuf.HISTOGRAM
+        names = self.metric.prometheus_labels
+        bounds, size = self.bounds, self.size
+        j = start * (size + 1)
+        for key in keys[start:stop] if stop >= 0 else keys[start:]:
+            metric = out.metric.add()
+            protobuf.labels_of(metric, names, key)
+            h = metric.histogram
+            slots = exemplars.get(key) if exemplars else None
+            total: Number = 0
+            for i in range(size):
+                total += values[j + i]
+                found = slots[i] if slots is not None else None
+                if i < size - 1:
+                    bucket = h.bucket.add(cumulative_count=int(total), upper_bound=bounds[i])
+                elif found is not None:
+                    bucket = h.bucket.add(cumulative_count=int(total), upper_bound=inf)
+                if found is not None:
+                    trace_id, span_id, value, at = found
+                    ids = {"trace_id": trace_id, "span_id": span_id}
+                    protobuf.exemplar(ids, value, at, bucket.exemplar)
+            h.sample_count = int(total)
+            h.sample_sum = values[j + size]
+            state = natives.get(key) if natives else None
+            if state is not None:
+                _native_fields(h, state, slots)
+            j += size + 1
+        return bytes(out.SerializeToString())
+
+
+def _native_fields(h: Any, state: native.Snapshot, slots: list[Exemplar | None] | None) -> None:
+    """A histogram message's native buckets (always with the zero threshold, which is what
+    marks it native to Prometheus 2.x), and the exemplars of its classic buckets in its own
+    list (where Prometheus 3 looks for a native histogram's)."""
+    h.schema = state.schema
+    h.zero_threshold = native.ZERO_THRESHOLD
+    h.zero_count = state.zero
+    for buckets, spans_field, deltas_field in (
+        (state.positive, h.positive_span, h.positive_delta),
+        (state.negative, h.negative_span, h.negative_delta),
+    ):
+        if buckets:
+            found_spans, deltas = native.spans(buckets)
+            for offset, length in found_spans:
+                spans_field.add(offset=offset, length=length)
+            deltas_field.extend(deltas)
+    if not state.positive and not state.negative and not state.zero:
+        h.positive_span.add(offset=0, length=0)  # client_golang's mark of an empty one
+    for found in slots or ():
+        if found is not None:
+            trace_id, span_id, value, at = found
+            ids = {"trace_id": trace_id, "span_id": span_id}
+            protobuf.exemplar(ids, value, at, h.exemplars.add())
+
 
 class CounterFamily:
     """A counter family (or a gauge: ``gauge=True``): label values -> value."""
@@ -378,6 +474,33 @@ class CounterFamily:
                 text = cache[key] = _prefix(self._name, dict(labels).items())
             out.append(f"{text}{_go(value)}\n")
 
+    def proto(
+        self,
+        snapshot: Snapshot,
+        start: int,
+        stop: int,
+        exemplars: Exemplars | None = None,
+        natives: dict[Key, native.Snapshot] | None = None,
+    ) -> bytes:
+        """Series ``start`` to ``stop`` as a serialized ``MetricFamily`` (the family's name,
+        help and type with the first)."""
+        keys, values = snapshot
+        out = protobuf.MetricFamily()
+        if start == 0:
+            out.name = self._name
+            out.help = self.metric.description
+            out.type = protobuf.GAUGE if self.gauge else protobuf.COUNTER
+        names = self.metric.prometheus_labels
+        end = len(keys) if stop < 0 else stop
+        for key, value in zip(keys[start:end], values[start:end], strict=True):
+            metric = out.metric.add()
+            protobuf.labels_of(metric, names, key)
+            if self.gauge:
+                metric.gauge.value = value
+            else:
+                metric.counter.value = value
+        return bytes(out.SerializeToString())
+
 
 class TokenHistogram:
     """Per-token ITL histogram recorded a window at a time, with its sum of squares.
@@ -411,6 +534,9 @@ class TokenHistogram:
             self._bin_sorted_array(series, ordered)
         series[-1] += window.itl_sum
         self.squares.add(labels, window.itl_sumsq)
+        found = self.histogram.natives.get(labels)
+        if found is not None:
+            _native_window(found, window)
 
     def exemplar(self, labels: Key, value: float, trace: tuple[str, str, float]) -> None:
         """``trace`` as the exemplar of ``value``'s bucket (hold the collector's lock)."""
@@ -465,6 +591,27 @@ class TokenHistogram:
                 series[i] += count
 
 
+def _native_window(buckets: NativeBuckets, window: TokenWindow) -> None:
+    """A window's ITLs into native buckets, the way its classic binning goes: sorted runs, a
+    list value by value, or numpy."""
+    ordered = window.ordered
+    if isinstance(ordered, list):
+        buckets.add_sorted(ordered)
+        return
+    if ordered is not None:
+        buckets.add_array(ordered)
+        return
+    values, counts = window.values, window.counts
+    if not isinstance(values, list):
+        buckets.add_array(values, window.weights if counts is not None else None)
+    elif counts is None:
+        for value in values:
+            buckets.add(value)
+    else:
+        for value, count in zip(values, counts, strict=True):
+            buckets.add(value, round(count))
+
+
 Family = HistogramFamily | CounterFamily
 
 
@@ -516,6 +663,28 @@ class SeriesCollector(Collector):
         for family, snapshot in self._snapshot():
             family.render(snapshot, out)
         return "".join(out)
+
+    def proto_parts(self, series: int = 100) -> Iterator[bytes]:
+        """Every family as a delimited ``MetricFamily``, from one snapshot, a family made
+        ``series`` series at a time; between two parts it yields b"" (a caller on the event
+        loop lets other tasks run there)."""
+        with self.lock:
+            taken = [
+                (
+                    f,
+                    f.snapshot(),
+                    _exemplars_of(f) or {},
+                    f.natives_snapshot() if isinstance(f, HistogramFamily) else None,
+                )
+                for f in self.families
+            ]
+        for family, snapshot, exemplars, natives in taken:
+            parts: list[bytes] = []
+            for start in range(0, len(snapshot[0]), series):
+                parts.append(family.proto(snapshot, start, start + series, exemplars, natives))
+                yield b""
+            if parts:
+                yield protobuf.delimited(parts)
 
     def render_parts(self, lines: int = 1000, openmetrics: bool = False) -> Iterator[str]:
         """``render()`` in parts of about ``lines`` lines, from one snapshot taken at the

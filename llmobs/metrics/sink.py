@@ -114,8 +114,10 @@ class MetricsSink:
         on_request: Callable[[str, StreamStats], None] | None = None,
         push: Meter | None = None,
         objectives: Objectives | None = None,
+        clock: Callable[[], float] = time.time,
     ) -> None:
         self.models = BoundedLabel(max_models)
+        self._clock = clock  # unix seconds: when an exemplar was seen
         # what each request is judged by (the default: no latency bound, 99.9 % not failing)
         self.objectives = objectives or Objectives(ObjectiveSet())
         # (operation, model as sent) -> its label set, for models whose label cannot change
@@ -272,7 +274,7 @@ class MetricsSink:
         verdict = self.objectives.for_request(s.operation, s.model).judge(s)
         exemplar = None
         if trace is not None and (trace.kept_if_good or (verdict is not None and not verdict.good)):
-            exemplar = (trace.trace_id, trace.span_id, time.time())
+            exemplar = (trace.trace_id, trace.span_id, self._clock())
         failed: Exception | None = None
         with self._lock:
             # an enum's ``_value_`` is a plain attribute; ``.value`` is a Python-level property

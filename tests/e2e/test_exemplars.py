@@ -1,6 +1,7 @@
 """Exemplars: from a histogram bucket to the trace of a request in it.
 
-A traced sidecar in front of the simulated engine; /metrics in OpenMetrics (what Prometheus
+A traced sidecar in front of the simulated engine, exporting its spans over OTLP/HTTP to a
+receiver on loopback; /metrics in OpenMetrics (what Prometheus
 asks for with exemplar storage on) carries, on the TTFT, TPOT, duration and ITL buckets, the
 trace ids of requests whose spans the sidecar exported (so do the smoothness and token usage
 ones); the Prometheus text format is
@@ -14,14 +15,19 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
-import pytest
-from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from prometheus_client.openmetrics.parser import text_string_to_metric_families
 
-from llmobs.metrics.exposition import wants_openmetrics
-from llmobs.telemetry import build_telemetry
+from llmobs.otel_config import otel_settings
+from llmobs.telemetry import Telemetry, build_telemetry
+from tests.support.otlp import OtlpReceiver
 from tests.support.prom import Prometheus, Target, needs_prometheus
-from tests.support.servers import SidecarFactory, SidecarHandle, SimFactory, eventually
+from tests.support.servers import (
+    AppFactory,
+    SidecarFactory,
+    SidecarHandle,
+    SimFactory,
+    eventually,
+)
 
 MODEL = "sim-llama-3-8b"
 ENGINE: dict[str, Any] = {
@@ -39,6 +45,21 @@ TRACED = (
     "llmobs_smoothness", "gen_ai_client_token_usage",
 )  # fmt: skip
 REQUESTS = 4
+
+
+async def exporting(start_app: AppFactory) -> tuple[OtlpReceiver, Telemetry]:
+    """A receiver on loopback, and telemetry that exports spans to it."""
+    receiver = OtlpReceiver()
+    url = await start_app(receiver.app())
+    otel = otel_settings({"OTEL_EXPORTER_OTLP_ENDPOINT": url, "OTEL_BSP_SCHEDULE_DELAY": "50"})
+    return receiver, build_telemetry(otel=otel)
+
+
+async def received(side: SidecarHandle, receiver: OtlpReceiver, count: int) -> set[str]:
+    """The trace ids the receiver got, once it has the ``count`` requests' server spans."""
+    await asyncio.to_thread(side.sidecar.flush_traces)
+    await eventually(lambda: len(receiver.trace_ids()) >= count)
+    return receiver.trace_ids()
 
 
 async def chats(side: SidecarHandle, count: int) -> None:
@@ -72,14 +93,13 @@ def exemplar_traces(text: str) -> dict[str, set[str]]:
 
 
 async def test_buckets_carry_the_traces_of_their_requests(
-    start_sim: SimFactory, start_sidecar: SidecarFactory
+    start_sim: SimFactory, start_sidecar: SidecarFactory, start_app: AppFactory
 ) -> None:
+    receiver, telemetry = await exporting(start_app)
     sim = await start_sim(**ENGINE)
-    exporter = InMemorySpanExporter()
-    side = await start_sidecar(sim.url, build_telemetry(span_exporter=exporter))
+    side = await start_sidecar(sim.url, telemetry)
     await chats(side, REQUESTS)
-    side.sidecar.flush_traces()
-    traces = {format(s.context.trace_id, "032x") for s in exporter.get_finished_spans()}
+    traces = await received(side, receiver, REQUESTS)
     assert len(traces) == REQUESTS
 
     content_type, text = await scrape(side, PROMETHEUS_ACCEPT)
@@ -110,36 +130,17 @@ async def test_an_untraced_sidecar_has_no_exemplars(
     assert "gen_ai_server_time_to_first_token_seconds_bucket" in text
 
 
-@pytest.mark.parametrize(
-    ("accept", "openmetrics"),
-    [
-        ("", False),
-        ("*/*", False),
-        ("text/plain;version=0.0.4", False),
-        (PROMETHEUS_ACCEPT, True),
-        ("application/openmetrics-text", True),
-        ("application/openmetrics-text;q=0.3,text/plain;q=0.9", False),
-        ("text/plain;q=0.5, application/openmetrics-text;version=1.0.0", True),
-        ("application/openmetrics-text;q=0", False),
-        ("application/json", False),
-    ],
-)
-def test_content_negotiation(accept: str, openmetrics: bool) -> None:
-    assert wants_openmetrics(accept) is openmetrics
-
-
 @needs_prometheus
 async def test_prometheus_stores_the_exemplars(
-    start_sim: SimFactory, start_sidecar: SidecarFactory, tmp_path: Path
+    start_sim: SimFactory, start_sidecar: SidecarFactory, start_app: AppFactory, tmp_path: Path
 ) -> None:
+    receiver, telemetry = await exporting(start_app)
     sim = await start_sim(**ENGINE)
-    exporter = InMemorySpanExporter()
-    side = await start_sidecar(sim.url, build_telemetry(span_exporter=exporter))
+    side = await start_sidecar(sim.url, telemetry)
     targets = [Target("llmobs", side.metrics_url, {"namespace": "ci", "pod": "llm-0"})]
     async with Prometheus(tmp_path, targets, features=["exemplar-storage"]) as prom:
         await chats(side, REQUESTS)
-        side.sidecar.flush_traces()
-        traces = {format(s.context.trace_id, "032x") for s in exporter.get_finished_spans()}
+        traces = await received(side, receiver, REQUESTS)
         deadline = asyncio.get_running_loop().time() + 30
         stored: set[str] = set()
         while not stored:

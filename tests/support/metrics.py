@@ -3,14 +3,25 @@
 
 from __future__ import annotations
 
+import asyncio
+from concurrent.futures import ThreadPoolExecutor
+
+from google.protobuf import text_format
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
-from prometheus_client import generate_latest
+from prometheus_client import CollectorRegistry, generate_latest
 
 from llmobs.formats import OLLAMA_GENERATE, OPENAI_CHAT, Route
-from llmobs.metrics.sink import MetricsSink
+from llmobs.metrics import protobuf
+from llmobs.metrics.exposition import (
+    Registry,
+    exposition_async,
+    openmetrics_async,
+    protobuf_async,
+)
+from llmobs.metrics.sink import MetricsSink, TraceRef
 from llmobs.observer import ObserveConfig, Observer
 from llmobs.telemetry import Telemetry, build_telemetry
-from llmobs.timing import Outcome
+from llmobs.timing import Outcome, StreamTimer
 from tests.support import FIXTURES, ROOT
 from tests.support.scripted import chat_chunk, sse
 
@@ -94,3 +105,56 @@ def sample(telemetry: Telemetry, name: str, **labels: str) -> float:
         for s in fam.samples
         if s.name == name and all(s.labels.get(k) == v for k, v in labels.items())
     )
+
+
+# --- one traced sink, in all three exposition formats (tests/fixtures/exposition/) ---
+
+EXPOSITIONS = FIXTURES / "exposition"
+CLOCK = 1_764_115_200.25  # when every exemplar was seen: a fixed time, so the files are fixed
+
+
+def traced_sink() -> tuple[MetricsSink, Registry]:
+    """A sink after a few requests of two models and two operations, all but one traced,
+    with TTFTs and ITLs spread over several classic and native buckets, and one stall."""
+    registry = Registry()
+    sink = MetricsSink(registry, 32, clock=lambda: CLOCK)
+    plan = [
+        ("chat", "llama", 120, [20, 21, 22, 20, 150, 21, 20], True),
+        ("chat", "llama", 480, [30, 31, 29, 30], True),
+        ("chat", "qwen", 2500, [9, 9, 10, 9, 9, 11], True),
+        ("text_completion", "llama", 75, [45, 45, 46], False),
+    ]
+    for n, (op, model, ttft_ms, gaps_ms, traced) in enumerate(plan):
+        timer = StreamTimer(0)
+        t_ns = ttft_ms * MS
+        timer.output(t_ns, 1)
+        for gap in gaps_ms:
+            t_ns += gap * MS
+            timer.output(t_ns, 1)
+        window = timer.take_window(None)
+        record = timer.finish(
+            t_ns + MS, operation=op, model=model, outcome=Outcome.OK, status=200,
+            stream=True, input_tokens=12, output_tokens=len(gaps_ms) + 1,
+        )  # fmt: skip
+        trace = TraceRef(f"{n + 1:032x}", f"{n + 1:016x}") if traced else None
+        sink.record_request(record, [window], trace)
+    return sink, registry
+
+
+def three_formats(registry: CollectorRegistry) -> dict[str, str]:
+    """The registry as /metrics serves it in each format (protobuf as protobuf's text format,
+    family after family, which is what a reader can compare)."""
+
+    async def render() -> tuple[bytes, bytes, bytes]:
+        with ThreadPoolExecutor(1) as pool:
+            return (
+                await exposition_async(registry, pool),
+                await openmetrics_async(registry, pool),
+                await protobuf_async(registry, pool),
+            )
+
+    text, openmetrics, proto = asyncio.run(render())
+    families = protobuf.read_delimited(proto)
+    readable = "".join(f"{text_format.MessageToString(f)}---\n" for f in families)
+    return {"metrics.txt": text.decode(), "metrics.om.txt": openmetrics.decode(),
+            "metrics.pb.txt": readable}  # fmt: skip

@@ -26,6 +26,7 @@ from llmobs.slo import GOOD, Objective, Verdict
 from llmobs.telemetry import BoundedSpanProcessor, Telemetry, build_telemetry
 from llmobs.timing import Outcome, StreamStats, TokenSource
 from llmobs.tracing import RequestDetails, RequestMeta, Tracing
+from tests.support.otlp import OtlpReceiver
 from tests.support.servers import AppFactory, SidecarFactory, SidecarHandle, SimFactory, eventually
 
 TRACE_ID = "4bf92f3577b34da6a3ce929d0e0e4736"
@@ -262,19 +263,8 @@ def test_otel_environment_is_read_by_the_spec() -> None:
 async def test_spans_reach_a_real_otlp_http_receiver(
     start_sim: SimFactory, start_sidecar: SidecarFactory, start_app: AppFactory
 ) -> None:
-    received: list[trace_service_pb2.ExportTraceServiceRequest] = []
-
-    async def traces(request: web.Request) -> web.Response:
-        assert request.content_type == "application/x-protobuf"
-        message = trace_service_pb2.ExportTraceServiceRequest()
-        message.ParseFromString(await request.read())
-        received.append(message)
-        return web.Response(body=trace_service_pb2.ExportTraceServiceResponse().SerializeToString(),
-                            content_type="application/x-protobuf")  # fmt: skip
-
-    app = web.Application()
-    app.router.add_post("/v1/traces", traces)
-    collector = await start_app(app)
+    receiver = OtlpReceiver()
+    collector = await start_app(receiver.app())
     otel = otel_settings({"OTEL_EXPORTER_OTLP_ENDPOINT": collector, "OTEL_SERVICE_NAME": "pod-a",
                           "OTEL_BSP_SCHEDULE_DELAY": "50"})  # fmt: skip
     telemetry = build_telemetry(otel=otel)
@@ -283,11 +273,8 @@ async def test_spans_reach_a_real_otlp_http_receiver(
     await traced_request(side.url, telemetry)
     await eventually(lambda: side.value("llmobs_requests_total") == 1)
     await asyncio.to_thread(flush, side)
-    await eventually(lambda: sum(_count(m) for m in received) >= 3)
-    spans = [
-        (span, rs) for m in received for rs in m.resource_spans for ss in rs.scope_spans
-        for span in ss.spans
-    ]  # fmt: skip
+    await eventually(lambda: len(receiver.spans()) >= 3)
+    spans = receiver.spans()
     names = {span.name: span for span, _ in spans}
     server = names["chat sim-model"]
     assert server.trace_id.hex() == TRACE_ID
@@ -296,10 +283,6 @@ async def test_spans_reach_a_real_otlp_http_receiver(
     assert names["queue+prefill"].parent_span_id == server.span_id
     resource = {a.key: a.value.string_value for a in spans[0][1].resource.attributes}
     assert resource["service.name"] == "pod-a"
-
-
-def _count(message: trace_service_pb2.ExportTraceServiceRequest) -> int:
-    return sum(len(ss.spans) for rs in message.resource_spans for ss in rs.scope_spans)
 
 
 class Collector(trace_service_pb2_grpc.TraceServiceServicer):
