@@ -21,7 +21,12 @@ from concurrent.futures import Executor, ThreadPoolExecutor
 import uvloop
 from prometheus_client import CollectorRegistry
 
-from llmobs.metrics.exposition import Registry, exposition_async, openmetrics_async
+from llmobs.metrics.exposition import (
+    Registry,
+    exposition_async,
+    openmetrics_async,
+    protobuf_async,
+)
 from llmobs.metrics.sink import MetricsSink, TraceRef
 from llmobs.timing import Outcome, StreamTimer
 
@@ -74,6 +79,7 @@ async def main() -> None:
     gc.freeze()  # as llmobs serve does once started
     formats: tuple[tuple[str, Render], ...] = (
         ("Prometheus text", exposition_async), ("OpenMetrics", openmetrics_async),
+        ("Protobuf", protobuf_async),
     )  # fmt: skip
     with ThreadPoolExecutor(1) as pool:
         for name, render in formats:

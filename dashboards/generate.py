@@ -94,13 +94,21 @@ KV_CACHE_MAX = t.KV_CACHE_MAX
 GPU_MEMORY_MAX = t.GPU_MEMORY_MAX
 
 
+# the histograms the sidecar also exposes as native ones
+NATIVE = frozenset(m.prometheus for m in c.CATALOGUE if m.native is not None)
+
+
 def rate(metric: str, selector: str = MODEL, fn: str = "rate") -> str:
     return f"{fn}({metric}{{{selector}}}[{RATE_INTERVAL}])"
 
 
 def quantile(q: float, histogram: str, selector: str = MODEL) -> str:
-    inner = rate(histogram + "_bucket", selector)
-    return f"histogram_quantile({q}, sum by (le) ({inner}))"
+    """From the native histogram where Prometheus has one (a few percent from the exact
+    quantile), else from the classic buckets (docs/metrics.md)."""
+    classic = f"histogram_quantile({q}, sum by (le) ({rate(histogram + '_bucket', selector)}))"
+    if histogram not in NATIVE:
+        return classic
+    return f"histogram_quantile({q}, sum({rate(histogram, selector)})) or {classic}"
 
 
 def total(metric: str, selector: str = MODEL) -> str:

@@ -94,6 +94,12 @@ def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
         f"[{d.scrape_interval}]",
     )
     add(
+        "--scrape-format",
+        choices=("text", "openmetrics", "protobuf"),
+        default=d.scrape_format,
+        help=f"the exposition format those GETs ask for [{d.scrape_format}]",
+    )
+    add(
         "--saturation",
         action=argparse.BooleanOptionalAction,
         default=d.saturation,
@@ -152,7 +158,8 @@ def options_from_args(args: argparse.Namespace) -> BenchOptions:
         tokens=args.tokens, prompt_tokens=args.prompt_tokens, tpot=args.tpot,
         max_paced_rate=args.max_paced_rate, duration=args.duration,
         arrival_rate=args.arrival_rate, scrape_interval=args.scrape_interval,
-        saturation=args.saturation, saturation_streams=args.saturation_streams,
+        scrape_format=args.scrape_format, saturation=args.saturation,
+        saturation_streams=args.saturation_streams,
         saturation_tokens=args.saturation_tokens, saturation_duration=args.saturation_duration,
         open_streams=args.open_streams, pin=args.pin, nginx=args.nginx, litellm=args.litellm,
         llmobs_root=args.llmobs_root,

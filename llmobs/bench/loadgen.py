@@ -208,14 +208,19 @@ async def run_load(spec: LoadSpec, session: aiohttp.ClientSession | None = None)
 
 
 async def scrape_loop(
-    session: aiohttp.ClientSession, url: str, interval: float, windows: list[tuple[int, int]]
+    session: aiohttp.ClientSession,
+    url: str,
+    interval: float,
+    windows: list[tuple[int, int]],
+    accept: str = "text/plain;version=0.0.4",
 ) -> None:
-    """GET ``url`` every ``interval`` s until cancelled; record each scrape's (start, end) ns."""
+    """GET ``url`` (asking for ``accept``) every ``interval`` s until cancelled; record each
+    scrape's (start, end) ns."""
     while True:
         await asyncio.sleep(interval)
         start = time.monotonic_ns()
         try:
-            async with session.get(url) as resp:
+            async with session.get(url, headers={"Accept": accept}) as resp:
                 await resp.read()
         except (aiohttp.ClientError, OSError, TimeoutError):
             continue

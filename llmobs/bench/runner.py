@@ -54,6 +54,16 @@ from llmobs.bench.targets import (
 
 Progress = Callable[[str], None]
 IDLE_FAULT = {"X-Sim-Fault": "headers-then-nothing"}
+# What a scraper sends for each format: Prometheus 2.42's headers (the protobuf one with
+# --enable-feature=native-histograms)
+SCRAPE_ACCEPT = {
+    "text": "text/plain;version=0.0.4;q=1,*/*;q=0.1",
+    "openmetrics": "application/openmetrics-text;version=1.0.0,application/openmetrics-text;"
+    "version=0.0.1;q=0.75,text/plain;version=0.0.4;q=0.5,*/*;q=0.1",
+    "protobuf": "application/vnd.google.protobuf;proto=io.prometheus.client.MetricFamily;"
+    "encoding=delimited,application/openmetrics-text;version=1.0.0;q=0.8,"
+    "text/plain;version=0.0.4;q=0.5,*/*;q=0.1",
+}
 
 
 @dataclass(frozen=True)
@@ -70,6 +80,7 @@ class BenchOptions:
     duration: float = 8.0
     arrival_rate: float | None = None
     scrape_interval: float = 1.0
+    scrape_format: str = "text"  # text | openmetrics | protobuf: what the scrapes ask for
     saturation: bool = True
     saturation_streams: int = 64
     saturation_tokens: tuple[int, int] = (256, 16)
@@ -181,7 +192,13 @@ async def paced_cell(
             if started.metrics_url and o.scrape_interval > 0:
                 tasks.append(
                     asyncio.ensure_future(
-                        scrape_loop(admin, started.metrics_url, o.scrape_interval, windows)
+                        scrape_loop(
+                            admin,
+                            started.metrics_url,
+                            o.scrape_interval,
+                            windows,
+                            SCRAPE_ACCEPT[o.scrape_format],
+                        )
                     )
                 )
             spec = LoadSpec(started.url, level, o.duration, o.tokens, o.prompt_tokens, o.model,

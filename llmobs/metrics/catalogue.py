@@ -67,14 +67,18 @@ SMOOTHNESS_BUCKETS = (
 )  # fmt: skip
 TOKEN_BUCKETS = (1.0, 4.0, 16.0, 64.0, 256.0, 1024.0, 4096.0, 16384.0, 65536.0, 262144.0)
 
-# Native histograms (metrics.native). Latencies start at schema 5: buckets 2.2 % wide, so a
-# quantile read by Prometheus 2.x (linear inside a bucket) is off by at most 2.2 %, within the
-# 3 % a latency objective needs; schema 3 (client_golang's usual factor 1.1) could be 9 % off.
-# 160 buckets cover a 32x range (say 20-640 ms) at that resolution; a wider distribution drops
-# to schema 4 (1024x, 4.4 %), then 3 (10^6 x, 9 %): a stalling stream's ITL from 1 ms to 10 s
-# fits at schema 3 in 107 buckets. The smoothness score lives in (0, 1], where 0.98 and 0.99
-# must differ: schema 6 (1.1 %); 160 buckets reach down to 0.18 before it halves.
+# Native histograms (metrics.native). The per-request latencies start at schema 5: buckets
+# 2.2 % wide, so a quantile read by Prometheus 2.x (linear inside a bucket) is off by at most
+# 2.2 %, within the 3 % a latency objective needs; schema 3 (client_golang's usual factor 1.1)
+# could be 9 % off. 160 buckets cover a 32x range (say 20-640 ms) at that resolution; a wider
+# distribution drops to schema 4 (1024x, 4.4 %), then 3 (10^6 x, 9 %). The per-token ITL is
+# observed a hundred times as often, on the relay's hot path, and its cost grows with the
+# buckets a window's gaps fall in: schema 3 (9 %), still finer than its classic buckets
+# (20-150 % apart above 0.1 s), covers 1 us to 1 s in 160 buckets, and costs per token half
+# of schema 5 on a spread-out stream (docs/benchmarks.md). The smoothness score lives in
+# (0, 1], where 0.98 and 0.99 must differ: schema 6 (1.1 %); 160 buckets reach down to 0.18.
 LATENCY_NATIVE = Layout(schema=5, limit=160)
+ITL_NATIVE = Layout(schema=3, limit=160)
 SCORE_NATIVE = Layout(schema=6, limit=160)
 
 
@@ -129,7 +133,7 @@ TOKEN_USAGE = MetricDef(
 ITL = MetricDef(
     "llmobs.inter_token_latency", Kind.TOKEN_HISTOGRAM, "s",
     "Gap between output chunks divided among the chunk's tokens, observed once per token.",
-    _OP_MODEL, LATENCY_BUCKETS, LATENCY_NATIVE,
+    _OP_MODEL, LATENCY_BUCKETS, ITL_NATIVE,
 )  # fmt: skip
 ITL_SQUARES = MetricDef(
     "llmobs.inter_token_latency", Kind.COUNTER, "s2",

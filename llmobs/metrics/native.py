@@ -37,6 +37,7 @@ FloatArray = npt.NDArray[np.float64]
 ZERO_THRESHOLD = 2.0**-128
 MIN_SCHEMA = -4  # the widest buckets Prometheus knows (a factor of 65536)
 MAX_SCHEMA = 8  # the narrowest (a factor of 1.0027)
+_LARGEST = 1.7976931348623157e308  # client_golang counts an infinity as this, one bucket up
 
 
 class Layout(NamedTuple):
@@ -59,15 +60,18 @@ def _table(schema: int) -> FloatArray:
 
 
 def key(value: float, schema: int) -> int:
-    """The index of the bucket ``|value|`` falls in (client_golang's, for a finite value)."""
-    frac, exp = frexp(abs(value) if value != inf else 1.7976931348623157e308)
+    """The index of the bucket ``|value|`` falls in, as client_golang reckons it (an infinite
+    value one bucket past the largest float's)."""
+    magnitude = abs(value)
+    infinite = magnitude == inf
+    frac, exp = frexp(_LARGEST if infinite else magnitude)
     if schema > 0:
         table = bounds(schema)
         found = bisect_left(table, frac) + (exp - 1) * len(table)
     else:
         found = exp - 1 if frac == 0.5 else exp
         found = (found + (1 << -schema) - 1) >> -schema
-    return found + 1 if value == inf else found
+    return found + 1 if infinite else found
 
 
 def upper(key: int, schema: int) -> float:
@@ -83,23 +87,27 @@ class NativeBuckets:
     """One series' native buckets: schema, zero bucket, and key -> count of the positive and
     negative buckets that were hit (latencies and scores have only positive ones)."""
 
-    __slots__ = ("_octave", "_table", "limit", "negative", "positive", "schema", "zero")
+    # table, octave: the bounds of one octave at the current schema, and their number (0 at
+    # schema <= 0): what a caller inlining ``add``'s usual case needs (``series.HistogramRow``)
+    __slots__ = ("limit", "negative", "octave", "positive", "schema", "table", "zero")
 
     def __init__(self, layout: Layout) -> None:
+        if not MIN_SCHEMA <= layout.schema <= MAX_SCHEMA or layout.limit < 1:
+            raise ValueError(f"no such native histogram layout: {layout}")
         self.schema = layout.schema
         self.limit = layout.limit
         self.zero: int = 0
         self.positive: dict[int, int] = {}
         self.negative: dict[int, int] = {}
-        self._table = bounds(self.schema) if self.schema > 0 else ()
-        self._octave = len(self._table)
+        self.table = bounds(self.schema) if self.schema > 0 else ()
+        self.octave = len(self.table)
 
     def add(self, value: float, count: int = 1) -> None:
         """Count ``value`` ``count`` times."""
         if value > ZERO_THRESHOLD:
-            if self._octave and value != inf:  # the usual case, inline
+            if self.octave and value != inf:  # the usual case, inline
                 frac, exp = frexp(value)
-                k = bisect_left(self._table, frac) + (exp - 1) * self._octave
+                k = bisect_left(self.table, frac) + (exp - 1) * self.octave
             else:
                 k = key(value, self.schema)
             buckets = self.positive
@@ -121,20 +129,35 @@ class NativeBuckets:
 
     def add_sorted(self, values: list[float]) -> None:
         """Count ascending ``values`` once each, a run of values in one bucket at a time (a
-        steady stream's gaps fall in a few buckets)."""
+        steady stream's gaps fall in a few buckets). The per-token path: one ``frexp``, two
+        bisections and a dict update per run, no call."""
         i, n = 0, len(values)
+        table, octave, positive = self.table, self.octave, self.positive
         while i < n:
             value = values[i]
-            if value <= ZERO_THRESHOLD or value == inf or self._octave == 0:
+            if not (ZERO_THRESHOLD < value < inf and octave):  # zero, infinite, schema <= 0
                 self.add(value)
+                table, octave, positive = self.table, self.octave, self.positive
                 i += 1
                 continue
             frac, exp = frexp(value)
-            k = bisect_left(self._table, frac) + (exp - 1) * self._octave
-            top = ldexp(self._table[k % self._octave], k // self._octave + 1)  # upper(k)
-            j = bisect_right(values, top, i)
-            self.add(value, j - i)
-            i = j
+            j = bisect_left(table, frac)
+            # the run: the values up to the bucket's upper bound, upper(k) (a spread-out
+            # window's runs are mostly one value: look at the next before searching)
+            top = ldexp(table[j], exp) if j < octave else ldexp(1.0, exp)
+            end = i + 1
+            if end < n and values[end] <= top:
+                end = bisect_right(values, top, end)
+            k = j + (exp - 1) * octave
+            before = positive.get(k)
+            if before is not None:
+                positive[k] = before + end - i
+            else:
+                positive[k] = end - i
+                if len(positive) + len(self.negative) > self.limit:
+                    self.reduce()
+                    table, octave, positive = self.table, self.octave, self.positive
+            i = end
 
     def add_keyed(self, keys: Iterable[int], counts: Iterable[int]) -> None:
         """Add counts of positive buckets already keyed at this series' schema (numpy's, for a
@@ -162,7 +185,7 @@ class NativeBuckets:
         frac, exp = np.frexp(values)
         if self.schema > 0:
             keys = np.searchsorted(_table(self.schema), frac, side="left")
-            keys += (exp - 1) * self._octave
+            keys += (exp - 1) * self.octave
         else:
             keys = exp - (frac == 0.5)
             keys = (keys + ((1 << -self.schema) - 1)) >> -self.schema
@@ -176,8 +199,8 @@ class NativeBuckets:
             self.schema -= 1
             self.positive = _merged(self.positive)
             self.negative = _merged(self.negative)
-        self._table = bounds(self.schema) if self.schema > 0 else ()
-        self._octave = len(self._table)
+        self.table = bounds(self.schema) if self.schema > 0 else ()
+        self.octave = len(self.table)
 
     def copy(self) -> Snapshot:
         """What a scrape shows: schema, zero count, positive and negative buckets."""

@@ -171,6 +171,14 @@ def varint(value: int) -> bytes:
     return bytes(out)
 
 
+def part(name: str, help_: str, mtype: int, *, first: bool) -> Any:
+    """A ``MetricFamily`` message for one part of a family's series: the first part names
+    the family (its help and type too); the later ones merge into it."""
+    if not first:
+        return MetricFamily()
+    return MetricFamily(name=name, help=help_, type=mtype)
+
+
 def delimited(parts: Sequence[bytes]) -> bytes:
     """One message, serialized in ``parts`` (concatenation merges them), with its length
     before it: one entry of the delimited stream."""
@@ -232,8 +240,8 @@ def _histogram(name: str, samples: list[Sample], gauge: bool, out: Any) -> None:
     for sample in samples:
         if sample.name == f"{name}_bucket":
             bound = float(sample.labels["le"])
-            if bound == float("inf"):
-                continue  # the +Inf bucket is the sample count
+            if bound == float("inf") and sample.exemplar is None:
+                continue  # the sample count says it; written only to carry an exemplar
             bucket = h.bucket.add(cumulative_count=int(sample.value), upper_bound=bound)
             _client_exemplar(sample.exemplar, bucket.exemplar)
         elif sample.name == count_name:
@@ -266,8 +274,7 @@ def _sample(sample: Sample, mtype: int, out: Any) -> None:
         out.timestamp_ms = int(float(sample.timestamp) * 1000)
     if mtype == COUNTER:
         out.counter.value = sample.value
-        if sample.exemplar is not None:
-            _client_exemplar(sample.exemplar, out.counter.exemplar)
+        _client_exemplar(sample.exemplar, out.counter.exemplar)
     elif mtype == GAUGE:
         out.gauge.value = sample.value
     else:

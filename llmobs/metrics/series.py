@@ -41,7 +41,7 @@ import threading
 from bisect import bisect_left, bisect_right
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from itertools import chain
-from math import inf
+from math import frexp, inf
 from typing import Any, cast
 
 import numpy as np
@@ -59,7 +59,7 @@ from prometheus_client.utils import floatToGoString as _untyped_go
 
 from llmobs.metrics import native, protobuf
 from llmobs.metrics.catalogue import MetricDef
-from llmobs.metrics.native import NativeBuckets
+from llmobs.metrics.native import ZERO_THRESHOLD, NativeBuckets
 from llmobs.stats import TokenWindow
 
 Number = int | float
@@ -146,9 +146,6 @@ class HistogramRow:
         """Count each value in the member of its position (None: not observed); ``values``
         may be shorter than the row. With ``trace`` (trace id, span id, unix time), each
         value is also its bucket's exemplar."""
-        if trace is not None:
-            self._observe_traced(values, trace)
-            return
         bound, bounds, natives = self._series, self._bounds, self._natives
         for index, value in enumerate(values):
             if value is not None:
@@ -156,30 +153,34 @@ class HistogramRow:
                 series[bisect_left(bounds[index], value)] += 1
                 series[-1] += value
                 native = natives[index]
-                if native is not None:
-                    native.add(value)
+                if native is None:
+                    continue
+                # native.add(value), its usual case inline: a value in a bucket that exists
+                octave = native.octave
+                if octave and ZERO_THRESHOLD < value < inf:
+                    frac, exp = frexp(value)
+                    k = bisect_left(native.table, frac) + (exp - 1) * octave
+                    positive = native.positive
+                    before = positive.get(k)
+                    if before is not None:
+                        positive[k] = before + 1
+                        continue
+                native.add(value)
+        if trace is not None:
+            self._exemplify(values, trace)
 
-    def _observe_traced(
-        self, values: Sequence[Number | None], trace: tuple[str, str, float]
-    ) -> None:
-        """``observe_all``'s loop, each value also its bucket's exemplar: a loop of its own,
-        so that an untraced request pays nothing for exemplars."""
+    def _exemplify(self, values: Sequence[Number | None], trace: tuple[str, str, float]) -> None:
+        """Each value as its bucket's exemplar: a loop of its own, so that an untraced
+        request pays nothing for exemplars."""
         trace_id, span_id, at = trace
-        bound, bounds, natives = self._series, self._bounds, self._natives
+        bounds = self._bounds
         for index, value in enumerate(values):
             if value is not None:
-                series = bound[index] or self._bind(index)
-                bucket = bisect_left(bounds[index], value)
-                series[bucket] += 1
-                series[-1] += value
-                native = natives[index]
-                if native is not None:
-                    native.add(value)
                 exemplars = self._exemplars[index]
                 if exemplars is None:
                     family, key = self._members[index]
                     exemplars = self._exemplars[index] = family.exemplars_for(key)
-                exemplars[bucket] = (trace_id, span_id, float(value), at)
+                exemplars[bisect_left(bounds[index], value)] = (trace_id, span_id, float(value), at)
 
 
 class HistogramFamily:
@@ -351,11 +352,8 @@ class HistogramFamily:
         exemplar, as client_golang writes it), with their exemplars, and the native buckets
         next to them (``natives``), whose exemplars also go in the histogram's own list."""
         keys, values = snapshot
-        out = protobuf.MetricFamily()
-        if start == 0:
-            out.name = self.metric.prometheus
-            out.help = self.metric.description
-            out.type = protobuf.HISTOGRAM
+        out = protobuf.part(self.metric.prometheus, self.metric.description, protobuf.HISTOGRAM,
+                            first=start == 0)  # fmt: skip
         names = self.metric.prometheus_labels
         bounds, size = self.bounds, self.size
         j = start * (size + 1)
@@ -485,11 +483,8 @@ class CounterFamily:
         """Series ``start`` to ``stop`` as a serialized ``MetricFamily`` (the family's name,
         help and type with the first)."""
         keys, values = snapshot
-        out = protobuf.MetricFamily()
-        if start == 0:
-            out.name = self._name
-            out.help = self.metric.description
-            out.type = protobuf.GAUGE if self.gauge else protobuf.COUNTER
+        kind = protobuf.GAUGE if self.gauge else protobuf.COUNTER
+        out = protobuf.part(self._name, self.metric.description, kind, first=start == 0)
         names = self.metric.prometheus_labels
         end = len(keys) if stop < 0 else stop
         for key, value in zip(keys[start:end], values[start:end], strict=True):
@@ -664,7 +659,7 @@ class SeriesCollector(Collector):
             family.render(snapshot, out)
         return "".join(out)
 
-    def proto_parts(self, series: int = 100) -> Iterator[bytes]:
+    def proto_parts(self, series: int = 25) -> Iterator[bytes]:
         """Every family as a delimited ``MetricFamily``, from one snapshot, a family made
         ``series`` series at a time; between two parts it yields b"" (a caller on the event
         loop lets other tasks run there)."""

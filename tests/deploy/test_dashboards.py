@@ -24,6 +24,7 @@ from llmobs.telemetry import build_telemetry
 from tests.support.fake_nvml import GIB, FakeGpu, FakeNvml
 from tests.support.prom import (
     ROOT,
+    RULES,
     Prometheus,
     Target,
     finite,
@@ -270,11 +271,13 @@ def test_exemplars_lead_from_the_panels_to_the_traces() -> None:
     (link,) = by_uid["prometheus"]["jsonData"]["exemplarTraceIdDestinations"]
     assert link["name"] == "trace_id" and by_uid[link["datasourceUid"]]["type"] == "jaeger"
     compose = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
-    assert "--enable-feature=exemplar-storage" in compose["services"]["prometheus"]["command"]
+    command = compose["services"]["prometheus"]["command"]
+    assert "--enable-feature=exemplar-storage,native-histograms" in command
     monitor = yaml.safe_load(
         (ROOT / "deploy" / "kubernetes" / "base" / "podmonitor.yaml").read_text()
     )
-    assert monitor["spec"]["scrapeProtocols"][0] == "OpenMetricsText1.0.0"
+    assert monitor["spec"]["scrapeProtocols"][:2] == ["PrometheusProto", "OpenMetricsText1.0.0"]
+    assert monitor["spec"]["scrapeClassicHistograms"] is True
 
 
 # --- every panel returns data from a real Prometheus -----------------------------------------
@@ -356,6 +359,49 @@ async def test_every_panel_returns_data(
     # The measured-bandwidth panel tells the two sources apart; the engine is recognised.
     assert {(s["gpu"], s["source"]) for s, _ in bandwidth} == {("0", "gpm"), ("1", "mem_util")}
     assert {s["engine"] for s, _ in engines} == {"vllm"}
+
+
+NATIVE = {m.prometheus for m in CATALOGUE if m.native is not None}
+NATIVE_QUANTILES = [
+    "namespace_job_model:gen_ai_server_time_to_first_token_seconds:histogram_quantile",
+    "namespace_job_model:llmobs_inter_token_latency_seconds:histogram_quantile",
+    "namespace_job_model:gen_ai_server_time_per_output_token_seconds:histogram_quantile",
+]
+
+
+@needs_prometheus
+async def test_quantiles_read_the_native_histograms(
+    start_sim: SimFactory, start_sidecar: SidecarFactory, tmp_path: Path
+) -> None:
+    """A Prometheus that scrapes protobuf with native histograms on, and (2.42) keeps only
+    the native series: every panel query that reads a native histogram returns data from it,
+    and so do the quantile recording rules."""
+    sim = await start_sim(model=MODEL, stall_every=10, max_batch=64)
+    side = await start_sidecar(sim.url)
+    targets = [Target("llmobs", side.metrics_url, LABELS)]
+    pending = {
+        (where, substitute(expr, values))
+        for values in (ALL, ONE)
+        for where, expr in queries(load())
+        if metric_names(expr) & NATIVE
+        and "histogram_quantile" in expr
+        and not where.startswith("variable")
+    }
+    assert len(pending) >= 8  # TTFT, ITL, TPOT, duration, smoothness: stats and panels
+    pending |= {("rule", name) for name in NATIVE_QUANTILES}
+    rules = {"rules.yml": RULES.read_text()}
+    async with (
+        Prometheus(tmp_path, targets, rules, features=["native-histograms"]) as prom,
+        streaming_load(side.url, MODEL, 4),
+    ):
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + DATA_TIMEOUT
+        while pending and loop.time() < deadline:
+            pending = {(w, q) for w, q in pending if not finite(await prom.query(q))}
+            await asyncio.sleep(1.0)
+        classic = await prom.query(f"{next(iter(NATIVE))}_bucket")
+    assert not pending, "no data from:\n" + "\n".join(map(str, sorted(pending)))
+    assert classic == []  # it did read them natively: 2.42 keeps no classic series of them
 
 
 async def label_values(prom: Prometheus, query: str) -> list[str]:

@@ -67,11 +67,14 @@ def variable_selector(query: str) -> tuple[str | None, str]:
 
 
 def catalogue_series() -> set[str]:
-    """Every series name the sidecar exposes, from the catalogue (histograms: their parts)."""
+    """Every series name the sidecar exposes, from the catalogue (histograms: their parts,
+    and the native histogram under the family's own name where the metric has one)."""
     names: set[str] = set()
     for metric in CATALOGUE:
         if metric.kind in (Kind.HISTOGRAM, Kind.TOKEN_HISTOGRAM):
             names.update(metric.prometheus + s for s in ("_bucket", "_sum", "_count"))
+            if metric.native is not None:
+                names.add(metric.prometheus)
         else:
             names.add(metric.prometheus)
     return names

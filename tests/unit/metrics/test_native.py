@@ -8,6 +8,7 @@ import random
 import tracemalloc
 
 import numpy as np
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -59,6 +60,13 @@ def test_known_keys() -> None:
     assert key(0.01, 5) == -212  # ceil(log2(0.01) * 32) = ceil(-212.6)
     assert key(1.0, -1) == 0 and key(4.0, -1) == 1 and key(4.1, -1) == 2
     assert key(math.inf, 3) == key(1.7976931348623157e308, 3) + 1
+    assert key(-math.inf, 3) == key(math.inf, 3) and key(-0.5, 3) == key(0.5, 3)
+
+
+def test_a_layout_outside_prometheus_schemas_is_refused() -> None:
+    for layout in (Layout(9, 10), Layout(-5, 10), Layout(3, 0)):
+        with pytest.raises(ValueError, match="layout"):
+            NativeBuckets(layout)
 
 
 def test_zero_and_nan() -> None:
