@@ -115,12 +115,19 @@ def total(metric: str, selector: str = MODEL) -> str:
     return f"sum({rate(metric, selector)})"
 
 
-ITL_MEAN = f"{total(ITL + '_sum')} / {total(ITL + '_count')}"
-ITL_STDDEV = (
-    f"sqrt(clamp_min({total(ITL_SQUARES)} / {total(ITL + '_count')} - ({ITL_MEAN}) ^ 2, 0))"
-)
-SMOOTH_TOKENS = f"{total(ITL + '_sum')} ^ 2 / ({total(ITL + '_count')} * {total(ITL_SQUARES)})"
-STALLS_PER_1K = f"1000 * ({total(STALLS)} or vector(0)) / {total(ITL + '_count')}"
+def native_total(part: str, histogram: str, selector: str = MODEL) -> str:
+    """The rate of a histogram's count or sum (``part``), from the native histogram where
+    Prometheus keeps only that (2.40-2.44), else from the classic series."""
+    native = f"sum(histogram_{part}({rate(histogram, selector)}))"
+    return f"({native} or {total(f'{histogram}_{part}', selector)})"
+
+
+ITL_COUNT = native_total("count", ITL)
+ITL_SUM = native_total("sum", ITL)
+ITL_MEAN = f"{ITL_SUM} / {ITL_COUNT}"
+ITL_STDDEV = f"sqrt(clamp_min({total(ITL_SQUARES)} / {ITL_COUNT} - ({ITL_MEAN}) ^ 2, 0))"
+SMOOTH_TOKENS = f"{ITL_SUM} ^ 2 / ({ITL_COUNT} * {total(ITL_SQUARES)})"
+STALLS_PER_1K = f"1000 * ({total(STALLS)} or vector(0)) / {ITL_COUNT}"
 FAILURE_RATIO = f"({total(REQUESTS, MODEL + ', ' + FAILED)} or vector(0)) / {total(REQUESTS)}"
 OK_REQUESTS = MODEL + ', outcome="ok"'
 OUTPUT = '"output"'

@@ -123,6 +123,8 @@ def _media(item: str) -> tuple[Format | None, float]:
         quality = float(values.get("q", "1"))
     except ValueError:
         quality = 0.0
+    if not 0.0 <= quality <= 1.0:  # NaN, negative, above 1: not a quality (RFC 9110 12.4.2)
+        quality = 0.0
     media = media.lower()
     if media == protobuf.MEDIA_TYPE:
         if values.get("proto") != protobuf.PROTO or values.get("encoding") != "delimited":

@@ -144,7 +144,10 @@ class NativeBuckets:
             j = bisect_left(table, frac)
             # the run: the values up to the bucket's upper bound, upper(k) (a spread-out
             # window's runs are mostly one value: look at the next before searching)
-            top = ldexp(table[j], exp) if j < octave else ldexp(1.0, exp)
+            if j < octave:
+                top = ldexp(table[j], exp)
+            else:  # 2^exp, or past the largest float: infinity's bucket is the next one
+                top = ldexp(1.0, exp) if exp < 1024 else _LARGEST
             end = i + 1
             if end < n and values[end] <= top:
                 end = bisect_right(values, top, end)

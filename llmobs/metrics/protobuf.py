@@ -16,6 +16,7 @@ concatenated: protobuf merges concatenated messages of a type, appending repeate
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Sequence
 from typing import Any
 
@@ -193,9 +194,12 @@ def exemplar(labels: dict[str, str], value: float, at: float | None, out: Any | 
         found.label.add(name=name, value=text)
     found.value = value
     if at is not None:
-        seconds = int(at // 1)
+        seconds = math.floor(at)
+        nanos = round((at - seconds) * 1e9)  # the fraction alone: at * 1e9 is past 2^53
+        if nanos == 1_000_000_000:
+            seconds, nanos = seconds + 1, 0
         found.timestamp.seconds = seconds
-        found.timestamp.nanos = round((at - seconds) * 1e9) % 1_000_000_000
+        found.timestamp.nanos = nanos
     return found
 
 
@@ -290,7 +294,8 @@ def family_bytes(family: Metric) -> bytes:
     out = MetricFamily(name=name, help=family.documentation, type=mtype)
     if family.unit:
         out.unit = family.unit
-    drop = "le" if mtype in (HISTOGRAM, GAUGE_HISTOGRAM) else "quantile"
+    # the label that tells a family's samples apart within one series: none but these two
+    drop = {HISTOGRAM: "le", GAUGE_HISTOGRAM: "le", SUMMARY: "quantile"}.get(mtype, "")
     for key, samples in _group(family.samples, drop).items():
         labels = [LabelPair(name=k, value=v) for k, v in key]
         if mtype == SUMMARY:

@@ -362,10 +362,15 @@ async def test_every_panel_returns_data(
 
 
 NATIVE = {m.prometheus for m in CATALOGUE if m.native is not None}
-NATIVE_QUANTILES = [
+NATIVE_RULES = [
     "namespace_job_model:gen_ai_server_time_to_first_token_seconds:histogram_quantile",
     "namespace_job_model:llmobs_inter_token_latency_seconds:histogram_quantile",
     "namespace_job_model:gen_ai_server_time_per_output_token_seconds:histogram_quantile",
+    "namespace_job_model:llmobs_inter_token_latency_seconds_count:rate5m",
+    "namespace_job_model:llmobs_inter_token_latency_seconds:mean5m",
+    "namespace_job_model:llmobs_inter_token_latency_seconds:variance5m",
+    "namespace_job_model:llmobs_stalls:per_1k_tokens_rate5m",
+    "namespace_job_model:llmobs_smoothness:ratio5m",
 ]
 
 
@@ -374,8 +379,8 @@ async def test_quantiles_read_the_native_histograms(
     start_sim: SimFactory, start_sidecar: SidecarFactory, tmp_path: Path
 ) -> None:
     """A Prometheus that scrapes protobuf with native histograms on, and (2.42) keeps only
-    the native series: every panel query that reads a native histogram returns data from it,
-    and so do the quantile recording rules."""
+    the native series: every panel query that can read a native histogram (quantiles, the
+    ITL's count and sum) returns data from it, and so do the recording rules built on them."""
     sim = await start_sim(model=MODEL, stall_every=10, max_batch=64)
     side = await start_sidecar(sim.url)
     targets = [Target("llmobs", side.metrics_url, LABELS)]
@@ -383,12 +388,10 @@ async def test_quantiles_read_the_native_histograms(
         (where, substitute(expr, values))
         for values in (ALL, ONE)
         for where, expr in queries(load())
-        if metric_names(expr) & NATIVE
-        and "histogram_quantile" in expr
-        and not where.startswith("variable")
+        if metric_names(expr) & NATIVE and not where.startswith("variable")
     }
-    assert len(pending) >= 8  # TTFT, ITL, TPOT, duration, smoothness: stats and panels
-    pending |= {("rule", name) for name in NATIVE_QUANTILES}
+    assert len(pending) >= 12  # quantiles, ITL mean and deviation, stall rate: stats, panels
+    pending |= {("rule", name) for name in NATIVE_RULES}
     rules = {"rules.yml": RULES.read_text()}
     async with (
         Prometheus(tmp_path, targets, rules, features=["native-histograms"]) as prom,

@@ -88,6 +88,10 @@ def exemplar_traces(text: str) -> dict[str, set[str]]:
     for family in text_string_to_metric_families(text):  # type: ignore[no-untyped-call]
         for sample in family.samples:
             if sample.exemplar is not None:
+                # OpenMetrics: an exemplar's label set is at most 128 UTF-8 characters
+                labels = sample.exemplar.labels
+                assert sum(len(k) + len(v) for k, v in labels.items()) <= 128
+                assert set(labels) == {"trace_id", "span_id"}
                 out.setdefault(family.name, set()).add(sample.exemplar.labels["trace_id"])
     return out
 

@@ -161,3 +161,19 @@ def test_a_full_series_stays_under_its_memory_bound() -> None:
         tracemalloc.stop()
         assert len(buckets.positive) == layout.limit and buckets.schema == layout.schema
         assert size <= 16 * 1024, size
+
+
+def test_the_largest_values_and_infinity_count_everywhere() -> None:
+    """Values up to the largest float and infinity: every path counts them, none raises
+    (a raise after the classic buckets were counted would leave the two disagreeing)."""
+    values = [1.0, 1.65e308, 1.7976931348623157e308, math.inf]
+    for layout in (Layout(3, 160), Layout(5, 160), Layout(0, 160), Layout(-2, 160)):
+        one = NativeBuckets(layout)
+        for value in values:
+            one.add(value)
+        runs = NativeBuckets(layout)
+        runs.add_sorted(values)
+        array = NativeBuckets(layout)
+        array.add_array(np.array(values))
+        assert one.positive == runs.positive == array.positive
+        assert sum(one.positive.values()) == len(values)

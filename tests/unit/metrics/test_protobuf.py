@@ -87,6 +87,13 @@ def test_the_messages_are_client_models_metrics_proto(tmp_path: Path) -> None:
         ("application/vnd.google.protobuf;proto=io.prometheus.client.MetricFamily;"
          "encoding=text", Format.TEXT),
         ("application/vnd.google.protobuf;encoding=delimited", Format.TEXT),
+        # qualities outside [0, 1] (and not numbers) count as 0; never a raise
+        ("application/openmetrics-text;q=7,text/plain;q=0.5", Format.TEXT),
+        ("application/openmetrics-text;q=nan", Format.TEXT),
+        ("application/openmetrics-text;q=inf", Format.TEXT),
+        ("application/openmetrics-text;q=", Format.TEXT),
+        (";;,,;q=;=", Format.TEXT),
+        ("APPLICATION/OPENMETRICS-TEXT; VERSION=1.0.0", Format.OPENMETRICS),
         ("application/vnd.google.protobuf; proto=io.prometheus.client.MetricFamily; "
          "encoding=delimited;q=0.5,application/openmetrics-text;q=0.6", Format.OPENMETRICS),
         # what Prometheus 3 sends with scrape_protocols [PrometheusProto, OpenMetricsText1.0.0]
@@ -162,6 +169,10 @@ def test_protobuf_has_every_classic_series_of_the_text_format() -> None:
     Histogram("t_wait_seconds", "Wait.", buckets=(0.1, 1.0), registry=registry).observe(0.5)
     Summary("t_size_bytes", "Size.", registry=registry).observe(7)
     Info("t_build", "Build.", registry=registry).info({"version": "1.2"})
+    # a label named "quantile" outside a summary is an ordinary label
+    share = Gauge("t_share", "Share.", ["quantile"], registry=registry)
+    share.labels("0.5").set(1)
+    share.labels("0.9").set(2)
     Enum("t_state", "State.", states=["up", "down"], registry=registry).state("down")
     try:
         text, data = asyncio.run(_both(registry))
