@@ -13,8 +13,8 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
 WORKDIR /src
 COPY pyproject.toml README.md ./
 COPY llmobs ./llmobs
-# The fast extra (orjson, uvloop) cuts the sidecar's CPU per token (docs/benchmarks.md).
-RUN pip install ".[fast]" \
+# uvloop and orjson come with it: they cut the sidecar's CPU per token (docs/benchmarks.md).
+RUN pip install . \
     && rm -rf /src \
     && groupadd --system --gid 10001 llmobs \
     && useradd --system --uid 10001 --gid llmobs --no-create-home --shell /usr/sbin/nologin llmobs

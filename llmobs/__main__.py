@@ -15,11 +15,13 @@ from collections.abc import Mapping, Sequence
 from llmobs import __version__
 from llmobs.app import Sidecar, loop_factory, run_until, tune_process
 from llmobs.bench import add_bench_arguments, run_bench_cli
-from llmobs.config import ConfigError, Settings, add_arguments, settings_from_args
+from llmobs.config import OPTIONS, ConfigError, Settings, add_arguments, settings_from_args
 from llmobs.demo import add_demo_arguments, run_demo
 from llmobs.logs import configure as configure_logging
+from llmobs.options import bool_flags
 from llmobs.otel_config import OtelSettings, otel_settings
 from llmobs.sim import add_sim_arguments, run_sim, sim_settings_from_args
+from llmobs.sim.config import SIM_OPTIONS
 from llmobs.slo_report import add_slo_arguments, run_slo_cli
 from llmobs.telemetry import build_telemetry
 
@@ -124,7 +126,8 @@ async def _sim(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
 
 def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = None) -> int:
     """Entry point of the ``llmobs`` command."""
-    args = _parser().parse_args(argv)
+    given = list(sys.argv[1:] if argv is None else argv)
+    args = _parser().parse_args(bool_flags(given, (*OPTIONS, *SIM_OPTIONS)))
     env = os.environ if environ is None else environ
     try:
         if args.command == "serve":

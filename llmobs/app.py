@@ -69,13 +69,13 @@ def loop_factory(choice: str) -> Callable[[], asyncio.AbstractEventLoop] | None:
     """The event loop ``--event-loop`` asks for: None means asyncio's own.
 
     uvloop (libuv, Cython) roughly halves the per-chunk cost of the relay's reads, writes and
-    task wake-ups (docs/benchmarks.md); ``auto`` takes it when the ``fast`` extra installed
-    it and falls back to asyncio otherwise, so a plain ``pip install`` still runs.
+    task wake-ups (docs/benchmarks.md); ``auto`` takes it when installed (llmobs depends on
+    it where it has wheels) and falls back to asyncio otherwise (Windows, PyPy).
     """
     if choice == "asyncio":
         return None
     try:
-        import uvloop  # noqa: PLC0415 - optional dependency, imported only when serving
+        import uvloop  # noqa: PLC0415 - absent where it has no wheels; imported only to serve
     except ImportError:
         if choice == "uvloop":
             raise ConfigError("--event-loop uvloop: uvloop is not installed") from None
@@ -319,6 +319,9 @@ class Sidecar:
 
     async def start(self) -> None:
         s = self.settings
+        if self.telemetry.build_info is not None:  # the loop it runs on: uvloop or asyncio
+            loop = type(asyncio.get_running_loop())
+            self.telemetry.build_info.event_loop = loop.__module__.partition(".")[0]
         self.port = await self.proxy.start(s.host, s.port)
         self.metrics_port = await self._serve(self.admin, s.metrics_host, s.metrics_port)
 

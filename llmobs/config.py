@@ -168,7 +168,8 @@ class Settings:
     event_loop: str = option(
         "auto",
         str,
-        "event loop: auto (uvloop when installed, the 'fast' extra), uvloop, asyncio",
+        "event loop: auto (uvloop when installed, as it is with llmobs on Linux and macOS), "
+        "uvloop, asyncio",
         "LOOP",
     )
     log_level: str = option("info", str, "log level: debug, info, warning, error", "LEVEL")

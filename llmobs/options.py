@@ -148,15 +148,48 @@ def source_of(field: str, options: tuple[Option, ...]) -> str:
     return field
 
 
+def bool_flags(argv: list[str], options: tuple[Option, ...]) -> list[str]:
+    """``argv`` with the spelling earlier versions required, ``--token-spans true`` or
+    ``--instrument=false``, turned into ``--token-spans`` / ``--no-instrument``: scripts that
+    pass a value (``llmobs bench``'s targets, running any version) keep working. A value that
+    is not a boolean is left for argparse to refuse."""
+    flags = {o.flag for o in options if o.parse is parse_bool}
+    out: list[str] = []
+    i = 0
+    while i < len(argv):
+        arg = argv[i]
+        name, eq, value = arg.partition("=")
+        if name in flags and not eq and i + 1 < len(argv) and _is_bool(argv[i + 1]):
+            name, eq, value = arg, "=", argv[i + 1]
+            i += 1
+        if name in flags and eq and _is_bool(value):
+            arg = name if parse_bool(value) else "--no-" + name.removeprefix("--")
+        out.append(arg)
+        i += 1
+    return out
+
+
+def _is_bool(text: str) -> bool:
+    try:
+        parse_bool(text)
+    except ValueError:
+        return False
+    return True
+
+
 def add_arguments(parser: argparse.ArgumentParser, options: tuple[Option, ...]) -> None:
-    """Add one flag per option; defaults stay None so the environment can fill them."""
+    """Add one flag per option (a boolean: ``--x`` and ``--no-x``); defaults stay None so
+    the environment can fill them."""
     for opt in options:
+        help_ = f"{opt.help} [env {opt.env}; default {opt.default}]"
+        if opt.parse is parse_bool:  # --x, --no-x (and see bool_flags)
+            parser.add_argument(
+                opt.flag, dest=opt.field, default=None,
+                action=argparse.BooleanOptionalAction, help=help_,
+            )  # fmt: skip
+            continue
         parser.add_argument(
-            opt.flag,
-            dest=opt.field,
-            default=None,
-            metavar=opt.metavar or None,
-            help=f"{opt.help} [env {opt.env}; default {opt.default}]",
+            opt.flag, dest=opt.field, default=None, metavar=opt.metavar or None, help=help_
         )
 
 

@@ -34,8 +34,10 @@ from opentelemetry.trace import Tracer
 from prometheus_client import CollectorRegistry
 
 from llmobs import __version__
+from llmobs.metrics import process
 from llmobs.metrics.catalogue import SPANS_DROPPED
 from llmobs.metrics.exposition import Registry
+from llmobs.metrics.process import BuildInfo
 from llmobs.otel_config import OtelSettings
 
 SCOPE = "llmobs"
@@ -145,6 +147,7 @@ class Telemetry:
     span_processor: BoundedSpanProcessor | None = None
     spans_dropped: Callable[[int], None] = lambda n: None  # counts into llmobs.spans.dropped
     push_provider: MeterProvider | None = None  # request metrics pushed over OTLP, if asked
+    build_info: BuildInfo | None = None  # llmobs_build_info (its event loop set at start)
 
     @property
     def push_meter(self) -> Meter | None:
@@ -223,11 +226,15 @@ def build_telemetry(
     registry: CollectorRegistry | None = None,
     otel: OtelSettings | None = None,
     span_exporter: SpanExporter | None = None,
+    self_metrics: bool = True,
 ) -> Telemetry:
     """Providers for one sidecar. Tracing is on when ``otel`` names a traces endpoint or a
-    ``span_exporter`` is given (tests pass an in-memory one)."""
+    ``span_exporter`` is given (tests pass an in-memory one). ``self_metrics``: the process,
+    Python and build metrics on the registry (tests comparing two renderings leave these
+    ever-changing numbers out)."""
     otel = otel or OtelSettings()
     registry = registry if registry is not None else Registry()
+    build_info = process.register(registry) if self_metrics else None
     resource = _resource(otel)
     readers: list[MetricReader] = [
         PrometheusMetricReader(
@@ -243,7 +250,9 @@ def build_telemetry(
     provider = MeterProvider(metric_readers=readers, resource=resource, shutdown_on_exit=False)
     meter = provider.get_meter(SCOPE, __version__)
     if span_exporter is None and not otel.tracing:
-        return Telemetry(registry, provider, meter, push_provider=push_provider)
+        return Telemetry(
+            registry, provider, meter, push_provider=push_provider, build_info=build_info
+        )
     dropped = meter.create_counter(
         SPANS_DROPPED.name, SPANS_DROPPED.unit, SPANS_DROPPED.description
     )
@@ -260,5 +269,6 @@ def build_telemetry(
     )
     tracer_provider.add_span_processor(processor)
     return Telemetry(
-        registry, provider, meter, tracer_provider, processor, dropped.add, push_provider
-    )
+        registry, provider, meter, tracer_provider, processor, dropped.add, push_provider,
+        build_info,
+    )  # fmt: skip

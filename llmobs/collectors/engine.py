@@ -138,7 +138,9 @@ class EngineCollector(PollingCollector[EngineReading]):
         first_delay: float | None = None,
         clock: Callable[[], float] = time.perf_counter,
     ) -> None:
-        delay = interval if first_delay is None else first_delay
+        # at start by default: a pod just started shows its engine at once (up, or down with
+        # the reason) instead of absent for a whole interval
+        delay = 0.0 if first_delay is None else first_delay
         super().__init__("engine", interval, first_delay=delay, clock=clock)
         self.url = url
         self._session: aiohttp.ClientSession | None = None

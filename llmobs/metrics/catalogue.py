@@ -322,6 +322,49 @@ MFU = MetricDef(
     (MODEL,),
 )  # fmt: skip
 
+# The sidecar's own cost and build, next to the traffic it carries: prometheus_client's
+# process and platform collectors and its GC collector (their standard names), and ours.
+PROCESS_CPU = MetricDef(
+    "process.cpu", Kind.COUNTER, "s", "Total user and system CPU time spent in seconds."
+)
+PROCESS_RSS = MetricDef(
+    "process.resident_memory", Kind.GAUGE, "By", "Resident memory size in bytes."
+)
+PROCESS_VMS = MetricDef("process.virtual_memory", Kind.GAUGE, "By", "Virtual memory size in bytes.")
+PROCESS_FDS = MetricDef("process.open_fds", Kind.GAUGE, "{fd}", "Number of open file descriptors.")
+PROCESS_MAX_FDS = MetricDef(
+    "process.max_fds", Kind.GAUGE, "{fd}", "Maximum number of open file descriptors."
+)
+PROCESS_START = MetricDef(
+    "process.start_time", Kind.GAUGE, "s", "Start time of the process since unix epoch in seconds."
+)
+PYTHON_INFO = MetricDef(
+    "python.info", Kind.GAUGE, "1", "Python platform information.",
+    ("implementation", "major", "minor", "patchlevel", "version"),
+)  # fmt: skip
+GC_COLLECTED = MetricDef(
+    "python.gc.objects.collected", Kind.COUNTER, "{object}",
+    "Objects collected during gc.", ("generation",),
+)  # fmt: skip
+GC_UNCOLLECTABLE = MetricDef(
+    "python.gc.objects.uncollectable", Kind.COUNTER, "{object}",
+    "Uncollectable objects found during GC.", ("generation",),
+)  # fmt: skip
+GC_COLLECTIONS = MetricDef(
+    "python.gc.collections", Kind.COUNTER, "{collection}",
+    "Number of times this generation was collected.", ("generation",),
+)  # fmt: skip
+BUILD_INFO = MetricDef(
+    "llmobs.build.info", Kind.GAUGE, "1",
+    "Always 1: the llmobs version, Python version, event loop and JSON parser this sidecar "
+    "runs with.",
+    ("version", "python", "event_loop", "json"),
+)  # fmt: skip
+PROCESS_METRICS: tuple[MetricDef, ...] = (
+    PROCESS_CPU, PROCESS_RSS, PROCESS_VMS, PROCESS_FDS, PROCESS_MAX_FDS, PROCESS_START,
+    PYTHON_INFO, GC_COLLECTED, GC_UNCOLLECTABLE, GC_COLLECTIONS, BUILD_INFO,
+)  # fmt: skip
+
 COLLECTOR_METRICS: tuple[MetricDef, ...] = (
     COLLECTOR_UP, COLLECTOR_DURATION, COLLECTOR_ERRORS, GPU_MEMORY_USED, GPU_MEMORY_FREE,
     GPU_MEMORY_TOTAL, GPU_MEMORY_RESERVED, GPU_UTILIZATION, GPU_MEMORY_CONTROLLER,
@@ -333,7 +376,7 @@ CATALOGUE: tuple[MetricDef, ...] = (
     TTFT, TPOT, DURATION, TOKEN_USAGE, ITL, ITL_SQUARES, STALLS, SMOOTHNESS, REQUESTS, TOKENS,
     ENGINE_PROMPT_EVAL, ENGINE_LOAD, ACTIVE, QUEUE_DEPTH, MALFORMED, OBSERVER_ERRORS,
     SPANS_DROPPED, SLO_REQUESTS, SLO_MISSES, SLO_OUTPUT_TOKENS, SLO_TARGET, SLO_WINDOW,
-    *COLLECTOR_METRICS,
+    *COLLECTOR_METRICS, *PROCESS_METRICS,
 )  # fmt: skip
 
 

@@ -222,6 +222,8 @@ class MetricsSink:
         members = [(self._histograms[metric], key) for metric in _OBSERVED]
         members += [(usage, (*key, "input")), (usage, (*key, "output"))]
         labels = _LabelSet(key, HistogramRow(members))
+        with self._lock:  # at 0 from the start: rate() over a healthy model reads 0
+            self._stalls.series.setdefault(key, 0)
         self._slo_series(labels)
         return labels
 

@@ -35,6 +35,54 @@ def test_flags_override_environment_override_defaults() -> None:
     assert (s.port, s.read_timeout, s.max_body_bytes, s.metrics_port) == (9100, 7.5, 2 << 20, 9464)
 
 
+def _serve_args(argv: list[str]) -> Namespace:
+    from llmobs.__main__ import _parser  # noqa: PLC0415
+    from llmobs.options import bool_flags  # noqa: PLC0415
+    from llmobs.sim.config import SIM_OPTIONS  # noqa: PLC0415
+
+    return _parser().parse_args(bool_flags(["serve", *argv], (*OPTIONS, *SIM_OPTIONS)))
+
+
+@pytest.mark.parametrize(
+    ("argv", "env", "want"),
+    [
+        (["--token-spans"], {}, True),
+        (["--no-token-spans"], {"LLMOBS_TOKEN_SPANS": "true"}, False),  # the flag wins
+        ([], {"LLMOBS_TOKEN_SPANS": "yes"}, True),
+        ([], {"LLMOBS_TOKEN_SPANS": "0"}, False),
+        ([], {}, False),  # the default
+        # the spelling earlier versions required, which scripts still pass
+        (["--token-spans", "true"], {}, True),
+        (["--token-spans", "off"], {}, False),
+        (["--token-spans=1"], {}, True),
+        (["--token-spans=no"], {}, False),
+    ],
+)
+def test_boolean_flags_both_ways(argv: list[str], env: dict[str, str], want: bool) -> None:
+    args = _serve_args(argv)
+    settings = Settings.from_sources(env, {"token_spans": args.token_spans})
+    assert settings.token_spans is want
+
+
+def test_every_boolean_option_is_a_bare_flag_with_a_no_form() -> None:
+    booleans = [o for o in OPTIONS if isinstance(o.default, bool)]
+    assert len(booleans) >= 5
+    for opt in booleans:
+        name = opt.field
+        assert getattr(_serve_args([opt.flag]), name) is True
+        assert getattr(_serve_args(["--no-" + opt.flag.removeprefix("--")]), name) is False
+
+
+def test_a_boolean_flag_refuses_a_value_that_is_not_one(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    with pytest.raises(SystemExit):
+        _serve_args(["--token-spans", "maybe"])
+    assert "maybe" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        _serve_args(["--no-token-spans=true"])
+
+
 @pytest.mark.parametrize(
     ("env", "named"),
     [
@@ -42,6 +90,7 @@ def test_flags_override_environment_override_defaults() -> None:
         ({"LLMOBS_UPSTREAM": "ftp://x"}, "LLMOBS_UPSTREAM"),
         ({"LLMOBS_READ_TIMEOUT": "-1"}, "LLMOBS_READ_TIMEOUT"),
         ({"LLMOBS_INSTRUMENT": "maybe"}, "LLMOBS_INSTRUMENT"),
+        ({"LLMOBS_TOKEN_SPANS": "sometimes"}, "LLMOBS_TOKEN_SPANS"),
     ],
 )
 def test_bad_values_fail_naming_the_variable(env: dict[str, str], named: str) -> None:
@@ -121,3 +170,26 @@ async def test_demo_runs_and_prints_a_summary() -> None:
     assert found is not None, text
     requests = re.search(r"requests\s+(\d+)", text)
     assert requests is not None and found.group(2) == requests.group(1)
+
+
+def test_the_default_install_is_the_fast_one() -> None:
+    """``pip install .`` brings uvloop and orjson (where they have wheels), and ``serve``
+    runs on uvloop by default (docs/benchmarks.md: 1.51-1.58 x nginx's CPU per chunk on
+    asyncio, 1.34-1.40 x on uvloop)."""
+    from importlib.metadata import requires  # noqa: PLC0415
+
+    from llmobs.app import loop_factory  # noqa: PLC0415
+    from llmobs.formats.base import JSON_PARSER  # noqa: PLC0415
+
+    default = {re.split(r"[<>=!~;\[ ]", r)[0]: r for r in requires("llmobs") or []
+               if "extra ==" not in r}  # fmt: skip
+    assert {"uvloop", "orjson"} <= set(default)
+    assert "win32" in default["uvloop"]  # a marker where it has no wheels
+    assert JSON_PARSER == "orjson"
+    factory = loop_factory("auto")
+    assert factory is not None
+    loop = factory()
+    try:
+        assert type(loop).__module__.startswith("uvloop")
+    finally:
+        loop.close()

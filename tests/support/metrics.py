@@ -33,7 +33,9 @@ MS = 1_000_000
 def sink_and_telemetry(
     max_models: int = 32, tracing: bool = False
 ) -> tuple[MetricsSink, Telemetry]:
-    telemetry = build_telemetry(span_exporter=InMemorySpanExporter() if tracing else None)
+    telemetry = build_telemetry(
+        span_exporter=InMemorySpanExporter() if tracing else None, self_metrics=False
+    )
     sink = MetricsSink(telemetry.registry, max_models)
     return sink, telemetry
 
