@@ -55,6 +55,17 @@ MALFORMED = c.MALFORMED.prometheus
 OBSERVER_ERRORS = c.OBSERVER_ERRORS.prometheus
 SPANS_DROPPED = c.SPANS_DROPPED.prometheus
 COLLECTOR_UP = c.COLLECTOR_UP.prometheus
+PROCESS_CPU = c.PROCESS_CPU.prometheus
+PROCESS_RSS = c.PROCESS_RSS.prometheus
+PROCESS_VMS = c.PROCESS_VMS.prometheus
+PROCESS_FDS = c.PROCESS_FDS.prometheus
+PROCESS_MAX_FDS = c.PROCESS_MAX_FDS.prometheus
+PROCESS_START = c.PROCESS_START.prometheus
+PYTHON_INFO = c.PYTHON_INFO.prometheus
+GC_COLLECTIONS = c.GC_COLLECTIONS.prometheus
+GC_COLLECTED = c.GC_COLLECTED.prometheus
+GC_UNCOLLECTABLE = c.GC_UNCOLLECTABLE.prometheus
+BUILD_INFO = c.BUILD_INFO.prometheus
 COLLECTOR_DURATION = c.COLLECTOR_DURATION.prometheus
 COLLECTOR_ERRORS = c.COLLECTOR_ERRORS.prometheus
 ENGINE_WAITING = c.ENGINE_WAITING.prometheus
@@ -779,6 +790,88 @@ def gpu_row() -> list[Json]:
     ]
 
 
+def sidecar_cost() -> list[Json]:
+    """The sidecar's own CPU, memory, descriptors, collections and build (job="llmobs": an
+    engine written in Python has process_* of its own)."""
+    own = f'job="llmobs", {POD}'
+    return [
+        timeseries(
+            "Sidecar CPU",
+            "CPU the sidecar uses, in cores (user + system), and per output token: what "
+            "observing the stream costs.",
+            [
+                target(f"sum by (pod) ({rate(PROCESS_CPU, own)})", "{{pod}} cores"),
+                target(
+                    f"1e6 * sum({rate(PROCESS_CPU, own)}) / {ITL_COUNT}",
+                    "µs per token",
+                ),
+            ],
+            "short",
+            width=6,
+            min=0,
+        ),
+        timeseries(
+            "Sidecar memory",
+            "Resident and virtual memory of the sidecar process.",
+            [
+                target(f"max by (pod) ({PROCESS_RSS}{{{own}}})", "{{pod}} resident"),
+                target(f"max by (pod) ({PROCESS_VMS}{{{own}}})", "{{pod}} virtual"),
+            ],
+            "bytes",
+            width=6,
+            min=0,
+        ),
+        timeseries(
+            "Sidecar file descriptors",
+            "Open descriptors (one per client and engine connection, plus a few) against the "
+            "limit: at the limit, new connections fail.",
+            [
+                target(f"max by (pod) ({PROCESS_FDS}{{{own}}})", "{{pod}} open"),
+                target(f"min by (pod) ({PROCESS_MAX_FDS}{{{own}}})", "{{pod}} limit"),
+            ],
+            "short",
+            width=6,
+            min=0,
+        ),
+        timeseries(
+            "Sidecar garbage collection",
+            "Collections per second by generation, and objects freed; a burst of generation "
+            "2 collections shows in the ITL as pauses.",
+            [
+                target(
+                    f"sum by (generation) ({rate(GC_COLLECTIONS, own)})",
+                    "gen {{generation}} collections/s",
+                ),
+                target(f"sum({rate(GC_COLLECTED, own)})", "objects freed/s"),
+                target(f"sum({rate(GC_UNCOLLECTABLE, own)})", "uncollectable/s"),
+            ],
+            "short",
+            width=6,
+            min=0,
+        ),
+        timeseries(
+            "Sidecar build and uptime",
+            "Seconds since each sidecar started, labelled with its llmobs version, Python, "
+            "event loop and JSON parser.",
+            [
+                target(
+                    f"(time() - max by (pod) ({PROCESS_START}{{{own}}})) * on (pod) "
+                    f"group_left (version, python, event_loop, json) "
+                    f"max by (pod, version, python, event_loop, json) ({BUILD_INFO}{{{own}}})",
+                    "{{pod}} llmobs {{version}}, Python {{python}}, {{event_loop}}, {{json}}",
+                ),
+                target(
+                    f"count by (implementation, version) ({PYTHON_INFO}{{{own}}})",
+                    "{{implementation}} {{version}}: pods",
+                ),
+            ],
+            "s",
+            width=24,
+            min=0,
+        ),
+    ]
+
+
 def health_row() -> list[Json]:
     return [
         timeseries(
@@ -838,6 +931,7 @@ def health_row() -> list[Json]:
             width=12,
             min=0,
         ),
+        *sidecar_cost(),
     ]
 
 

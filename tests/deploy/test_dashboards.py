@@ -224,9 +224,10 @@ def test_engine_panels_use_the_uniform_names() -> None:
         ('sum by (le) (rate(a_bucket{job="x", le=~"0.1|by(c)"}[5m]))', {"a_bucket"}),
         ("histogram_quantile(0.99, sum(rate(b[$__rate_interval])) by (le, pod))", {"b"}),
         ("1000 * (sum(rate(c[5m])) or vector(0)) / sum(rate(d[1m] offset 5m))", {"c", "d"}),
-        ("x and on (namespace) group_left (pod) y > bool 1e3", {"x", "y"}),
+        ("x * on (namespace) group_left (pod) y > bool 1e3", {"x", "y"}),
+        ("x and on (namespace) y", {"x", "y"}),
         ('label_replace(e, "dst", "$1", "src", "(.*)")', {"e"}),
-        ("max_over_time(sum(f{pod=~\"$pod\"})[${__range}:1s]) @ end()", {"f"}),
+        ("max_over_time(sum(f{pod=~\"$pod\"})[${__range}:1s] @ end())", {"f"}),
         ("vllm:num_requests_waiting + ns:rec:rate5m - Inf + NaN",
          {"vllm:num_requests_waiting", "ns:rec:rate5m"}),
         ('{__name__="g_total", job="x"}', {"g_total"}),
@@ -235,6 +236,14 @@ def test_engine_panels_use_the_uniform_names() -> None:
 )  # fmt: skip
 def test_metric_names_are_found_in_promql(expr: str, names: set[str]) -> None:
     assert metric_names(expr) == names
+
+
+def test_what_does_not_parse_is_refused() -> None:
+    """The real parser refuses what Prometheus refuses (group_left with a set operator)."""
+    with pytest.raises(SyntaxError):
+        metric_names("x and on (namespace) group_left (pod) y")
+    with pytest.raises(SyntaxError):
+        metric_names("sum(rate(x[5m])")
 
 
 def test_a_regex_on_the_metric_name_cannot_be_checked() -> None:

@@ -1,60 +1,55 @@
 """Metric names in PromQL expressions, and the names our dashboards and rules may use.
 
-No PromQL parser runs in Python, and Prometheus 2.42 has no parse endpoint, so names are found
-lexically, in an order that makes each step safe: string literals are blanked (after reading
-any ``__name__="..."`` matcher), then label matchers ``{...}``, ranges and subqueries
-``[...]`` and grouping clauses ``by (...)``, ``on (...)``, ``group_left (...)`` are dropped;
-what is left are functions and aggregations (an identifier followed by ``(``), keywords,
-numbers and durations (which start with a digit), and metric names. Grafana variables
-(``$model``, ``${pod}``, ``[[x]]``) are read as numbers. A regex match on ``__name__`` cannot be
-checked and raises.
+Expressions are parsed by ``promql-parser`` (the Rust crate of the same name, with Python
+bindings: a real PromQL parser), every vector selector's name is read off the tree. Grafana's
+variables are not PromQL: outside strings (``[$__rate_interval]``, ``[$slo_window]``) they are
+replaced by a duration first; inside label matchers' strings they are just text. A regex
+match on ``__name__`` cannot be checked and raises.
 """
 
 from __future__ import annotations
 
 import re
 
+import promql_parser
+
 from llmobs.metrics.catalogue import CATALOGUE, Kind
 
 _STRING = r'"(?:\\.|[^"\\])*"|\'(?:\\.|[^\'\\])*\'|`[^`]*`'
-_NAME_MATCHER = re.compile(r"__name__\s*(=~|!=|!~|=)\s*(" + _STRING + ")")
-_STRINGS = re.compile(_STRING)
 _VARIABLE = re.compile(r"\$\{[^}]*\}|\$\w+|\[\[\w+\]\]")
-_BRACES = re.compile(r"\{[^{}]*\}")
-_BRACKETS = re.compile(r"\[[^\[\]]*\]")
-_GROUPING = re.compile(
-    r"\b(?:by|without|on|ignoring|group_left|group_right)\s*\([^()]*\)", re.IGNORECASE
-)
-_IDENT = re.compile(r"(?<![\w:.])[A-Za-z_:][\w:]*")
-_KEYWORDS = frozenset(
-    {"by", "without", "on", "ignoring", "group_left", "group_right", "bool", "and", "or",
-     "unless", "offset", "inf", "nan"}
-)  # fmt: skip
+_STRING_OR_VARIABLE = re.compile(f"({_STRING})|{_VARIABLE.pattern}")
 _LABEL_VALUES = re.compile(r"^\s*label_values\((?:(?P<selector>.*),)?\s*(?P<label>\w+)\s*\)\s*$")
 
 # Names Prometheus itself writes for every scrape target.
 SYNTHETIC = frozenset({"up"})
 
 
+def _without_variables(expr: str) -> str:
+    """Grafana's variables outside strings replaced by a duration (where they stand)."""
+    return _STRING_OR_VARIABLE.sub(lambda m: m.group(1) or "5m", expr)
+
+
 def metric_names(expr: str) -> set[str]:
-    """Every metric name that ``expr`` selects."""
+    """Every metric name that ``expr`` selects (a ``SyntaxError`` if it does not parse)."""
+    try:
+        tree = promql_parser.parse(_without_variables(expr))
+    except ValueError as exc:
+        raise SyntaxError(f"{exc}: {expr}") from exc
     names: set[str] = set()
-    for op, literal in _NAME_MATCHER.findall(expr):
-        if op != "=":
-            raise ValueError(f"a {op} match on __name__ cannot be checked: {expr}")
-        names.add(literal[1:-1])
-    text = _STRINGS.sub('""', expr)
-    text = _VARIABLE.sub("0", text)
-    text = _BRACES.sub(" ", text)
-    while _BRACKETS.search(text):
-        text = _BRACKETS.sub(" ", text)
-    while _GROUPING.search(text):
-        text = _GROUPING.sub(" ", text)
-    for match in _IDENT.finditer(text):
-        word = match.group(0)
-        if word.lower() in _KEYWORDS or text[match.end() :].lstrip().startswith("("):
-            continue
-        names.add(word)
+
+    def visit(node: object) -> None:
+        if not isinstance(node, promql_parser.VectorSelector):
+            return
+        if node.name:
+            names.add(node.name)
+        for matcher in node.matchers.matchers:
+            if matcher.name != "__name__":
+                continue
+            if matcher.op != promql_parser.MatchOp.Equal:
+                raise ValueError(f"a {matcher.op} match on __name__ cannot be checked: {expr}")
+            names.add(matcher.value)
+
+    promql_parser.walk(tree, visit)
     return names
 
 
