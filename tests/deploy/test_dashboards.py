@@ -189,6 +189,49 @@ def missing_metrics(dashboard: Json) -> set[str]:
     return missing
 
 
+# Keys of a dashboard export that Grafana's dashboard schema leaves out: the export header,
+# the (null) database id, and the text of a query variable as the UI shows it.
+EXPORT_ONLY = {".__requires", ".id"}
+
+
+def unknown_keys(dashboard: Json) -> list[str]:
+    """Keys of ``dashboard`` that Grafana's dashboard schema does not have: what
+    grafana-foundation-sdk (its types, generated from Grafana 11.2's schema) drops when it
+    reads the JSON and writes it back. Queries and plugin options it keeps as they are."""
+    from grafana_foundation_sdk.cog.encoder import JSONEncoder  # noqa: PLC0415
+    from grafana_foundation_sdk.models.dashboard import Dashboard  # noqa: PLC0415
+
+    back = json.loads(json.dumps(Dashboard.from_json(dashboard), cls=JSONEncoder))
+
+    def dropped(ours: Any, theirs: Any, path: str) -> Iterator[str]:
+        if isinstance(ours, dict) and isinstance(theirs, dict):
+            for key, value in ours.items():
+                if key not in theirs:
+                    yield f"{path}.{key}"
+                else:
+                    yield from dropped(value, theirs[key], f"{path}.{key}")
+        elif isinstance(ours, list) and isinstance(theirs, list):
+            for i, (a, b) in enumerate(zip(ours, theirs, strict=False)):
+                yield from dropped(a, b, f"{path}[{i}]")
+
+    definition = re.compile(r"\.templating\.list\[\d+\]\.definition")
+    return [
+        key for key in dropped(dashboard, back, "")
+        if key not in EXPORT_ONLY and not definition.fullmatch(key)
+    ]  # fmt: skip
+
+
+def test_the_dashboard_is_in_grafanas_schema() -> None:
+    assert unknown_keys(load()) == []
+    bad = load()
+    bad["panels"][1]["gridPoss"] = {}
+    bad["panels"][1]["fieldConfig"]["defaults"]["unitt"] = "s"
+    bad["templating"]["list"][0]["hiden"] = 2
+    assert sorted(unknown_keys(bad)) == [
+        ".panels[1].fieldConfig.defaults.unitt", ".panels[1].gridPoss", ".templating.list[0].hiden",
+    ]  # fmt: skip
+
+
 def test_every_catalogue_metric_is_on_the_dashboard() -> None:
     d = load()
     assert missing_metrics(d) == set()
