@@ -4,7 +4,7 @@ When N streams end together (a batch finishing its last decode step), N handlers
 loop iteration, and each would record its request (statistics, histograms, spans) before the
 loop looks at its sockets again. The clients of those streams send their next requests at
 once, and those wait behind the whole batch of bookkeeping: N records added to their time to
-first token (measured in docs/benchmarks.md, "2026-11-23 (late night)"). Here the
+first token. Here the
 bookkeeping is queued and done a slice at a time, so the loop polls its sockets, and the new
 requests go upstream, between slices. The timestamps were taken when things happened, so
 recording later changes no figure; it only lands a few milliseconds later at most.
