@@ -7,6 +7,12 @@ tests/deploy/test_dashboards.py). Every query uses only metrics of the catalogue
 catalogue is on a panel (the test checks both); template variables:
 datasource, namespace, pod, model.
 
+Panels, queries, variables and the dashboard itself are built with Grafana's
+grafana-foundation-sdk (typed builders generated from Grafana 11.2's schema, a test
+dependency): a misspelt option or a wrong enum value fails here, not in Grafana. Two things
+of an export stay outside it: the ``__requires`` header and a query variable's
+``definition``.
+
 The engine's queue and KV cache come from the sidecar's engine collector, under uniform names
 with an ``engine`` label, whatever the engine; the GPU row from its NVML collector, with MBU
 next to the bandwidth NVML measures (docs/gpu.md says how the two differ).
@@ -21,6 +27,18 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
+from grafana_foundation_sdk.builders import common as common_builders
+from grafana_foundation_sdk.builders import dashboard as dashboard_builders
+from grafana_foundation_sdk.builders import heatmap as heatmap_builders
+from grafana_foundation_sdk.builders import prometheus
+from grafana_foundation_sdk.builders import stat as stat_builders
+from grafana_foundation_sdk.builders import timeseries as timeseries_builders
+from grafana_foundation_sdk.cog.encoder import JSONEncoder
+from grafana_foundation_sdk.models import common as common_models
+from grafana_foundation_sdk.models import dashboard as dashboard_models
+from grafana_foundation_sdk.models import heatmap as heatmap_models
+from grafana_foundation_sdk.models import prometheus as prometheus_models
+
 from llmobs.metrics import catalogue as c
 from llmobs.metrics import thresholds as t
 from llmobs.slo import DEFAULT_TARGET
@@ -30,6 +48,7 @@ OUT = Path(__file__).resolve().with_name("llmobs.json")
 Json = dict[str, Any]
 
 DS: Json = {"type": "prometheus", "uid": "${datasource}"}
+DATASOURCE = dashboard_models.DataSourceRef(type_val="prometheus", uid="${datasource}")
 POD = 'namespace=~"$namespace", pod=~"$pod"'
 MODEL = POD + ', gen_ai_request_model=~"$model"'
 RATE_INTERVAL = "$__rate_interval"
@@ -145,95 +164,145 @@ OUTPUT = '"output"'
 STALLS_PER_REQUEST = f"({total(STALLS)} or vector(0)) / {total(REQUESTS, OK_REQUESTS)}"
 
 
-def target(expr: str, legend: str = "__auto", **extra: Any) -> Json:
-    return {"datasource": DS, "expr": expr, "legendFormat": legend, "range": True, **extra}
+def built(builder: Any) -> Json:
+    """A builder's object as the JSON Grafana reads (the SDK's encoder)."""
+    out: Json = json.loads(json.dumps(builder.build(), cls=JSONEncoder))
+    return out
 
 
-def thresholds(*steps: tuple[float | None, str]) -> Json:
-    return {"mode": "absolute", "steps": [{"color": c, "value": v} for v, c in steps]}
+def target(
+    expr: str, legend: str = "__auto", *, exemplar: bool = False, fmt: str | None = None
+) -> Any:
+    """A Prometheus query (a builder: ``panel`` gives it its refId)."""
+    query = prometheus.Dataquery().expr(expr).legend_format(legend).range()
+    query = query.datasource(DATASOURCE)
+    if exemplar:
+        query = query.exemplar(True)
+    if fmt is not None:
+        query = query.format(prometheus_models.PromQueryFormat(fmt))
+    return query
+
+
+def thresholds(*steps: tuple[float | None, str]) -> Any:
+    return (
+        dashboard_builders.ThresholdsConfig()
+        .mode(dashboard_models.ThresholdsMode.ABSOLUTE)
+        .steps([dashboard_models.Threshold(value=v, color=c) for v, c in steps])
+    )
 
 
 def panel(
-    kind: str,
+    builder: Any,
     title: str,
     description: str,
-    targets: Sequence[Json],
+    targets: Sequence[Any],
     unit: str = "short",
     width: int = 8,
     height: int = 8,
     **defaults: Any,
-) -> Json:
-    refs = "ABCDEFGH"
-    return {
-        "type": kind,
-        "title": title,
-        "description": description,
-        "datasource": DS,
-        "targets": [{**t, "refId": refs[i]} for i, t in enumerate(targets)],
-        "fieldConfig": {"defaults": {"unit": unit, **defaults}, "overrides": []},
-        "gridPos": {"h": height, "w": width},
-    }
+) -> Any:
+    """The settings every panel has: title, description, data source, queries (refIds A, B,
+    ...), unit, size, and the field defaults given (``min``, ``max``, ``decimals``,
+    ``thresholds``)."""
+    b = builder.title(title).description(description).datasource(DATASOURCE)
+    b = b.unit(unit).span(width).height(height)
+    for i, query in enumerate(targets):
+        b = b.with_target(query.ref_id("ABCDEFGH"[i]))
+    for name, value in defaults.items():
+        b = getattr(b, name)(value)
+    return b
 
 
 def timeseries(
     title: str,
     description: str,
-    targets: Sequence[Json],
+    targets: Sequence[Any],
     unit: str = "short",
     stack: bool = False,
     width: int = 8,
     **defaults: Any,
 ) -> Json:
-    p = panel("timeseries", title, description, targets, unit, width, **defaults)
-    p["fieldConfig"]["defaults"].setdefault(
-        "custom",
-        {
-            "drawStyle": "line",
-            "lineWidth": 1,
-            "fillOpacity": 20 if stack else 0,
-            "showPoints": "never",
-            "spanNulls": False,
-            "stacking": {"mode": "normal" if stack else "none", "group": "A"},
-            "thresholdsStyle": {"mode": "line" if "thresholds" in defaults else "off"},
-        },
+    b = panel(timeseries_builders.Panel(), title, description, targets, unit, width, **defaults)
+    stacking = (
+        common_builders.StackingConfig()
+        .group("A")
+        .mode(common_models.StackingMode.NORMAL if stack else common_models.StackingMode.NONE)
     )
-    p["options"] = {
-        "legend": {"displayMode": "list", "placement": "bottom", "showLegend": True},
-        "tooltip": {"mode": "multi", "sort": "desc"},
-    }
-    return p
+    line = common_models.GraphThresholdsStyleMode
+    b = (
+        b.draw_style(common_models.GraphDrawStyle.LINE)
+        .line_width(1)
+        .fill_opacity(20 if stack else 0)
+        .show_points(common_models.VisibilityMode.NEVER)
+        .span_nulls(False)
+        .stacking(stacking)
+        .thresholds_style(
+            common_builders.GraphThresholdsStyleConfig().mode(
+                line.LINE if "thresholds" in defaults else line.OFF
+            )
+        )
+        .legend(
+            common_builders.VizLegendOptions()
+            .display_mode(common_models.LegendDisplayMode.LIST)
+            .placement(common_models.LegendPlacement.BOTTOM)
+            .show_legend(True)
+        )
+        .tooltip(
+            common_builders.VizTooltipOptions()
+            .mode(common_models.TooltipDisplayMode.MULTI)
+            .sort(common_models.SortOrder.DESCENDING)
+        )
+    )
+    return built(b)
 
 
-def stat(title: str, description: str, expr: str, unit: str, steps: Json, **defaults: Any) -> Json:
-    p = panel("stat", title, description, [target(expr, title)], unit, 4, 4, **defaults)
-    p["fieldConfig"]["defaults"]["thresholds"] = steps
-    p["options"] = {
-        "reduceOptions": {"calcs": ["lastNotNull"], "fields": "", "values": False},
-        "colorMode": "background",
-        "graphMode": "area",
-        "textMode": "value",
-        "justifyMode": "auto",
-        "orientation": "auto",
-    }
-    return p
+def stat(title: str, description: str, expr: str, unit: str, steps: Any, **defaults: Any) -> Json:
+    b = panel(stat_builders.Panel(), title, description, [target(expr, title)], unit, 4, 4,
+              **defaults)  # fmt: skip
+    b = (
+        b.thresholds(steps)
+        .reduce_options(
+            common_builders.ReduceDataOptions().calcs(["lastNotNull"]).fields("").values(False)
+        )
+        .color_mode(common_models.BigValueColorMode.BACKGROUND)
+        .graph_mode(common_models.BigValueGraphMode.AREA)
+        .text_mode(common_models.BigValueTextMode.VALUE)
+        .justify_mode(common_models.BigValueJustifyMode.AUTO)
+        .orientation(common_models.VizOrientation.AUTO)
+    )
+    return built(b)
 
 
 def heatmap(title: str, description: str, histogram: str) -> Json:
     expr = f"sum by (le) ({rate(histogram + '_bucket', fn='increase')})"
-    heat = target(expr, "{{le}}", format="heatmap", exemplar=True)  # exemplars: traces
-    p = panel("heatmap", title, description, [heat], "s", 12)
-    p["options"] = {
-        "calculate": False,
-        "cellGap": 1,
-        "color": {"mode": "scheme", "scheme": "Oranges", "steps": 64, "exponent": 0.5},
-        "yAxis": {"axisPlacement": "left", "unit": "s"},
-        "rowsFrame": {"layout": "auto"},
-        "tooltip": {"mode": "single", "yHistogram": True, "showColorScale": True},
-        "legend": {"show": True},
-        "filterValues": {"le": 1e-9},
-        "exemplars": {"color": "rgba(255,0,255,0.7)"},
-    }
-    return p
+    heat = target(expr, "{{le}}", fmt="heatmap", exemplar=True)  # exemplars: traces
+    b = panel(heatmap_builders.Panel(), title, description, [heat], "s", 12)
+    b = (
+        b.calculate(False)
+        .cell_gap(1)
+        .color(
+            heatmap_builders.HeatmapColorOptions()
+            .mode(heatmap_models.HeatmapColorMode.SCHEME)
+            .scheme("Oranges")
+            .steps(64)
+            .exponent(0.5)
+        )
+        .y_axis(
+            heatmap_builders.YAxisConfig()
+            .axis_placement(common_models.AxisPlacement.LEFT)
+            .unit("s")
+        )
+        .rows_frame(
+            heatmap_builders.RowsHeatmapOptions().layout(common_models.HeatmapCellLayout.AUTO)
+        )
+        .mode(common_models.TooltipDisplayMode.SINGLE)
+        .show_y_histogram()
+        .show_color_scale(True)
+        .show_legend()
+        .filter_values(heatmap_builders.FilterValueRange().le(1e-9))
+        .exemplars_color("rgba(255,0,255,0.7)")
+    )
+    return built(b)
 
 
 def overview_row() -> list[Json]:
@@ -432,7 +501,7 @@ def experience_row() -> list[Json]:
             target(
                 quantile(q, histogram),
                 f"p{q * 100:g}",
-                **({"exemplar": True} if q == qs[-1] else {}),
+                exemplar=q == qs[-1],
             )
             for q in qs
         ]
@@ -661,7 +730,7 @@ def distribution_row() -> list[Json]:
     ]
 
 
-def per_gpu(metric: str, legend: str, by: str = "pod, gpu") -> Json:
+def per_gpu(metric: str, legend: str, by: str = "pod, gpu") -> Any:
     """One series per GPU of each pod (a MIG device is ``gpu="<gpu>/<n>"``)."""
     suffix = " " + legend if legend else ""
     return target(f"max by ({by}) ({metric}{{{POD}}})", "{{pod}}/{{gpu}}" + suffix)
@@ -936,7 +1005,7 @@ def health_row() -> list[Json]:
 
 
 def row(title: str) -> Json:
-    return {"type": "row", "title": title, "collapsed": False, "panels": []}
+    return built(dashboard_builders.Row(title).collapsed(False))
 
 
 def layout(rows: Sequence[tuple[str, list[Json]]]) -> list[Json]:
@@ -962,54 +1031,52 @@ def layout(rows: Sequence[tuple[str, list[Json]]]) -> list[Json]:
     return out
 
 
-def variable(name: str, label: str, query: str) -> Json:
-    return {
-        "type": "query",
-        "name": name,
-        "label": label,
-        "datasource": DS,
-        "definition": query,
-        "query": {"query": query, "refId": "StandardVariableQuery"},
-        "refresh": 2,
-        "includeAll": True,
-        "allValue": ".*",
-        "multi": True,
-        "current": {"selected": True, "text": ["All"], "value": ["$__all"]},
-        "options": [],
-        "regex": "",
-        "sort": 1,
-        "hide": 0,
-    }
+def variable(name: str, label: str, query: str) -> Any:
+    """A multi-value query variable over a label, "All" by default."""
+    every = dashboard_models.VariableOption(selected=True, text=["All"], value=["$__all"])
+    return (
+        dashboard_builders.QueryVariable(name)
+        .label(label)
+        .datasource(DATASOURCE)
+        .query({"query": query, "refId": "StandardVariableQuery"})
+        .refresh(dashboard_models.VariableRefresh.ON_TIME_RANGE_CHANGED)
+        .include_all(True)
+        .all_value(".*")
+        .multi(True)
+        .current(every)
+        .options([])
+        .regex("")
+        .sort(dashboard_models.VariableSort.ALPHABETICAL_ASC)
+        .hide(dashboard_models.VariableHide.DONT_HIDE)
+    )
 
 
-def window_variable() -> Json:
+def window_variable() -> Any:
     """The range the SLO panels measure attainment and budget over (a Prometheus range)."""
     options = ["1h", "1d", "7d", "28d", "30d"]
-    return {
-        "type": "custom",
-        "name": "slo_window",
-        "label": "SLO window",
-        "query": ",".join(options),
-        "current": {"selected": True, "text": "28d", "value": "28d"},
-        "options": [{"selected": o == "28d", "text": o, "value": o} for o in options],
-        "includeAll": False,
-        "multi": False,
-        "hide": 0,
-    }
+    return (
+        dashboard_builders.CustomVariable("slo_window")
+        .label("SLO window")
+        .values(",".join(options))
+        .current(dashboard_models.VariableOption(selected=True, text="28d", value="28d"))
+        .options(
+            [dashboard_models.VariableOption(selected=o == "28d", text=o, value=o) for o in options]
+        )
+        .include_all(False)
+        .multi(False)
+        .hide(dashboard_models.VariableHide.DONT_HIDE)
+    )
 
 
 def dashboard() -> Json:
-    datasource = {
-        "type": "datasource",
-        "name": "datasource",
-        "label": "Data source",
-        "query": "prometheus",
-        "current": {},
-        "options": [],
-        "refresh": 1,
-        "regex": "",
-        "hide": 0,
-    }
+    datasource = (
+        dashboard_builders.DatasourceVariable("datasource")
+        .label("Data source")
+        .type("prometheus")
+        .current(dashboard_models.VariableOption(text="", value=""))
+        .regex("")
+        .hide(dashboard_models.VariableHide.DONT_HIDE)
+    )
     rows = [
         ("Overview", overview_row()),
         ("Service-level objectives", slo_row()),
@@ -1020,63 +1087,63 @@ def dashboard() -> Json:
         ("GPU", gpu_row()),
         ("Sidecar health", health_row()),
     ]
-    return {
-        "__requires": [
-            {"type": "grafana", "id": "grafana", "name": "Grafana", "version": "10.4.0"},
-            {"type": "datasource", "id": "prometheus", "name": "Prometheus", "version": "1.0.0"},
-        ],
-        "id": None,
-        "uid": "llmobs",
-        "title": "llmobs: LLM serving",
-        "description": "What users of an LLM inference server feel, measured by the llmobs "
-        "sidecar: TTFT, inter-token latency, stutter, queue, errors, GPU and MBU.",
-        "tags": ["llmobs", "llm", "gen-ai", "inference"],
-        "timezone": "browser",
-        "editable": True,
-        "graphTooltip": 1,
-        "schemaVersion": 39,
-        "version": 1,
-        "refresh": "30s",
-        "time": {"from": "now-1h", "to": "now"},
-        "timepicker": {},
-        "fiscalYearStartMonth": 0,
-        "liveNow": False,
-        "weekStart": "",
-        "links": [
-            {
-                "type": "link",
-                "title": "Runbook",
-                "url": "https://github.com/llmobs/llmobs/blob/main/docs/runbook.md",
-                "targetBlank": True,
-                "icon": "doc",
-            }
-        ],
-        "annotations": {
-            "list": [
-                {
-                    "builtIn": 1,
-                    "datasource": {"type": "grafana", "uid": "-- Grafana --"},
-                    "enable": True,
-                    "hide": True,
-                    "iconColor": "rgba(0, 211, 255, 1)",
-                    "name": "Annotations & Alerts",
-                    "type": "dashboard",
-                }
-            ]
-        },
-        "templating": {
-            "list": [
-                datasource,
-                variable("namespace", "Namespace", f"label_values({ACTIVE}, namespace)"),
-                variable("pod", "Pod", f'label_values({ACTIVE}{{namespace=~"$namespace"}}, pod)'),
-                variable(
-                    "model", "Model", f"label_values({REQUESTS}{{{POD}}}, gen_ai_request_model)"
-                ),
-                window_variable(),
-            ]
-        },
-        "panels": layout(rows),
-    }
+    runbook = (
+        dashboard_builders.DashboardLink("Runbook")
+        .type(dashboard_models.DashboardLinkType.LINK)
+        .url("https://github.com/llmobs/llmobs/blob/main/docs/runbook.md")
+        .target_blank(True)
+        .icon("doc")
+    )
+    alerts = (
+        dashboard_builders.AnnotationQuery()
+        .name("Annotations & Alerts")
+        .datasource(dashboard_models.DataSourceRef(type_val="grafana", uid="-- Grafana --"))
+        .enable(True)
+        .hide(True)
+        .icon_color("rgba(0, 211, 255, 1)")
+        .type("dashboard")
+        .built_in(1)
+    )
+    board = (
+        dashboard_builders.Dashboard("llmobs: LLM serving")
+        .uid("llmobs")
+        .description(
+            "What users of an LLM inference server feel, measured by the llmobs sidecar: TTFT, "
+            "inter-token latency, stutter, queue, errors, GPU and MBU."
+        )
+        .tags(["llmobs", "llm", "gen-ai", "inference"])
+        .timezone("browser")
+        .editable()
+        .tooltip(dashboard_models.DashboardCursorSync.CROSSHAIR)
+        .refresh("30s")
+        .time("now-1h", "now")
+        .fiscal_year_start_month(0)
+        .live_now(False)
+        .week_start("")
+        .version(1)
+        .link(runbook)
+        .annotation(alerts)
+        .with_variable(datasource)
+        .with_variable(variable("namespace", "Namespace", f"label_values({ACTIVE}, namespace)"))
+        .with_variable(
+            variable("pod", "Pod", f'label_values({ACTIVE}{{namespace=~"$namespace"}}, pod)')
+        )
+        .with_variable(
+            variable("model", "Model", f"label_values({REQUESTS}{{{POD}}}, gen_ai_request_model)")
+        )
+        .with_variable(window_variable())
+    )
+    out = built(board)
+    for found in out["templating"]["list"]:  # the query as Grafana's editor shows it: outside
+        if found["type"] == "query":  # the schema, written by every Grafana export
+            found["definition"] = found["query"]["query"]
+    out["panels"] = layout(rows)
+    # an export's header: what importing it in Grafana's UI asks for (no part of the schema)
+    requires = [
+        {"type": "grafana", "id": "grafana", "name": "Grafana", "version": "10.4.0"},
+        {"type": "datasource", "id": "prometheus", "name": "Prometheus", "version": "1.0.0"},
+    ]
+    return {"__requires": requires, "id": None, **out}
 
 
 def render() -> str:
