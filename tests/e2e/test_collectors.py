@@ -17,7 +17,7 @@ from llmobs.config import Settings
 from llmobs.metrics.catalogue import COLLECTOR_METRICS, PROCESS_METRICS, Kind
 from llmobs.telemetry import build_telemetry
 from tests.support.fake_nvml import GIB, FakeGpu, FakeNvml
-from tests.support.servers import SimFactory
+from tests.support.servers import SidecarFactory, SimFactory
 
 H100_PEAK = 2619e6 * 5120 / 8 * 2
 MODEL_SHAPE: dict[str, Any] = {
@@ -112,42 +112,28 @@ async def test_gpu_engine_and_mbu_on_the_admin_port(start_sim: SimFactory) -> No
         assert metric.kind in (Kind.GAUGE, Kind.COUNTER)
 
 
-async def test_the_engine_is_scraped_at_start(start_sim: SimFactory) -> None:
+async def test_the_engine_is_scraped_at_start(
+    start_sim: SimFactory, start_sidecar: SidecarFactory
+) -> None:
     """With the default 5 s interval, a sidecar just started shows its engine within a
     second: the first scrape is at start, not an interval later."""
     sim = await start_sim()
-    settings = Settings(
-        upstream=sim.url, host="127.0.0.1", port=0, metrics_host="127.0.0.1", metrics_port=0,
-        engine_scrape_interval=5.0, gpu_sample_interval=0,
-    )  # fmt: skip
-    sidecar = Sidecar(settings, build_telemetry())
-    await sidecar.start()
-    admin = f"http://127.0.0.1:{sidecar.metrics_port}"
-    try:
-        deadline = asyncio.get_running_loop().time() + 1.0
-        while values(await scrape(admin), "llmobs_collector_up") != [
-            ({"collector": "engine"}, 1.0)
-        ]:
-            assert asyncio.get_running_loop().time() < deadline, "engine not scraped at start"
-            await asyncio.sleep(0.02)
-    finally:
-        await sidecar.stop()
+    side = await start_sidecar(sim.url, engine_scrape_interval=5.0, gpu_sample_interval=0)
+    deadline = asyncio.get_running_loop().time() + 1.0
+    up = [({"collector": "engine"}, 1.0)]
+    while values(await scrape(side.metrics_url), "llmobs_collector_up") != up:
+        assert asyncio.get_running_loop().time() < deadline, "engine not scraped at start"
+        await asyncio.sleep(0.02)
 
 
-async def test_the_sidecar_shows_its_own_cost_and_build(start_sim: SimFactory) -> None:
+async def test_the_sidecar_shows_its_own_cost_and_build(
+    start_sim: SimFactory, start_sidecar: SidecarFactory
+) -> None:
     """process_* (on Linux), python_info, python_gc_* and llmobs_build_info, with the event
     loop the sidecar runs on; every one of them named in the catalogue."""
     sim = await start_sim()
-    settings = Settings(
-        upstream=sim.url, host="127.0.0.1", port=0, metrics_host="127.0.0.1", metrics_port=0,
-        engine_scrape_interval=0, gpu_sample_interval=0,
-    )  # fmt: skip
-    sidecar = Sidecar(settings, build_telemetry())
-    await sidecar.start()
-    try:
-        text = await scrape(f"http://127.0.0.1:{sidecar.metrics_port}")
-    finally:
-        await sidecar.stop()
+    side = await start_sidecar(sim.url, engine_scrape_interval=0, gpu_sample_interval=0)
+    text = await scrape(side.metrics_url)
     for metric in PROCESS_METRICS:
         assert values(text, metric.prometheus), metric.prometheus
     assert values(text, "process_resident_memory_bytes")[0][1] > 10 << 20
