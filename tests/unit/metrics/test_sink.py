@@ -155,3 +155,21 @@ def test_the_sink_counts_each_verdict_and_starts_every_series_at_zero() -> None:
     assert value("llmobs_slo_requests_total", **qwen, verdict="good") == 0
     assert value("llmobs_slo_misses_total", **qwen, objective="stall") == 0
     assert value("llmobs_slo_misses_total", **llama, objective="stall") is None
+
+
+def test_a_new_label_set_starts_its_series_at_zero() -> None:
+    """A model seen once, without a stall, has ``llmobs_stalls_total`` at 0 (``rate()``
+    over a healthy model reads 0, not "no data"), and its SLO series too."""
+    sink, telemetry = sink_and_telemetry()
+    replay(sink, "steady", [20.0] * 5)
+    try:
+        assert sample(telemetry, "llmobs_stalls_total", gen_ai_request_model="steady") == 0
+        names = {
+            s.name
+            for fam in telemetry.registry.collect()
+            for s in fam.samples
+            if s.labels.get("gen_ai_request_model") == "steady"
+        }
+        assert {"llmobs_stalls_total", "llmobs_slo_requests_total"} <= names
+    finally:
+        telemetry.shutdown()
