@@ -72,6 +72,9 @@ async def start_sidecar() -> AsyncIterator[SidecarFactory]:
         nvml: NvmlBackend | None = None,
         **overrides: Any,
     ) -> SidecarHandle:
+        # No engine collector unless a test asks for one: its first scrape, at start, would
+        # be a GET /metrics that engines counting their requests (scripted ones) would see.
+        overrides.setdefault("engine_scrape_interval", 0)
         settings = Settings(
             upstream=upstream, host="127.0.0.1", port=0, metrics_host="127.0.0.1",
             metrics_port=0, **overrides,
