@@ -430,7 +430,9 @@ class Observer:
             response_model=dialect.response_model,
             response_id=dialect.response_id,
             finish_reasons=tuple(dialect.finish_reasons),
-            finish_reason=_finish_label(outcome, dialect.finish_reason),
+            finish_reason=_finish_label(
+                outcome, dialect.finish_reason, self.status >= 400 or dialect.error
+            ),
             reasoning_tokens=reasoning,
             reasoning_source=reasoning_source,
             cached_tokens=dialect.cached_tokens,
@@ -441,10 +443,14 @@ class Observer:
         return record, windows, malformed
 
 
-def _finish_label(outcome: Outcome, reason: str) -> str:
-    """The finish-reason label: what the engine said, or what the outcome implies."""
+def _finish_label(outcome: Outcome, reason: str, failed: bool) -> str:
+    """The finish-reason label: what the engine said, or what the outcome implies. One rule
+    for every API: a request that ended in an error (a status of 400 or more, an error the
+    engine reported in its body or stream, an engine failure or timeout) and that no finish
+    reason describes is ``error``."""
     if outcome in (Outcome.CLIENT_DISCONNECT, Outcome.SHUTDOWN):
         return ABORTED
-    if outcome in (Outcome.UPSTREAM_ERROR, Outcome.UPSTREAM_TIMEOUT) and reason == NONE:
+    failed = failed or outcome in (Outcome.UPSTREAM_ERROR, Outcome.UPSTREAM_TIMEOUT)
+    if failed and reason == NONE:
         return ERROR
     return reason

@@ -8,7 +8,17 @@ from collections.abc import Callable
 import pytest
 from prometheus_client import CollectorRegistry
 
-from llmobs.formats import OPENAI_CHAT
+from llmobs.formats import (
+    ANTHROPIC,
+    OLLAMA_CHAT,
+    OLLAMA_GENERATE,
+    OPENAI_CHAT,
+    OPENAI_COMPLETIONS,
+    RESPONSES,
+    TGI,
+    TGI_STREAM,
+    Route,
+)
 from llmobs.metrics.catalogue import (
     ITL,
     ITL_SQUARES,
@@ -116,3 +126,40 @@ def test_an_error_inside_a_200_stream_is_an_upstream_error() -> None:
     err = b'data: {"error":{"message":"engine died","type":"internal_error"}}\n\n'
     telemetry = observe([*sse(chat_chunk(" a")), err])
     assert sample(telemetry, "llmobs_requests_total", outcome="upstream_error") == 1
+
+
+@pytest.mark.parametrize(
+    ("route", "body"),
+    [
+        (OPENAI_CHAT, b'{"error":{"message":"bad","type":"invalid_request_error"}}'),
+        (OPENAI_COMPLETIONS, b'{"error":{"message":"bad","type":"invalid_request_error"}}'),
+        (RESPONSES, b'{"error":{"message":"bad","type":"invalid_request_error"}}'),
+        (ANTHROPIC, b'{"type":"error","error":{"type":"invalid_request_error","message":"x"}}'),
+        (TGI, b'{"error":"Input validation error","error_type":"validation"}'),
+        (TGI_STREAM, b'{"error":"Input validation error","error_type":"validation"}'),
+        (OLLAMA_CHAT, b'{"error":"model \\"nope\\" not found, try pulling it first"}'),
+        (OLLAMA_GENERATE, b'{"error":"model \\"nope\\" not found, try pulling it first"}'),
+        (OPENAI_CHAT, b"Bad Request"),  # not even JSON
+    ],
+)
+def test_a_4xx_finishes_with_error_on_every_api(route: Route, body: bytes) -> None:
+    """One rule for the finish-reason label of a refused request, whatever the API (Ollama's
+    said ``error``, the others ``none``)."""
+    sink, telemetry = sink_and_telemetry()
+    obs = Observer(sink, ObserveConfig(), route, 0)
+    obs.request_body(b'{"model": "m", "stream": true, "inputs": "x", "prompt": "x"}')
+    obs.forwarded(0)
+    obs.response(400, "application/json")
+    obs.chunk(10 * MS, body)
+    obs.finish(20 * MS, Outcome.OK)
+    try:
+        assert sample(telemetry, "llmobs_requests_total", finish_reason="error") == 1
+        assert sample(telemetry, "llmobs_requests_total", finish_reason="none") == 0
+    finally:
+        telemetry.shutdown()
+
+
+def test_a_good_stream_keeps_its_own_finish_reason() -> None:
+    last = b'data: {"choices":[{"index":0,"delta":{},"finish_reason":"length"}]}\n\n'
+    telemetry = observe([*sse(chat_chunk(" a")), last, b"data: [DONE]\n\n"])
+    assert sample(telemetry, "llmobs_requests_total", finish_reason="length") == 1
