@@ -6,7 +6,8 @@ decode step, it is in the engine's count, and the stream's end waits for it, so 
 for timing too (else the count, EOS included, over the timed chunks, EOS excluded, would make
 TPOT too small by one step). The last event's ``details.generated_tokens`` is the engine's own
 count and ``details.finish_reason`` (``length``, ``eos_token``, ``stop_sequence``) the reason.
-Input tokens are known only when the client asked for ``decoder_input_details``.
+Input tokens: a stream's final ``details.input_length``; of /generate, only when the client
+asked for ``decoder_input_details`` (the prefill tokens are listed then).
 TGI's Messages API (``/v1/chat/completions``) is the OpenAI dialect.
 """
 
@@ -51,6 +52,12 @@ class TgiStream(Dialect):
         generated = as_int(details.get("generated_tokens"))
         if generated is not None:
             self.output_tokens = generated
+        # a stream's final details say how long the input was (TGI's StreamDetails,
+        # router/src/lib.rs); /generate's list the prefill tokens only when the client asked
+        # for decoder_input_details
+        length = as_int(details.get("input_length"))
         prefill = details.get("prefill")
-        if isinstance(prefill, list) and prefill:
+        if length is not None:
+            self.input_tokens = length
+        elif isinstance(prefill, list) and prefill:
             self.input_tokens = len(prefill)
