@@ -14,7 +14,7 @@ import logging
 from collections.abc import Callable, MutableMapping
 from dataclasses import dataclass
 
-from llmobs.formats import Route, detect_stream
+from llmobs.formats import UNKNOWN, Route, detect_stream
 from llmobs.formats.base import ABORTED, ERROR, NONE, loads
 from llmobs.formats.framing import Framing, NdjsonDecoder, SseDecoder
 from llmobs.formats.openai import PLAIN, OpenAIStream, Template, WholeEvent
@@ -89,24 +89,16 @@ class Observer:
         self._trace = trace
         self._forwarded_ns: int | None = None
         self._config = config
-        self.route = route
-        self.operation = route.operation
-        self.info = NO_BODY[route.always_streams]
         self.status = 0
         self._timer = StreamTimer(
             start_ns, factor=config.stall_factor, min_gap=config.stall_min_gap
         )
         self._choices: dict[int, StreamTimer] | None = None  # choices other than 0 (n > 1)
         self._decoder: Framing | None = None
-        self._dialect = route.dialect()
-        if config.capture_content:
-            self._dialect.captured = []
-        self._on_data = self._dialect.on_data  # bound once: called per event
+        self._use(route)
         self._output = self._timer.output  # bound once: called per output chunk
         self._fast_times = self._timer.times  # choice 0's times: one-token chunks append here
         self._fast_window = self._timer.window
-        dialect = self._dialect
-        self._openai = dialect if isinstance(dialect, OpenAIStream) else None
         self._sse: SseDecoder | None = None
         # the dialect's template as a whole event (``WholeEvent``: reads of such events are
         # counted whole), the template it was made from, and the same event while the next
@@ -114,7 +106,6 @@ class Observer:
         self._template_event: WholeEvent | None = None
         self._template_of: Template | None = None
         self._fast_event: WholeEvent | None = None
-        self._pending = self._dialect.pending
         self._body: list[bytes] | None = None
         self._body_size = 0
         self._queued = False
@@ -124,6 +115,18 @@ class Observer:
         # finds, a read left there (the fast path takes reads only while nothing is pending)
         self._last_ns = start_ns
         sink.request_started()
+
+    def _use(self, route: Route) -> None:
+        """Measure the request as ``route``: its operation and a dialect of its own."""
+        self.route = route
+        self.operation = route.operation
+        self.info = NO_BODY[route.always_streams]
+        dialect = self._dialect = route.dialect()
+        if self._config.capture_content:
+            dialect.captured = []
+        self._on_data = dialect.on_data  # bound once: called per event
+        self._openai = dialect if isinstance(dialect, OpenAIStream) else None
+        self._pending = dialect.pending
 
     def _fail(self, where: str) -> None:
         """Count an internal error, log it once, stop observing this request."""
@@ -139,6 +142,9 @@ class Observer:
     def request_body(self, body: bytes) -> None:
         """The request body as forwarded (JSON bodies only); parsed for model and stream."""
         try:
+            confirm = self.route.confirm
+            if confirm is not None and confirm not in body:  # not the route's API after all
+                self._use(UNKNOWN)
             self.info = parse_request(body, self.route, self._config.capture_content)
         except Exception:
             self._fail("request_body")
@@ -403,6 +409,8 @@ class Observer:
         elif self._body:
             try:
                 obj = loads(b"".join(self._body))
+                if isinstance(obj, list) and len(obj) == 1:  # TGI's compat route (POST /)
+                    obj = obj[0]  # wraps its one generation in a list, as api-inference did
                 if isinstance(obj, dict):
                     dialect.on_body(obj)
             except ValueError:

@@ -31,7 +31,7 @@ from typing import NamedTuple, Protocol
 
 from llmobs.config import Settings
 from llmobs.deferred import Deferred
-from llmobs.formats import Route, detect_stream, route_for_path
+from llmobs.formats import Route, detect_stream, route_for_request
 from llmobs.formats.base import Passthrough
 from llmobs.formats.inject import UsageStripper, inject_usage
 from llmobs.formats.openai import OpenAIStream
@@ -432,7 +432,7 @@ class _Exchange:
         self.relay = relay
         self.request = request
         self.start = perf_counter_ns()
-        self.route = route_for_path(request.path)
+        self.route = route_for_request(request.method, request.path)
         self.outcome = Outcome.OK
         self.stream: _ResponseRelay | None = None
         self.observed: bytes | None = None  # the body, for the observer to parse

@@ -32,6 +32,9 @@ class Route:
     name: str
     stream_default: bool = False  # streaming when the body has no "stream" (Ollama: yes)
     always_streams: bool = False  # the path itself streams (TGI /generate_stream)
+    # what the request body must hold for the route to be this one (None: the path says it
+    # all); a body without it is measured as an unknown route
+    confirm: bytes | None = None
 
     def __str__(self) -> str:
         """How a request is named in a log line: its operation and dialect (closed sets)."""
@@ -53,6 +56,10 @@ TGI = Route(TEXT_COMPLETION, TgiStream, "tgi")
 OLLAMA_GENERATE = Route(TEXT_COMPLETION, OllamaStream, "ollama", stream_default=True)
 OLLAMA_CHAT = Route(CHAT, OllamaStream, "ollama", stream_default=True)
 UNKNOWN = Route(OTHER, Passthrough, "none")
+# TGI's compat route: POST / is /generate_stream when the body says "stream": true, else
+# /generate (router/src/server.rs, compat_generate), which Hugging Face's InferenceClient
+# posts to when given the server's URL; a body without "inputs" is not TGI's
+TGI_COMPAT = Route(TEXT_COMPLETION, TgiStream, "tgi", confirm=b'"inputs"')
 
 _SUFFIXES = (
     ("/chat/completions", OPENAI_CHAT),
@@ -73,6 +80,13 @@ def route_for_path(path: str) -> Route:
         if path.endswith(suffix):
             return route
     return UNKNOWN
+
+
+def route_for_request(method: str, path: str) -> Route:
+    """The route of a request: its path's, or TGI's compat route for a POST to the root."""
+    if method == "POST" and not path.rstrip("/"):
+        return TGI_COMPAT
+    return route_for_path(path)
 
 
 def operation_for_path(path: str) -> str:

@@ -212,3 +212,39 @@ async def test_disconnect_during_prefill_reaches_the_engine_and_empties_the_queu
     assert side.value("llmobs_requests_total", outcome="client_disconnect") == 1
     assert side.value("llmobs_prefill_queue_depth") == 0
     assert side.value("gen_ai_server_time_to_first_token_seconds_count") == 0
+
+
+async def test_hugging_face_inference_client_posts_to_the_root_as_tgi(
+    start_sim: SimFactory, start_sidecar: SidecarFactory
+) -> None:
+    """``InferenceClient(model=<server URL>)`` posts TGI's bodies to ``/`` (TGI's compat
+    route): streamed and not, they are measured as TGI text completions, with the engine's
+    counts (input tokens from the stream's ``details.input_length``); a POST to ``/`` that is
+    not TGI's stays unknown."""
+    huggingface_hub = pytest.importorskip("huggingface_hub")
+    sim = await start_sim(dialect="tgi", decode_base=0.003, prefill_base=0.005)
+    side = await start_sidecar(sim.url)
+
+    def generate() -> tuple[list[Any], Any]:
+        client = huggingface_hub.InferenceClient(model=side.url)
+        events = list(client.text_generation("What is deep learning?", max_new_tokens=12,
+                                             stream=True, details=True))  # fmt: skip
+        whole = client.text_generation("What is deep learning?", max_new_tokens=7, details=True)
+        return events, whole
+
+    events, whole = await asyncio.to_thread(generate)
+    final = events[-1].details
+    assert final is not None and whole.details is not None
+    await eventually(lambda: side.value("llmobs_requests_total") == 2)
+    assert side.value("llmobs_requests_total", gen_ai_operation_name="text_completion") == 2
+    output = side.value("gen_ai_client_token_usage_sum", gen_ai_token_type="output")
+    assert output == final.generated_tokens + whole.details.generated_tokens
+    assert side.value("gen_ai_client_token_usage_count", gen_ai_token_type="input") == 1
+    assert side.value("llmobs_inter_token_latency_seconds_count") >= 10  # timed per token
+    async with (
+        aiohttp.ClientSession() as session,
+        session.post(side.url + "/", json={"hello": "world"}) as r,
+    ):
+        await r.read()
+    await eventually(lambda: side.value("llmobs_requests_total") == 3)
+    assert side.value("llmobs_requests_total", gen_ai_operation_name="other") == 1
