@@ -14,7 +14,7 @@ kinds of figures that hold still:
 One process holds three parties on one uvloop: a raw upstream protocol that answers each
 request with a vLLM-shaped SSE stream in chunked framing, one token event per write, one
 write per loop iteration (so each token is its own network read, as from a real engine); the
-sidecar's ``app.Proxy`` (instrumented or ``--instrument false``); and a raw client protocol
+sidecar's ``app.Proxy`` (instrumented or ``--no-instrument``); and a raw client protocol
 running ``--streams`` keep-alive connections in a closed loop. Everything but the sidecar is a
 few lines, the same for every tree, so differences between trees are the sidecar's.
 

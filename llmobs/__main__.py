@@ -63,7 +63,7 @@ def _parser() -> argparse.ArgumentParser:
         "bench",
         help="measure the relay's added latency and cost against direct, nginx and LiteLLM",
         description="Drive N streaming clients through each target (direct to the simulated "
-        "engine, nginx, llmobs, llmobs --instrument false, LiteLLM) in interleaved rounds and "
+        "engine, nginx, llmobs, llmobs --no-instrument, LiteLLM) in interleaved rounds and "
         "report added TTFT, added per-chunk delay, jitter, chunks/s, CPU per chunk and per "
         "request, memory per stream and the gap a /metrics scrape adds (docs/benchmarks.md).",
     )

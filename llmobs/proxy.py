@@ -80,7 +80,7 @@ class ObserverFactory(Protocol):
 
 
 class NullObserver:
-    """Observation switched off (``--instrument false``): a bare relay, for comparison."""
+    """Observation switched off (``--no-instrument``): a bare relay, for comparison."""
 
     __slots__ = ()
 

@@ -1,8 +1,8 @@
 """Starting and stopping what the bench measures: the sim, and each target in front of it.
 
-Every party is a process of its own: the simulated engine (``llmobs sim --stamp true``),
+Every party is a process of its own: the simulated engine (``llmobs sim --stamp``),
 and one target at a time in front of it: ``llmobs serve`` instrumented, ``llmobs serve
---instrument false``, nginx (the plain-C baseline: a generated config, ``proxy_buffering
+--no-instrument``, nginx (the plain-C baseline: a generated config, ``proxy_buffering
 off``, a keep-alive upstream pool, one worker, ``daemon off``, every path in a temp dir) or the
 LiteLLM proxy (a config with one model on the sim's ``/v1``). ``direct`` is no process: the
 client talks to the sim.
@@ -194,8 +194,10 @@ class Launcher:
         return {**os.environ, "PYTHONPATH": f"{root}{os.pathsep}{path}" if path else str(root)}
 
     def sim(self, flags: Sequence[str]) -> Started:
-        """The simulated engine, stamping every token (``--stamp true``)."""
+        """The simulated engine, stamping every token (``--stamp``)."""
         port = free_port()
+        # booleans with a value ("--stamp true"): what every version's CLI takes, and
+        # --llmobs-root may run an older tree than this one
         argv = self._llmobs("sim", "--host", "127.0.0.1", "--port", str(port), "--stamp", "true",
                             *flags)  # fmt: skip
         proc, log = self._spawn("sim", argv, self.pinning.engine, self._env())

@@ -153,12 +153,7 @@ def _classes() -> dict[str, Any]:
 
 _MESSAGES = _classes()
 LabelPair: Any = _MESSAGES["LabelPair"]
-Metric_: Any = _MESSAGES["Metric"]
 MetricFamily: Any = _MESSAGES["MetricFamily"]
-Histogram: Any = _MESSAGES["Histogram"]
-Bucket: Any = _MESSAGES["Bucket"]
-BucketSpan: Any = _MESSAGES["BucketSpan"]
-Exemplar: Any = _MESSAGES["Exemplar"]
 
 
 def varint(value: int) -> bytes:
@@ -187,20 +182,18 @@ def delimited(parts: Sequence[bytes]) -> bytes:
     return varint(len(body)) + body
 
 
-def exemplar(labels: dict[str, str], value: float, at: float | None, out: Any | None = None) -> Any:
-    """An ``Exemplar`` message (into ``out``, a field to fill, if given)."""
-    found = out if out is not None else Exemplar()
+def exemplar(labels: dict[str, str], value: float, at: float | None, out: Any) -> None:
+    """Fill ``out``, an ``Exemplar`` field, with an exemplar."""
     for name, text in labels.items():
-        found.label.add(name=name, value=text)
-    found.value = value
+        out.label.add(name=name, value=text)
+    out.value = value
     if at is not None:
         seconds = math.floor(at)
         nanos = round((at - seconds) * 1e9)  # the fraction alone: at * 1e9 is past 2^53
         if nanos == 1_000_000_000:
             seconds, nanos = seconds + 1, 0
-        found.timestamp.seconds = seconds
-        found.timestamp.nanos = nanos
-    return found
+        out.timestamp.seconds = seconds
+        out.timestamp.nanos = nanos
 
 
 def labels_of(metric: Any, names: Sequence[str], values: Sequence[str]) -> None:

@@ -371,9 +371,7 @@ class HistogramFamily:
                 elif found is not None:
                     bucket = h.bucket.add(cumulative_count=int(total), upper_bound=inf)
                 if found is not None:
-                    trace_id, span_id, value, at = found
-                    ids = {"trace_id": trace_id, "span_id": span_id}
-                    protobuf.exemplar(ids, value, at, bucket.exemplar)
+                    _proto_exemplar(found, bucket.exemplar)
             h.sample_count = int(total)
             h.sample_sum = values[j + size]
             state = natives.get(key) if natives else None
@@ -403,9 +401,13 @@ def _native_fields(h: Any, state: native.Snapshot, slots: list[Exemplar | None] 
         h.positive_span.add(offset=0, length=0)  # client_golang's mark of an empty one
     for found in slots or ():
         if found is not None:
-            trace_id, span_id, value, at = found
-            ids = {"trace_id": trace_id, "span_id": span_id}
-            protobuf.exemplar(ids, value, at, h.exemplars.add())
+            _proto_exemplar(found, h.exemplars.add())
+
+
+def _proto_exemplar(found: Exemplar, out: Any) -> None:
+    """A bucket's exemplar into ``out``, a protobuf ``Exemplar`` field."""
+    trace_id, span_id, value, at = found
+    protobuf.exemplar({"trace_id": trace_id, "span_id": span_id}, value, at, out)
 
 
 class CounterFamily:

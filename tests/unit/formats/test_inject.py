@@ -117,7 +117,7 @@ async def test_engine_ignoring_the_option_falls_back_to_counting(
 async def test_nothing_is_rewritten_when_nothing_is_observed(
     start_app: AppFactory, start_sidecar: SidecarFactory
 ) -> None:
-    """``--inject-usage`` with ``--instrument false``: the usage would be asked for an
+    """``--inject-usage`` with ``--no-instrument``: the usage would be asked for an
     observation that does not run, so the request goes upstream byte for byte."""
     up = ScriptedUpstream({"default": Script(((0.0, CLIENT_SEES),))})
     url = await start_app(up.app())
