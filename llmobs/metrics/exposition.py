@@ -153,7 +153,9 @@ def negotiate(accept: str) -> Format:
 async def protobuf_async(registry: CollectorRegistry, executor: Executor) -> bytes:
     """The registry in Prometheus' protobuf format: each family a delimited ``MetricFamily``,
     in the registry's order; the request series (with their native buckets and exemplars)
-    encoded on the event loop a part at a time, the other collectors in ``executor``."""
+    encoded on the event loop a part at a time, the other collectors in ``executor``. A
+    registry of another class (or with target info, which llmobs never sets) is encoded whole
+    from ``collect()``: classic buckets only, its series have no native ones there."""
     loop = asyncio.get_running_loop()
     members = _members(registry)
     if members is None:
