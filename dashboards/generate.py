@@ -581,7 +581,8 @@ def experience_row() -> list[Json]:
         timeseries(
             "Engine-reported prefill and model load",
             "Prefill and model-load times as the engine itself reports them per request "
-            "(Ollama's prompt_eval_duration and load_duration); empty for other engines. "
+            "(Ollama's prompt_eval_duration and load_duration, llama.cpp's timings.prompt_ms); "
+            "empty for other engines. "
             "Compare with TTFT, which adds queueing.",
             [
                 target(quantile(0.5, ENGINE_PROMPT_EVAL), "prefill p50"),

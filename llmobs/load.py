@@ -14,6 +14,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import quote
 
 import aiohttp
 
@@ -48,14 +49,14 @@ class Result:
         return self.error is None and 200 <= self.status < 300
 
 
-DIALECTS = ("openai", "ollama", "tgi", "anthropic", "responses")
+DIALECTS = ("openai", "ollama", "tgi", "anthropic", "responses", "triton")
 
 
 class Workload:
     """A seeded mix: 80 % short prompts (~40-170 tokens), 20 % long (~400-1700).
 
     ``dialect`` picks the API the clients speak: ``openai`` (80 % chat, 20 % completions),
-    ``ollama``, ``tgi``, ``anthropic``, ``responses``, or ``mixed`` (each in turn).
+    ``ollama``, ``tgi``, ``anthropic``, ``responses``, ``triton``, or ``mixed`` (each in turn).
     """
 
     def __init__(
@@ -97,6 +98,10 @@ def _call(dialect: str, model: str, prompt: str, max_tokens: int, chat: bool) ->
     if dialect == "tgi":
         body = {"inputs": prompt, "parameters": {"max_new_tokens": max_tokens, "details": True}}
         return Call("/generate_stream", body)
+    if dialect == "triton":  # TensorRT-LLM's ensemble, which names its model in the path
+        body = {"text_input": prompt, "max_tokens": max_tokens, "stream": True,
+                "return_num_input_tokens": True, "return_num_output_tokens": True}  # fmt: skip
+        return Call(f"/v2/models/{quote(model, safe='')}/generate_stream", body)
     if dialect == "anthropic":
         body = {"model": model, "max_tokens": max_tokens, "messages": messages, "stream": True}
         return Call("/v1/messages", body)

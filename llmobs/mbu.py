@@ -197,8 +197,10 @@ class EfficiencyTracker:
             context = (s.input_tokens or 0) + s.output_tokens / 2
             decode = Decode(now, s.tpot_s * steps, steps, context)
         prefill_s = s.engine_prompt_eval_s if s.engine_prompt_eval_s is not None else s.ttft_s
-        if s.input_tokens and prefill_s:
-            prefill = Prefill(now, s.input_tokens, prefill_s)
+        # the prompt tokens the engine computed: a prefix found in its cache was not
+        computed = (s.input_tokens or 0) - (s.cached_tokens or 0)
+        if computed > 0 and prefill_s:
+            prefill = Prefill(now, computed, prefill_s)
         if decode is None and prefill is None:
             return
         with self._lock:

@@ -9,8 +9,9 @@ data-parallel ranks); the usage ratio is their mean.
 Only lines that name a mapped metric are parsed (with ``prometheus_client``'s parser, one
 line at a time, in a worker thread): an engine's exposition can be large, and a malformed
 line costs only itself. An engine that is not up yet, or has no /metrics, or no known
-metrics, leaves the collector down (logged once); the first scrape waits one interval, as
-engines take a while to load their model.
+metrics, leaves the collector down (logged once, with the reason); the first scrape is at
+start. Triton publishes its metrics on a port of their own (8002): point
+``--engine-metrics-url`` there.
 """
 
 from __future__ import annotations
@@ -33,44 +34,84 @@ TIMEOUT_S = 10.0
 
 
 @dataclass(frozen=True)
+class Series:
+    """A metric name, and where the engine files several numbers under it (Triton), the one
+    label value that picks this number."""
+
+    name: str
+    label: str = ""
+    value: str = ""
+
+    def picks(self, labels: dict[str, str]) -> bool:
+        return not self.label or labels.get(self.label) == self.value
+
+
+@dataclass(frozen=True)
 class EngineSpec:
-    """An engine's metric names for each uniform number; the first name present wins."""
+    """An engine's metrics for each uniform number; the first one present wins. ``kv_blocks``
+    (used, total) gives the KV-cache usage where no ratio of it is published."""
 
     engine: str
-    waiting: tuple[str, ...] = ()
-    running: tuple[str, ...] = ()
-    kv_usage: tuple[str, ...] = ()
+    waiting: tuple[Series, ...] = ()
+    running: tuple[Series, ...] = ()
+    kv_usage: tuple[Series, ...] = ()
+    kv_blocks: tuple[Series, Series] | None = None
 
     @property
-    def names(self) -> tuple[str, ...]:
-        return (*self.waiting, *self.running, *self.kv_usage)
+    def series(self) -> tuple[Series, ...]:
+        return (*self.waiting, *self.running, *self.kv_usage, *(self.kv_blocks or ()))
+
+
+def _names(*names: str) -> tuple[Series, ...]:
+    return tuple(Series(name) for name in names)
+
+
+def _triton(kind: str, value: str) -> Series:
+    """One of the TensorRT-LLM backend's numbers in Triton's /metrics, by its label value
+    (triton_backend custom_metrics_reporter.cc)."""
+    return Series(f"nv_trt_llm_{kind}_metrics", f"{kind}_type", value)
 
 
 ENGINES: tuple[EngineSpec, ...] = (
     EngineSpec(
         "vllm",
-        ("vllm:num_requests_waiting",),
-        ("vllm:num_requests_running",),
-        ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc"),  # a 0-1 ratio despite "perc"
+        _names("vllm:num_requests_waiting"),
+        _names("vllm:num_requests_running"),
+        # a 0-1 ratio despite "perc"
+        _names("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc"),
     ),
     EngineSpec(
-        "sglang", ("sglang:num_queue_reqs",), ("sglang:num_running_reqs",), ("sglang:token_usage",)
+        "sglang",
+        _names("sglang:num_queue_reqs"),
+        _names("sglang:num_running_reqs"),
+        _names("sglang:token_usage"),
     ),
-    EngineSpec("tgi", ("tgi_queue_size",), ("tgi_batch_current_size",)),
+    EngineSpec("tgi", _names("tgi_queue_size"), _names("tgi_batch_current_size")),
+    # llama-server's own /metrics has no KV-cache gauge; older builds had the ratio
     EngineSpec(
         "llamacpp",
-        ("llamacpp:requests_deferred",),
-        ("llamacpp:requests_processing",),
-        ("llamacpp:kv_cache_usage_ratio",),
+        _names("llamacpp:requests_deferred"),
+        _names("llamacpp:requests_processing"),
+        _names("llamacpp:kv_cache_usage_ratio"),
     ),
+    # trtllm-serve (tensorrt_llm/metrics/collector.py; NVIDIA Dynamo 0.7 wrote trtllm:)
     EngineSpec(
         "trtllm",
-        ("trtllm_num_requests_waiting", "trtllm:num_requests_waiting"),
-        (),
-        ("trtllm_kv_cache_utilization", "trtllm:kv_cache_utilization"),
+        _names("trtllm_num_requests_waiting", "trtllm:num_requests_waiting"),
+        _names("trtllm_num_requests_running"),
+        _names("trtllm_kv_cache_utilization", "trtllm:kv_cache_utilization"),
+    ),
+    # Triton with the TensorRT-LLM backend (its "waiting": active but not scheduled), else
+    # Triton's own queue of requests not yet handed to a model
+    EngineSpec(
+        "triton",
+        (_triton("request", "waiting"), Series("nv_inference_pending_request_count")),
+        (_triton("request", "scheduled"),),
+        (_triton("kv_cache_block", "fraction"),),
+        (_triton("kv_cache_block", "used"), _triton("kv_cache_block", "max")),
     ),
 )
-_KNOWN = frozenset(name for spec in ENGINES for name in spec.names)
+_KNOWN = frozenset(series.name for spec in ENGINES for series in spec.series)
 
 
 @dataclass(frozen=True)
@@ -79,6 +120,9 @@ class EngineReading:
     waiting: float | None = None
     running: float | None = None
     kv_usage: float | None = None
+
+
+Samples = dict[str, list[tuple[dict[str, str], float]]]
 
 
 def _name(line: str) -> str:
@@ -91,9 +135,10 @@ def _name(line: str) -> str:
     return line[:end]
 
 
-def samples(text: str, names: frozenset[str] = _KNOWN) -> dict[str, list[float]]:
-    """Values of the samples named in ``names``; malformed lines and NaNs are skipped."""
-    out: dict[str, list[float]] = {}
+def samples(text: str, names: frozenset[str] = _KNOWN) -> Samples:
+    """The labels and value of each sample named in ``names``; malformed lines and NaNs are
+    skipped."""
+    out: Samples = {}
     for raw in text.splitlines():
         line = raw.strip()
         if not line or line.startswith("#") or _name(line) not in names:
@@ -104,26 +149,33 @@ def samples(text: str, names: frozenset[str] = _KNOWN) -> dict[str, list[float]]
             continue
         for s in parsed:
             if s.name in names and not math.isnan(s.value):
-                out.setdefault(s.name, []).append(float(s.value))
+                out.setdefault(s.name, []).append((dict(s.labels), float(s.value)))
     return out
 
 
+def _values(found: Samples, series: Series) -> list[float]:
+    return [value for labels, value in found.get(series.name, ()) if series.picks(labels)]
+
+
+def _first(found: Samples, choices: tuple[Series, ...]) -> list[float] | None:
+    return next((v for v in (_values(found, s) for s in choices) if v), None)
+
+
 def read_engine(text: str) -> EngineReading | None:
-    """The engine whose metrics ``text`` holds most of, and its three numbers; None if none."""
+    """The engine whose metrics ``text`` holds most of, and its three numbers; None if none.
+    Counts are summed over label sets (models, ranks); a ratio is their mean."""
     found = samples(text)
-    best = max(ENGINES, key=lambda spec: sum(name in found for name in spec.names))
-    if not any(name in found for name in best.names):
+    best = max(ENGINES, key=lambda spec: sum(bool(_values(found, s)) for s in spec.series))
+    if not any(_values(found, s) for s in best.series):
         return None
-
-    def first(names: tuple[str, ...]) -> list[float] | None:
-        return next((found[n] for n in names if n in found), None)
-
-    waiting, running, usage = first(best.waiting), first(best.running), first(best.kv_usage)
+    waiting, running = _first(found, best.waiting), _first(found, best.running)
+    usage = _first(found, best.kv_usage)
+    kv = sum(usage) / len(usage) if usage else None
+    if kv is None and best.kv_blocks is not None:
+        used, total = (sum(_values(found, s)) for s in best.kv_blocks)
+        kv = used / total if total > 0 else None
     return EngineReading(
-        best.engine,
-        sum(waiting) if waiting else None,
-        sum(running) if running else None,
-        sum(usage) / len(usage) if usage else None,
+        best.engine, sum(waiting) if waiting else None, sum(running) if running else None, kv
     )
 
 
@@ -153,6 +205,13 @@ class EngineCollector(PollingCollector[EngineReading]):
             async with self._session.get(self.url, timeout=timeout) as resp:
                 if resp.status != 200:
                     raise Unavailable(f"{self.url} answered {resp.status}")
+                if resp.content_type == "application/json":
+                    # trtllm-serve's /metrics: iteration stats, each read only once (reading
+                    # them takes them from other readers); its Prometheus page is elsewhere
+                    raise Unavailable(
+                        f"{self.url} answered JSON, not Prometheus text (trtllm-serve: set "
+                        "--engine-metrics-url to its /prometheus/metrics)"
+                    )
                 body = await _read_bounded(resp)
         except aiohttp.ClientConnectorError as exc:
             raise Unavailable(f"{self.url} unreachable ({type(exc).__name__})") from exc

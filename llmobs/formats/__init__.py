@@ -2,20 +2,24 @@
 
 ``route_for_path`` picks the dialect from the request path and ``detect_stream`` the framing
 from the response's Content-Type, so no configuration is needed. Paths match by suffix, so
-gateways' prefixes (``/openai/v1/chat/completions``) work too.
+gateways' prefixes (``/openai/v1/chat/completions``) work too. Triton's generate paths name
+the model (``/v2/models/{model}/generate_stream``): their route carries it.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import re
+from dataclasses import dataclass, replace
 from typing import Literal
+from urllib.parse import unquote
 
 from llmobs.formats.anthropic import AnthropicStream
-from llmobs.formats.base import Dialect, Passthrough
+from llmobs.formats.base import MAX_MODEL_LENGTH, Dialect, Passthrough
 from llmobs.formats.ollama import OllamaStream
 from llmobs.formats.openai import OpenAIStream
 from llmobs.formats.responses import ResponsesStream
 from llmobs.formats.tgi import TgiStream
+from llmobs.formats.triton import TritonStream
 
 CHAT = "chat"
 TEXT_COMPLETION = "text_completion"
@@ -35,6 +39,7 @@ class Route:
     # what the request body must hold for the route to be this one (None: the path says it
     # all); a body without it is measured as an unknown route
     confirm: bytes | None = None
+    model: str | None = None  # the model the path names (Triton), for a body without one
 
     def __str__(self) -> str:
         """How a request is named in a log line: its operation and dialect (closed sets)."""
@@ -60,6 +65,11 @@ UNKNOWN = Route(OTHER, Passthrough, "none")
 # /generate (router/src/server.rs, compat_generate), which Hugging Face's InferenceClient
 # posts to when given the server's URL; a body without "inputs" is not TGI's
 TGI_COMPAT = Route(TEXT_COMPLETION, TgiStream, "tgi", confirm=b'"inputs"')
+# Triton's generate extension (TensorRT-LLM): the path names the model, and the stream's path
+# answers in SSE whatever the body says
+TRITON_STREAM = Route(TEXT_COMPLETION, TritonStream, "triton", always_streams=True)
+TRITON = Route(TEXT_COMPLETION, TritonStream, "triton")
+_TRITON_PATH = re.compile(r"/v2/models/([^/]+)(?:/versions/[0-9]+)?/(generate(?:_stream)?)$")
 
 _SUFFIXES = (
     ("/chat/completions", OPENAI_CHAT),
@@ -76,10 +86,21 @@ _SUFFIXES = (
 def route_for_path(path: str) -> Route:
     """The route of a request path (query string excluded)."""
     path = path.rstrip("/")
+    if "/v2/models/" in path:
+        return _triton_route(path)
     for suffix, route in _SUFFIXES:
         if path.endswith(suffix):
             return route
     return UNKNOWN
+
+
+def _triton_route(path: str) -> Route:
+    """Triton's generate routes, with the model their path names (bounded, as a body's is)."""
+    found = _TRITON_PATH.search(path)
+    if found is None:
+        return UNKNOWN
+    route = TRITON_STREAM if found.group(2) == "generate_stream" else TRITON
+    return replace(route, model=unquote(found.group(1))[:MAX_MODEL_LENGTH])
 
 
 def route_for_request(method: str, path: str) -> Route:

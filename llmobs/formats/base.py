@@ -26,6 +26,9 @@ ERROR = "error"
 ABORTED = "aborted"  # the client went away before the end
 OTHER = "other"
 NONE = "none"  # the response named no reason (cut short, or a format without one)
+# A model name longer than this is cut: it names spans and is a span attribute, and a client
+# could send megabytes of it (an OTLP batch over gRPC's 4 MiB would then be dropped whole).
+MAX_MODEL_LENGTH = 256
 CAPTURE_LIMIT = 4096  # characters of output text kept per request with --capture-content
 MAX_FINISH_REASONS = 128  # one per choice (OpenAI allows n <= 128); more is a broken stream
 FINISH_REASONS = (STOP, LENGTH, TOOL_CALLS, CONTENT_FILTER, ERROR, ABORTED, OTHER, NONE)

@@ -7,9 +7,13 @@ extra final usage event (``"choices": []`` plus ``usage``) is removed from the r
 it reaches the client, which therefore receives exactly the bytes it would have received
 without the sidecar. Both halves are pure functions over bytes, tested byte for byte.
 
-Exact for engines that, like vLLM, SGLang and llama.cpp, add nothing else to the stream when
-usage is on. OpenAI's own API also adds ``"usage": null`` to every chunk; the sidecar is not
-meant for it, and a request that set ``continuous_usage_stats`` is never rewritten.
+Exact for engines that, like vLLM and SGLang, add nothing else to the stream when usage is on.
+llama.cpp moves its ``timings`` from a chat stream's finish chunk to the usage event when usage
+is on: the stripper holds a finish chunk until the next event, and when that is the usage event
+it puts the ``timings`` back where llama.cpp writes them without usage, last in the finish
+chunk (checked against a real llama-server, tests/integration). OpenAI's own API also adds
+``"usage": null`` to every chunk; the sidecar is not meant for it, and a request that set
+``continuous_usage_stats`` is never rewritten.
 """
 
 from __future__ import annotations
@@ -68,19 +72,53 @@ def _is_usage_event(block: bytes) -> bool:
     return False
 
 
+def _is_finish_event(block: bytes) -> bool:
+    """A chunk with a finish reason and no usage, that has no ``timings`` of its own."""
+    if block.find(b'"finish_reason"') < 0 or block.find(b'"timings"') >= 0:
+        return False
+    for line in block.splitlines():
+        if line.startswith(b"data:"):
+            try:
+                obj: Any = loads(line[5:])
+            except ValueError:
+                return False
+            choices = obj.get("choices") if isinstance(obj, dict) else None
+            return (
+                isinstance(choices, list)
+                and "usage" not in obj
+                and any(isinstance(c, dict) and c.get("finish_reason") for c in choices)
+            )
+    return False
+
+
+_TIMINGS = re.compile(rb',"timings":\{[^{}]*\}')
+
+
+def _with_timings(finish: bytes, usage: bytes) -> bytes:
+    """The finish chunk with the usage event's ``timings`` last in it, as llama.cpp writes a
+    chat stream's finish chunk when usage is off; unchanged if the usage event has none."""
+    found = _TIMINGS.search(usage)
+    close = finish.rfind(b"}")
+    if found is None or close < 0:
+        return finish
+    return finish[:close] + found.group() + finish[close:]
+
+
 class UsageStripper:
     """Passes SSE bytes through, minus the usage event the sidecar asked for.
 
     Complete events are released at once; only an event still incomplete at the end of a
     read waits for the rest of its bytes (the client could not have used it anyway), unless it
-    is longer than ``max_event``: then it is passed on as it comes, up to its end.
+    is longer than ``max_event``: then it is passed on as it comes, up to its end. A finish
+    chunk waits for the next event (llama.cpp's ``timings``: see the module's docstring).
     """
 
-    __slots__ = ("_buffer", "_max_event", "_passing", "stripped")
+    __slots__ = ("_buffer", "_finish", "_max_event", "_passing", "stripped")
 
     def __init__(self, max_event: int = MAX_EVENT) -> None:
         self._max_event = max_event
         self._buffer = b""
+        self._finish = b""  # a finish chunk held until the next event
         self._passing: bytes | None = None  # inside a long event: its last bytes seen
         self.stripped = 0
 
@@ -92,8 +130,9 @@ class UsageStripper:
         if end < 0:
             return self._hold(data)
         head = data[:end]
-        released = self._strip(head) if head.find(b'"usage"') >= 0 else head
-        return released + self._hold(data[end:])
+        if self._finish or head.find(b'"usage"') >= 0 or head.find(b'"finish_reason"') >= 0:
+            head = self._strip(head)
+        return head + self._hold(data[end:])
 
     def _strip(self, head: bytes) -> bytes:
         out: list[bytes] = []
@@ -101,9 +140,19 @@ class UsageStripper:
         for match in _BOUNDARY.finditer(head):
             block = head[start : match.end()]
             start = match.end()
-            if len(block) <= self._max_event and _is_usage_event(block):
+            small = len(block) <= self._max_event
+            if small and _is_usage_event(block):
                 self.stripped += 1
+                if self._finish:
+                    out.append(_with_timings(self._finish, block))
+                    self._finish = b""
                 out.append(block[: len(block) - len(block.lstrip(b"\r\n"))])  # stray blank lines
+                continue
+            if self._finish:
+                out.append(self._finish)
+                self._finish = b""
+            if small and _is_finish_event(block):
+                self._finish = block
             else:
                 out.append(block)
         out.append(head[start:])  # "\n\n\n": the last separator found overlaps a match
@@ -116,7 +165,8 @@ class UsageStripper:
             return b""
         self._buffer = b""
         self._passing = rest[-3:]  # a separator may begin in it and end in the next read
-        return rest
+        held, self._finish = self._finish, b""
+        return held + rest
 
     def _pass(self, chunk: bytes) -> bytes:
         """Pass a long event's bytes on; after its end, strip as usual again."""
@@ -131,5 +181,6 @@ class UsageStripper:
 
     def flush(self) -> bytes:
         """The rest, verbatim (an unterminated last event is passed on as it came)."""
-        rest, self._buffer = self._buffer, b""
+        rest, self._buffer = self._finish + self._buffer, b""
+        self._finish = b""
         return rest

@@ -13,7 +13,8 @@ Tokens per chunk: when the engine reports cumulative usage on every chunk (vLLM'
 counts as one token and the final ``usage`` (``include_usage``, the ``choices: []`` chunk)
 lets the timer spread the true total afterwards. Usage on a single chunk that also has choices
 proves nothing (llama.cpp and TGI put the final total there): only from the second such chunk
-on is usage taken as continuous.
+on is usage taken as continuous. llama.cpp's final chunk also carries its ``timings``: the
+prompt's prefill time is kept as the engine's own.
 
 Fast path (``Template``): within one response, the plain token events (one choice, text in
 ``content``, no usage, no finish reason) differ only in the text: id, model, created and every
@@ -194,6 +195,10 @@ class OpenAIStream(Dialect):
             tokens = self._usage(usage, bool(choices), kind != 0)
             if tokens is not None:
                 return self.output(tokens, choice, kind == 2)
+        if not outputs:  # llama.cpp's final chunk (the finish or the usage one)
+            timings = obj.get("timings")
+            if isinstance(timings, dict):
+                self._timings(timings)
         tokens = 0
         for choice, kind in outputs:  # more than one: a gateway that merges choices' chunks
             tokens += self.output(1, choice, kind == 2)
@@ -206,6 +211,13 @@ class OpenAIStream(Dialect):
         model = obj.get("model")
         if isinstance(model, str):
             self.response_model = model
+
+    def _timings(self, timings: dict[str, Any]) -> None:
+        """llama.cpp's ``timings``: ``prompt_ms`` is the prefill of the prompt tokens not in
+        its cache, the engine's own share of TTFT (as Ollama's ``prompt_eval_duration``)."""
+        prompt_ms = timings.get("prompt_ms")
+        if isinstance(prompt_ms, int | float) and not isinstance(prompt_ms, bool):
+            self.engine_prompt_eval_s = max(prompt_ms, 0) / 1000
 
     def _outputs(self, choices: list[Any]) -> list[tuple[int, int]]:
         """(choice index, kind: 1 text, 2 reasoning) of each choice with output in this chunk,

@@ -10,7 +10,7 @@ import re
 from typing import Any, NamedTuple
 
 from llmobs.formats import UNKNOWN, Route
-from llmobs.formats.base import loads
+from llmobs.formats.base import MAX_MODEL_LENGTH, loads
 
 CONTENT_LIMIT = 1024  # characters of prompt / completion kept with --capture-content
 
@@ -34,9 +34,6 @@ class RequestInfo(NamedTuple):
 
 _PARSE_LIMIT = 1 << 20
 _SCAN = 64 * 1024
-# A model name longer than this is cut: it names spans and is a span attribute, and a client
-# could send megabytes of it (an OTLP batch over gRPC's 4 MiB would then be dropped whole).
-MAX_MODEL_LENGTH = 256
 _MODEL_RE = re.compile(rb'"model"\s*:\s*"((?:[^"\\]|\\.){1,%d})"' % MAX_MODEL_LENGTH)
 _STREAM_RE = re.compile(rb'"stream"\s*:\s*(true|false)\b')
 
@@ -52,25 +49,25 @@ def parse_request(body: bytes, route: Route = UNKNOWN, capture: bool = False) ->
     if len(body) > _PARSE_LIMIT:
         ends = body[:_SCAN] + b"\n" + body[-_SCAN:]
         found = _MODEL_RE.search(ends)
-        model = found.group(1).decode("utf-8", "replace") if found else None
+        model = found.group(1).decode("utf-8", "replace") if found else route.model
         stream = _STREAM_RE.search(ends)
         flag = stream.group(1) == b"true" if stream else None
         return RequestInfo(model, route.streams(flag))
     try:
         obj: Any = loads(body)
     except ValueError:
-        return NO_BODY[route.always_streams]
+        return _no_body(route)
     if not isinstance(obj, dict):
-        return NO_BODY[route.always_streams]
+        return _no_body(route)
     get = obj.get
     model = get("model")
     options = get("stream_options")
     include = isinstance(options, dict) and options.get("include_usage") is True
-    nested = get("options") or get("parameters")  # Ollama options, TGI parameters
+    nested = get("options") or get("parameters")  # Ollama options, TGI's and Triton's parameters
     nested = nested if isinstance(nested, dict) else {}
     max_tokens = _first_int(
         get("max_tokens"), get("max_completion_tokens"), get("max_output_tokens"),
-        nested.get("num_predict"), nested.get("max_new_tokens"),
+        nested.get("num_predict"), nested.get("max_new_tokens"), nested.get("max_tokens"),
     )  # fmt: skip
     temperature = get("temperature", nested.get("temperature"))
     prompt = None
@@ -78,7 +75,7 @@ def parse_request(body: bytes, route: Route = UNKNOWN, capture: bool = False) ->
         text = next((obj[k] for k in _PROMPT_KEYS if k in obj), None)
         prompt = truncate(text if isinstance(text, str) else json_text(text))
     return RequestInfo(
-        model[:MAX_MODEL_LENGTH] if isinstance(model, str) else None,
+        model[:MAX_MODEL_LENGTH] if isinstance(model, str) else route.model,
         route.streams(get("stream")),
         include,
         max_tokens,
@@ -91,6 +88,13 @@ _PROMPT_KEYS = ("messages", "prompt", "input", "inputs")
 # What is known of a request before its body is read, by whether its path always streams
 # (made once and shared: immutable, and one fewer record made per request).
 NO_BODY = (RequestInfo(stream=False), RequestInfo(stream=True))
+
+
+def _no_body(route: Route) -> RequestInfo:
+    """What a request says whose body is not a JSON object: its path's model, if any."""
+    if route.model is None:
+        return NO_BODY[route.always_streams]
+    return RequestInfo(route.model, route.always_streams)
 
 
 def _first_int(*values: Any) -> int | None:

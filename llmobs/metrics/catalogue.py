@@ -163,7 +163,8 @@ TOKENS = MetricDef(
 )  # fmt: skip
 ENGINE_PROMPT_EVAL = MetricDef(
     "llmobs.engine.prompt_eval.duration", Kind.HISTOGRAM, "s",
-    "Prefill time as the engine itself reports it (Ollama prompt_eval_duration).",
+    "Prefill time as the engine itself reports it (Ollama prompt_eval_duration, "
+    "llama.cpp timings.prompt_ms).",
     _OP_MODEL, TTFT_BUCKETS,
 )  # fmt: skip
 ENGINE_LOAD = MetricDef(

@@ -26,7 +26,7 @@ from llmobs.options import (
 from llmobs.sim.faults import FAULT_MODES
 
 # The APIs the sim can speak; ``all`` serves every one at once, each on its native paths.
-SIM_DIALECTS = ("all", "openai", "ollama", "tgi", "anthropic", "responses")
+SIM_DIALECTS = ("all", "openai", "ollama", "tgi", "anthropic", "responses", "triton")
 
 
 def _parse_dialect(text: str) -> str:
@@ -116,7 +116,7 @@ class SimSettings:
     dialect: str = option(
         "all",
         _parse_dialect,
-        "API served: all, openai, ollama, tgi, anthropic, responses (one dialect keeps "
+        "API served: all, openai, ollama, tgi, anthropic, responses, triton (one dialect keeps "
         "/health, /v1/models, /metrics)",
         "NAME",
     )

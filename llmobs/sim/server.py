@@ -144,9 +144,10 @@ def _handler(endpoint: Endpoint) -> Handler:
         engine = request.app[ENGINE_KEY]
         seq = engine.receive(request.headers)
         body = await request.read()
-        ctx = Context(engine.settings.model)
+        params = dict(request.match_info)
+        ctx = Context(engine.settings.model, params=params)
         if engine.settings.stamp:  # the engine has the whole request now
-            ctx = Context(engine.settings.model, received_ns=time.monotonic_ns())
+            ctx = Context(engine.settings.model, received_ns=time.monotonic_ns(), params=params)
         try:
             exchange = endpoint.parse(body, ctx)
         except BadRequest as exc:

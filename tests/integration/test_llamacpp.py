@@ -1,4 +1,4 @@
-"""The sidecar in front of a real engine: llama.cpp serving Gemma 3 270M on the CPU.
+"""The sidecar in front of a real engine: llama.cpp's llama-server serving Gemma 3 270M on the CPU.
 
 The simulated engine is ours; this is the proof that the sidecar measures what a real
 deployment does. The client is the real ``openai`` SDK in a process of its own, timing on its
@@ -6,11 +6,11 @@ own clock (tests/integration/client.py); where bytes are compared, plain aiohttp
 the sidecar's numbers are read from its trace (TTFT, and the arrival of every chunk as a token
 event on the decode span), matched to the client's request by the response id both see.
 
-The engine: greedy sampling (temperature 0, fixed seed), one request at a time behind its
-lock, one token per SSE event, no ``usage`` in streams (so the sidecar counts chunks), prefill
-~200 tokens/s and decode ~30 tokens/s on one core. It keeps the previous prompt's KV cache and
-reuses a matching prefix, so every timed prompt starts with its own words. Run with ``-rP`` to
-see what was measured (docs/benchmarks.md has a run).
+The engine here has one slot (test_llamacpp_batching.py has more): greedy sampling
+(temperature 0, fixed seed), one request at a time, the others queued, one token per SSE event,
+prefill ~200 tokens/s and decode ~30 tokens/s on one core. It keeps the previous prompt's KV
+cache and reuses a matching prefix, so every timed prompt starts with its own words. Run with
+``-rP`` to see what was measured (docs/benchmarks.md has a run).
 """
 
 from __future__ import annotations
@@ -18,11 +18,9 @@ from __future__ import annotations
 import asyncio
 import itertools
 import json
-import multiprocessing
 import re
 import statistics
-from collections.abc import Iterator, Sequence
-from concurrent.futures import ProcessPoolExecutor
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -30,15 +28,13 @@ from typing import Any
 import aiohttp
 import pytest
 from opentelemetry.sdk.trace import ReadableSpan
-from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from llmobs.metrics.catalogue import TTFT_BUCKETS
-from llmobs.telemetry import build_telemetry
-from tests.integration import client
 from tests.integration.client import CHAT, COMPLETIONS, SEED, Call, Seen
+from tests.integration.conftest import Traced
 from tests.integration.llamacpp import MODEL, LlamaServer, needs_llamacpp
 from tests.support.prom import ROOT, Prometheus, Target, needs_prometheus
-from tests.support.servers import SidecarFactory, SidecarHandle, eventually
+from tests.support.servers import SidecarHandle
 
 pytestmark = [pytest.mark.integration, needs_llamacpp]
 
@@ -47,12 +43,14 @@ pytestmark = [pytest.mark.integration, needs_llamacpp]
 # chunk before relaying it and the client after the SDK has parsed it. So the client is never
 # earlier, and later by the loopback hops and the parsing: ~2 ms here. Allowed at most this.
 TOLERANCE = 0.010
-# Fields that legitimately differ between two identical requests: the response id (a fresh
-# uuid4 per request) and `created` (the engine's wall clock, in seconds). Nothing else.
-VOLATILE = (
-    (re.compile(rb'"id": "(?:chat)?cmpl-[0-9a-f-]{36}"'), b'"id": "<id>"'),
-    (re.compile(rb'"created": \d+'), b'"created": 0'),
+# Fields that legitimately differ between two identical requests: the response id (random per
+# request) and `created` (the engine's wall clock, in seconds), in every event; the engine's
+# `timings` (milliseconds it measured), in the last. Nothing else.
+PER_EVENT = (
+    (re.compile(rb'"id":"(?:chat)?cmpl-[0-9A-Za-z]{32}"'), b'"id":"<id>"'),
+    (re.compile(rb'"created":\d+'), b'"created":0'),
 )
+TIMINGS = (re.compile(rb'"timings":\{[^{}]*\}'), b'"timings":{}')
 _WORDS = (
     "river", "mountain", "lantern", "copper", "meadow", "harbor", "violet", "engine", "quiet",
     "silver", "orchard", "thunder", "candle", "marble", "falcon", "garden", "window", "autumn",
@@ -71,68 +69,6 @@ def report(line: str) -> None:
 
 def ms(values: Sequence[float]) -> str:
     return ", ".join(f"{1000 * v:.2f}" for v in values)
-
-
-# --- fixtures -----------------------------------------------------------------------------
-
-
-@pytest.fixture(scope="module")
-def engine(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LlamaServer]:
-    """One llama.cpp server for the module: the model loads once (~3 s)."""
-    log = tmp_path_factory.mktemp("llamacpp") / "server.log"
-    with LlamaServer(log) as server:
-        yield server
-
-
-@pytest.fixture(scope="module")
-def client_process() -> Iterator[ProcessPoolExecutor]:
-    """The process the OpenAI SDK runs in (spawned: the test process has threads)."""
-    with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
-        yield pool
-
-
-@dataclass
-class Traced:
-    """A sidecar in front of the engine whose traces land in memory, and the client."""
-
-    side: SidecarHandle
-    exporter: InMemorySpanExporter
-    pool: ProcessPoolExecutor
-    engine_url: str
-
-    def spans(self) -> list[ReadableSpan]:
-        self.side.sidecar.flush_traces()
-        return list(self.exporter.get_finished_spans())
-
-    async def streams(self, calls: Sequence[Call], concurrently: bool = False) -> list[Seen]:
-        """Stream ``calls`` through the sidecar with the SDK; wait until it has recorded them."""
-        before = generations(self.side)
-        loop = asyncio.get_running_loop()
-        seen = await loop.run_in_executor(
-            self.pool, client.streams, self.side.url, calls, concurrently, self.engine_url
-        )
-        await eventually(lambda: generations(self.side) == before + len(calls))
-        return seen
-
-    async def completion_tokens(self, call: Call) -> int:
-        loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self.pool, client.completion_tokens, self.side.url, call)
-
-
-@pytest.fixture
-async def traced(
-    engine: LlamaServer, start_sidecar: SidecarFactory, client_process: ProcessPoolExecutor
-) -> Traced:
-    exporter = InMemorySpanExporter()
-    side = await start_sidecar(engine.url, telemetry=build_telemetry(span_exporter=exporter))
-    return Traced(side, exporter, client_process, engine.url)
-
-
-def generations(side: SidecarHandle) -> float:
-    """Chat and completion requests the sidecar finished (not the client's GET /v1/models)."""
-    return side.value("llmobs_requests_total") - side.value(
-        "llmobs_requests_total", gen_ai_operation_name="other"
-    )
 
 
 # --- what the sidecar saw -----------------------------------------------------------------
@@ -196,9 +132,12 @@ async def raw(session: aiohttp.ClientSession, url: str, path: str, body: Any) ->
 
 def masked(body: bytes) -> bytes:
     events = body.count(b"data: {")
-    for pattern, replacement in VOLATILE:
+    for pattern, replacement in PER_EVENT:
         body, n = pattern.subn(replacement, body)
         assert n == events, (pattern.pattern, n, events)  # once per event, nowhere else
+    pattern, replacement = TIMINGS
+    body, n = pattern.subn(replacement, body)
+    assert n == 1, (pattern.pattern, n)
     return body
 
 
@@ -236,12 +175,14 @@ async def test_stream_token_count_equals_usage(name: str, traced: Traced) -> Non
     assert usage == call.max_tokens
     (seen,) = await traced.streams([call])
     side = traced.side
-    # the stream carries no usage (the engine ignores include_usage): the sidecar counted it,
-    # and the non-streaming response's usage was recorded as the engine's own count
+    # A chat stream that did not ask for usage carries none: the sidecar counted its chunks.
+    # llama-server's completions streams put usage on their last chunk all the same. Either
+    # way the count is the engine's, as its non-streaming response's usage says.
+    counted = usage if call.path == CHAT else 0
     assert side.value("llmobs_tokens_total", gen_ai_token_type="output",
-                      token_count_source="counted") == usage  # fmt: skip
+                      token_count_source="counted") == counted  # fmt: skip
     assert side.value("llmobs_tokens_total", gen_ai_token_type="output",
-                      token_count_source="usage") == usage  # fmt: skip
+                      token_count_source="usage") == 2 * usage - counted  # fmt: skip
     assert len(seen.times) == usage
 
 
@@ -337,12 +278,13 @@ async def test_concurrent_requests_queue_behind_the_engine(traced: Traced) -> No
 
 async def tokens_in(engine: LlamaServer, prompt: str) -> int:
     """The prompt's length in tokens, BOS included, by the engine's own tokenizer."""
+    body = {"content": prompt, "add_special": True}
     async with (
         aiohttp.ClientSession() as session,
-        session.post(engine.url + "/extras/tokenize/count", json={"input": prompt}) as r,
+        session.post(engine.url + "/tokenize", json=body) as r,
     ):
-        count: int = (await r.json())["count"]
-    return count
+        tokens: list[int] = (await r.json())["tokens"]
+    return len(tokens)
 
 
 LENGTHS = (16, 96, 384)  # words: 20, 100 and 389 prompt tokens

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from llmobs.sim.dialects import anthropic, ollama, openai, responses, tgi
+from llmobs.sim.dialects import anthropic, ollama, openai, responses, tgi, triton
 from llmobs.sim.dialects.base import BadRequest, Context, Endpoint, Exchange
 
 DIALECTS: Mapping[str, tuple[Endpoint, ...]] = {
@@ -17,6 +17,7 @@ DIALECTS: Mapping[str, tuple[Endpoint, ...]] = {
     "tgi": tgi.ENDPOINTS,
     "anthropic": anthropic.ENDPOINTS,
     "responses": responses.ENDPOINTS,
+    "triton": triton.ENDPOINTS,
 }
 
 

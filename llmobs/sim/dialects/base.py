@@ -13,7 +13,7 @@ import json
 import math
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -94,7 +94,8 @@ def model_of(body: dict[str, Any], default: str) -> str:
 
 @dataclass(frozen=True)
 class Context:
-    """What a dialect takes from the server besides the body: its model and a wall clock.
+    """What a dialect takes from the server besides the body: its model, a wall clock, and
+    what the path says (``params``, e.g. the model Triton's paths name).
 
     ``received_ns`` (CLOCK_MONOTONIC, set only with ``SimSettings.stamp``) turns stamping on:
     see ``stamp_event``.
@@ -103,6 +104,7 @@ class Context:
     model: str
     wall_clock: Callable[[], float] = field(default=time.time)
     received_ns: int | None = None
+    params: Mapping[str, str] = field(default_factory=dict)  # the path's (Triton's model)
 
 
 # Stamps ride in the token text itself, the one thing every OpenAI-compatible proxy passes on

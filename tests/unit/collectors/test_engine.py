@@ -14,6 +14,7 @@ from prometheus_client import generate_latest
 from llmobs.collectors.base import register_status
 from llmobs.collectors.engine import EngineCollector, EngineReading, read_engine, register_engine
 from llmobs.telemetry import build_telemetry
+from tests.support import FIXTURES
 from tests.support.scripted import Script, ScriptedUpstream
 from tests.support.servers import AppFactory, SimFactory
 
@@ -70,6 +71,38 @@ def test_each_engine_is_recognised_and_mapped(text: str, expected: EngineReading
     assert got.engine == expected.engine
     for field in ("waiting", "running", "kv_usage"):
         assert getattr(got, field) == pytest.approx(getattr(expected, field)), field
+
+
+ENGINE_PAGES = FIXTURES / "engines"
+
+
+@pytest.mark.parametrize(
+    ("page", "expected"),
+    [
+        # two slots decoding, one request deferred; llama-server has no KV-cache gauge
+        ("llamacpp-server.metrics.txt", EngineReading("llamacpp", 1.0, 2.0, None)),
+        # TensorRT-LLM's waiting (active but not scheduled), scheduled, and KV fraction
+        ("triton-trtllm.metrics.txt", EngineReading("triton", 1.0, 1.0, 0.4875)),
+        ("trtllm-serve.metrics.txt", EngineReading("trtllm", 2.0, 6.0, 0.375)),
+    ],
+)
+def test_engines_own_pages_are_read(page: str, expected: EngineReading) -> None:
+    """The pages of tests/fixtures/engines/ (captured, or from the engines' docs: its README)."""
+    assert read_engine((ENGINE_PAGES / page).read_text()) == expected
+
+
+def test_triton_without_tensorrt_llm_or_without_the_kv_fraction() -> None:
+    # Triton alone: its queue of requests not yet handed to a model, summed over models
+    pending = (
+        'nv_inference_pending_request_count{model="preprocessing",version="1"} 2\n'
+        'nv_inference_pending_request_count{model="vllm_model",version="1"} 3\n'
+    )
+    assert read_engine(pending) == EngineReading("triton", 5.0, None, None)
+    # a backend that publishes blocks but no fraction: used / max
+    page = (ENGINE_PAGES / "triton-trtllm.metrics.txt").read_text()
+    blocks = "\n".join(line for line in page.splitlines() if 'type="fraction"' not in line)
+    reading = read_engine(blocks)
+    assert reading is not None and reading.kv_usage == pytest.approx(1 / 6239)
 
 
 def test_garbage_is_skipped_line_by_line() -> None:
@@ -143,8 +176,12 @@ async def test_other_engines_and_failures_over_http(
     plain = (("Content-Type", "text/plain; version=0.0.4"),)
     sglang = ScriptedUpstream({"default": Script(((0, SGLANG.encode()),), headers=plain)})
     missing = ScriptedUpstream({"default": Script(status=404, headers=plain)})
+    iteration_stats = ScriptedUpstream({"default": Script(
+        ((0, b'[{"iter": 154, "numActiveRequests": 1}]'),),
+        headers=(("Content-Type", "application/json"),),
+    )})  # fmt: skip
     junk = ScriptedUpstream({"default": Script(((0, b"\x00garbage {{{\n" * 100),), headers=plain)})
-    urls = [await start_app(u.app()) + "/metrics" for u in (sglang, missing, junk)]
+    urls = [await start_app(u.app()) + "/metrics" for u in (sglang, missing, junk, iteration_stats)]
     ok = EngineCollector(urls[0], 0.05)
     await poll(ok)
     assert ok.snapshot == EngineReading("sglang", 7.0, 12.0, 0.83)
@@ -156,8 +193,10 @@ async def test_other_engines_and_failures_over_http(
             await poll(collector, times=3)
     for collector in down:
         assert (collector.up, collector.snapshot, collector.errors) == (False, None, 0)
-    assert len(caplog.records) == 3  # once per collector, not per poll
+    assert len(caplog.records) == 4  # once per collector, not per poll
     assert "answered 404" in caplog.records[0].getMessage()
+    # trtllm-serve's /metrics is JSON: the collector says where its Prometheus page is
+    assert "/prometheus/metrics" in caplog.records[2].getMessage()
     for collector in (ok, *down):
         await collector.close()
 

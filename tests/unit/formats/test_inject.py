@@ -11,6 +11,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from llmobs.formats.inject import UsageStripper, inject_usage
+from llmobs.sim.replay import load_transcripts
+from tests.support import FIXTURES
 from tests.support.scripted import Script, ScriptedUpstream, chat_chunk, sse
 from tests.support.servers import AppFactory, SidecarFactory, SimFactory, eventually
 
@@ -64,6 +66,49 @@ def test_stripper_keeps_everything_else_verbatim() -> None:
         b'data: {"choices":[{"delta":{"content":"x"}}],"usage":{"completion_tokens":1}}\n\n'
     )
     assert strip([continuous]) == continuous
+
+
+def _transcript_body(name: str) -> bytes:
+    (t,) = [t for t in load_transcripts(FIXTURES / "streams") if t.name == name]
+    return t.body
+
+
+def _mask_llamacpp(body: bytes) -> bytes:
+    """Two llama-server requests differ in their id, clock and measured timings only."""
+    body = re.sub(rb'"id":"chatcmpl-[0-9A-Za-z]{32}"', b'"id":"X"', body)
+    body = re.sub(rb'"created":\d+', b'"created":0', body)
+    return re.sub(rb'"timings":\{[^{}]*\}', b'"timings":{}', body)
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.integers(min_value=0, max_value=3000), max_size=8))
+def test_llamacpp_timings_go_back_into_the_finish_chunk(cuts: list[int]) -> None:
+    """llama-server's chat stream with usage (as --inject-usage asks for it) has its timings
+    on the usage event; without usage, on the finish chunk. The client gets the latter."""
+    asked = _transcript_body("llamacpp-server-chat-usage")
+    plain = _transcript_body("llamacpp-server-chat")
+    points = sorted({c % (len(asked) + 1) for c in cuts})
+    chunks = [asked[a:b] for a, b in zip([0, *points], [*points, len(asked)], strict=True)]
+    stripper = UsageStripper()
+    got = b"".join(stripper.feed(c) for c in chunks) + stripper.flush()
+    assert stripper.stripped == 1
+    assert _mask_llamacpp(got) == _mask_llamacpp(plain)
+    # the very timings the engine measured for this request, not a copy of anything else
+    timings = re.search(rb'"timings":\{[^{}]*\}', asked)
+    assert timings is not None and got.count(timings.group()) == 1
+
+
+def test_a_finish_chunk_is_held_only_until_the_next_event() -> None:
+    finish = b'data: {"choices":[{"index":0,"delta":{},"finish_reason":"stop"}]}\n\n'
+    stripper = UsageStripper()
+    assert stripper.feed(finish) == b""  # held: the usage event may follow
+    assert stripper.feed(b"data: [DONE]\n\n") == finish + b"data: [DONE]\n\n"
+    stripper = UsageStripper()
+    assert stripper.feed(finish) == b""
+    assert stripper.flush() == finish  # the end of the stream releases it
+    # vLLM's usage event has no timings: the finish chunk goes on unchanged
+    stripper = UsageStripper()
+    assert stripper.feed(finish + USAGE_EVENT) == finish
 
 
 def _mask(body: bytes) -> bytes:

@@ -3,8 +3,19 @@ settings, the prompt only when captured; bounded work and bounded values whateve
 
 from __future__ import annotations
 
-from llmobs.formats import ANTHROPIC, OLLAMA_GENERATE, OPENAI_CHAT, TGI, TGI_STREAM, UNKNOWN
-from llmobs.formats.request import CONTENT_LIMIT, MAX_MODEL_LENGTH, parse_request, truncate
+import pytest
+
+from llmobs.formats import (
+    ANTHROPIC,
+    OLLAMA_GENERATE,
+    OPENAI_CHAT,
+    TGI,
+    TGI_STREAM,
+    UNKNOWN,
+    route_for_path,
+)
+from llmobs.formats.base import MAX_MODEL_LENGTH
+from llmobs.formats.request import CONTENT_LIMIT, parse_request, truncate
 
 
 def test_large_request_bodies_are_scanned_not_parsed() -> None:
@@ -52,3 +63,30 @@ def test_the_prompt_is_read_only_when_captured_and_then_truncated() -> None:
     assert captured is not None and len(captured) == CONTENT_LIMIT + 1  # and an ellipsis
     messages = parse_request(b'{"messages": [{"role": "user", "content": "hi"}]}', capture=True)
     assert messages.prompt == '[{"role": "user", "content": "hi"}]'
+
+
+@pytest.mark.parametrize(
+    ("path", "model", "stream"),
+    [
+        ("/v2/models/ensemble/generate_stream", "ensemble", True),
+        ("/v2/models/ensemble/versions/1/generate", "ensemble", False),
+        ("/triton/v2/models/tensorrt_llm_bls/generate_stream/", "tensorrt_llm_bls", True),
+        ("/v2/models/my%20model/versions/12/generate_stream", "my model", True),
+    ],
+)
+def test_triton_generate_paths_name_the_model(path: str, model: str, stream: bool) -> None:
+    """Triton's body names no model: the path does, and the path's generate_stream streams."""
+    route = route_for_path(path)
+    assert (route.name, route.model, route.operation) == ("triton", model, "text_completion")
+    body = b'{"text_input": "Hi", "parameters": {"max_tokens": 5, "temperature": 0.5}}'
+    info = parse_request(body, route)
+    assert (info.model, info.stream, info.max_tokens, info.temperature) == (model, stream, 5, 0.5)
+    assert parse_request(b"not json", route).model == model
+
+
+def test_other_triton_paths_are_not_measured_and_a_long_model_is_cut() -> None:
+    for path in ("/v2/models/ensemble/infer", "/v2/models/ensemble/versions/v1/generate",
+                 "/v2/models//generate", "/v2/models/ensemble/ready"):  # fmt: skip
+        assert route_for_path(path) is UNKNOWN, path
+    long = route_for_path("/v2/models/" + "m" * 10_000 + "/generate_stream")
+    assert long.model == "m" * MAX_MODEL_LENGTH

@@ -47,6 +47,10 @@ STREAMS: dict[str, tuple[str, dict[str, Any]]] = {
     "tgi": ("/generate_stream", {"inputs": "Say something.", "parameters": {"details": True}}),
     "anthropic": ("/v1/messages", {"max_tokens": 999, "messages": MESSAGES, "stream": True}),
     "responses": ("/v1/responses", {"input": "Say something.", "stream": True}),
+    "triton": (
+        "/v2/models/ensemble/generate_stream",
+        {"text_input": "Say something.", "return_num_output_tokens": True},
+    ),
 }
 # A valid non-streamed body for every route, for the routing tests.
 BODIES: dict[str, dict[str, Any]] = {
@@ -59,7 +63,16 @@ BODIES: dict[str, dict[str, Any]] = {
     "/": {"inputs": "hi"},
     "/v1/messages": {"max_tokens": 9, "messages": MESSAGES},
     "/v1/responses": {"input": "hi"},
+    "/v2/models/{model}/generate_stream": {"text_input": "hi"},
+    "/v2/models/{model}/generate": {"text_input": "hi"},
+    "/v2/models/{model}/versions/{version:[0-9]+}/generate_stream": {"text_input": "hi"},
+    "/v2/models/{model}/versions/{version:[0-9]+}/generate": {"text_input": "hi"},
 }
+
+
+def url_of(route: str) -> str:
+    """A path the route answers (Triton's name their model and version)."""
+    return route.replace("{model}", "m").replace("{version:[0-9]+}", "2")
 
 
 @pytest.fixture
@@ -129,6 +142,7 @@ def token_frames(dialect: str, frames: list[Frame]) -> list[Frame]:
         "tgi": lambda f: True,
         "anthropic": lambda f: f.event == "content_block_delta",
         "responses": lambda f: f.event == "response.output_text.delta",
+        "triton": lambda f: True,
     }
     return [f for f in frames if keep[dialect](f)]
 
@@ -141,6 +155,7 @@ def token_text(dialect: str, frame: Frame) -> str:
         "tgi": lambda: data["token"]["text"],
         "anthropic": lambda: data["delta"]["text"],
         "responses": lambda: data["delta"],
+        "triton": lambda: data["text_output"],
     }
     return texts[dialect]()
 
@@ -153,6 +168,7 @@ def reported_tokens(dialect: str, frames: list[Frame]) -> int:
         "tgi": lambda: frames[-1].data["details"]["generated_tokens"] - 1,  # less the EOS
         "anthropic": lambda: frames[-2].data["usage"]["output_tokens"],
         "responses": lambda: frames[-1].data["response"]["usage"]["output_tokens"],
+        "triton": lambda: sum(f.data["num_output_tokens"] for f in frames),
     }
     return counts[dialect]()
 
@@ -533,7 +549,7 @@ async def test_dialect_setting_serves_only_its_routes(
     own = {e.path for e in DIALECTS[dialect]}
     assert set(BODIES) == {e.path for endpoints in DIALECTS.values() for e in endpoints}
     for path, body in BODIES.items():
-        async with http.post(sim.url + path, json=body) as resp:
+        async with http.post(sim.url + url_of(path), json=body) as resp:
             await resp.read()
             assert resp.status == (200 if path in own else 404), (path, resp.status)
     for path in ("/health", "/v1/models", "/metrics"):
@@ -549,6 +565,7 @@ async def test_dialect_setting_serves_only_its_routes(
         ("tgi", lambda e: e["error_type"] == "generation"),
         ("anthropic", lambda e: e["type"] == "error" and e["error"]["type"] == "api_error"),
         ("responses", lambda e: e["error"]["code"] == 500),
+        ("triton", lambda e: e == {"error": "simulated engine failure"}),
     ],
 )
 async def test_error_rate_answers_500_in_each_dialect(
@@ -591,3 +608,35 @@ def test_dialect_setting_from_flags_and_environment() -> None:
     with pytest.raises(ConfigError, match="LLMOBS_SIM_DIALECT"):
         SimSettings.from_sources({"LLMOBS_SIM_DIALECT": "grpc"})
     assert ("all", *DIALECTS) == SIM_DIALECTS
+
+
+# --- Triton ---------------------------------------------------------------------------------
+
+
+async def test_triton_names_the_model_of_its_path_and_counts_when_asked(
+    start_sim: SimFactory, http: aiohttp.ClientSession
+) -> None:
+    sim = await start_sim(**FAST, output_tokens_min=7, output_tokens_max=7, tokens_per_chunk=3)
+    body = {"text_input": "Say something.", "max_tokens": 7, "return_num_input_tokens": True,
+            "return_num_output_tokens": True}  # fmt: skip
+    url = sim.url + "/v2/models/ensemble/versions/3/generate_stream"
+    async with http.post(url, json=body) as resp:
+        assert resp.headers["Content-Type"] == "text/event-stream; charset=utf-8"
+        raw = await resp.read()
+    events = [json.loads(e[6:]) for e in raw.decode().split("\n\n") if e]
+    assert raw.startswith(b"data: {") and b"[DONE]" not in raw
+    assert {(e["model_name"], e["model_version"]) for e in events} == {("ensemble", "3")}
+    # the first token alone, then tokens_per_chunk per response, each counted
+    assert [e["num_output_tokens"] for e in events] == [1, 3, 3]
+    assert {e["num_input_tokens"] for e in events} == {4}
+    # /generate answers once, the prompt before the output unless told not to
+    async with http.post(sim.url + "/v2/models/m/generate", json=body) as resp:
+        whole = await resp.json()
+    assert whole["text_output"].startswith("Say something.")
+    assert whole["num_output_tokens"] == 7
+    no_echo = {**body, "parameters": {"exclude_input_in_output": True}}
+    async with http.post(sim.url + "/v2/models/m/generate", json=no_echo) as resp:
+        assert not (await resp.json())["text_output"].startswith("Say")
+    async with http.post(sim.url + "/v2/models/m/generate", json={"max_tokens": 3}) as resp:
+        assert resp.status == 400
+        assert "text_input" in (await resp.json())["error"]
