@@ -47,7 +47,8 @@ def _parser() -> argparse.ArgumentParser:
         help="run the simulated OpenAI-compatible inference engine",
         description="A simulated engine with a realistic timing model: prefill proportional "
         "to prompt tokens, decode slowing with the batch, a waiting queue, optional stalls. "
-        "It speaks the OpenAI, Ollama, TGI, Anthropic, Responses and Triton APIs on their own paths.",
+        "It speaks the OpenAI, Ollama, TGI, Anthropic, Responses and Triton APIs on their own "
+        "paths.",
     )
     add_sim_arguments(sim)
 
