@@ -89,6 +89,11 @@ async def _until_signalled(main: asyncio.Event) -> None:
             loop.add_signal_handler(sig, main.set)
 
 
+def _browsable(host: str) -> str:
+    """A host a browser on this machine can open: a wildcard address is this machine."""
+    return "127.0.0.1" if host in ("0.0.0.0", "", "::") else host
+
+
 async def _serve(settings: Settings, otel: OtelSettings) -> int:
     configure_logging(settings.log_level)
     tune_process()
@@ -102,6 +107,11 @@ async def _serve(settings: Settings, otel: OtelSettings) -> int:
             __version__, settings.host, sidecar.port, settings.upstream,
             settings.metrics_host, sidecar.metrics_port,
         )  # fmt: skip
+        if sidecar.live is not None:
+            logging.getLogger("llmobs").info(
+                "live page: http://%s:%d/ui/", _browsable(settings.metrics_host),
+                sidecar.metrics_port,
+            )  # fmt: skip
 
     if otel.tracing:
         logging.getLogger("llmobs").info(

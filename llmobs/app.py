@@ -13,6 +13,8 @@ scrape (tens of ms for a large exposition) does not hold up the relay's event lo
 from __future__ import annotations
 
 import asyncio
+import base64
+import binascii
 import gc
 import hmac
 import logging
@@ -37,6 +39,7 @@ from llmobs.server import ProxyServer
 from llmobs.telemetry import Telemetry
 from llmobs.timing import StreamStats, unparsed
 from llmobs.tracing import Arrival, RequestMeta, Tracing
+from llmobs.ui import LivePage, add_routes
 from llmobs.upstream import Upstream
 
 log = logging.getLogger("llmobs")
@@ -213,14 +216,24 @@ class Proxy:
             await asyncio.to_thread(tracing.close)
 
 
-def _authorized(given: str, expected: bytes) -> bool:
-    """Whether an ``Authorization`` value is the expected bearer token. aiohttp keeps bytes
-    that are not UTF-8 as surrogates; such a value is no token of ours (401, not a 500)."""
+def _authorized(given: str, token: str) -> bool:
+    """Whether an ``Authorization`` value carries the token: ``Bearer <token>`` (scrapers,
+    scripts), or HTTP Basic with it as the password (what a browser sends once it has asked:
+    the live page). aiohttp keeps bytes that are not UTF-8 as surrogates; such a value is no
+    token of ours (401, not a 500)."""
     try:
         raw = given.encode("utf-8")
     except UnicodeEncodeError:
         return False
-    return hmac.compare_digest(raw, expected)
+    expected = token.encode("utf-8")
+    scheme, _, credentials = raw.partition(b" ")
+    if scheme.lower() == b"basic":
+        try:
+            decoded = base64.b64decode(credentials.strip(), validate=True)
+        except (ValueError, binascii.Error):
+            return False
+        return hmac.compare_digest(decoded.partition(b":")[2], expected)
+    return hmac.compare_digest(raw, b"Bearer " + expected)
 
 
 @dataclass
@@ -235,9 +248,10 @@ def build_admin_app(
     telemetry: Telemetry,
     collectors: Collectors | None = None,
     lifecycle: Lifecycle | None = None,
+    live: LivePage | None = None,
 ) -> web.Application:
     """/metrics (Prometheus text, or OpenMetrics with exemplars when the scraper asks for
-    it), /healthz (the sidecar), /readyz (the upstream answers)."""
+    it), /healthz (the sidecar), /readyz (the upstream answers), and the live page (/ui)."""
     app = web.Application()
     lifecycle = lifecycle or Lifecycle()
     registry = telemetry.registry
@@ -245,10 +259,13 @@ def build_admin_app(
     # OpenTelemetry exporter's collector is not safe to run twice at once).
     pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="llmobs-metrics")
 
-    expected = f"Bearer {settings.metrics_token}".encode() if settings.metrics_token else b""
+    token = settings.metrics_token
+
+    def allowed(request: web.Request) -> bool:
+        return not token or _authorized(request.headers.get("Authorization", ""), token)
 
     async def metrics(request: web.Request) -> web.Response:
-        if expected and not _authorized(request.headers.get("Authorization", ""), expected):
+        if not allowed(request):
             return web.json_response(
                 {"error": "a bearer token is required for /metrics"},
                 status=401,
@@ -298,6 +315,9 @@ def build_admin_app(
     app.router.add_get("/metrics", metrics)
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readyz)
+    if live is not None:
+        app.cleanup_ctx.append(live.lifecycle)
+        add_routes(app, live, allowed)
     return app
 
 
@@ -312,7 +332,12 @@ class Sidecar:
         self.collectors = Collectors(settings, telemetry.meter, nvml)
         self.lifecycle = Lifecycle()
         self.proxy = Proxy(settings, telemetry, self.collectors.on_request)
-        self.admin = build_admin_app(settings, telemetry, self.collectors, self.lifecycle)
+        self.live: LivePage | None = None
+        if settings.ui:
+            self.live = LivePage(self.proxy.sink, self.collectors, settings.ui_history)
+        self.admin = build_admin_app(
+            settings, telemetry, self.collectors, self.lifecycle, self.live
+        )
         self._runners: list[web.AppRunner] = []
         self.port = 0
         self.metrics_port = 0

@@ -155,9 +155,22 @@ class Settings:
     metrics_token: str = option(
         "",
         str,
-        "if set, /metrics requires 'Authorization: Bearer <token>' (health probes stay open)",
+        "if set, /metrics and the live page require it: 'Authorization: Bearer <token>', or "
+        "HTTP Basic with it as the password (health probes stay open)",
         "TOKEN",
         secret=True,
+    )
+    ui: bool = option(
+        True,
+        parse_bool,
+        "serve the live page (/ui on the metrics port): the last minutes, a point a second",
+        "BOOL",
+    )
+    ui_history: int = option(
+        600,
+        int,
+        "seconds the live page keeps (one point a second, ~1 KB each)",
+        "SECONDS",
     )
     instrument: bool = option(
         True,
@@ -375,6 +388,10 @@ def _validate_collectors(s: Settings) -> None:
                  "model_kv_heads", "model_head_dim"):  # fmt: skip
         if getattr(s, name) < 0:
             raise ConfigError(f"{_source(name)}: must be >= 0, got {getattr(s, name)}")
+    if not 10 <= s.ui_history <= 86_400:
+        raise ConfigError(
+            f"{_source('ui_history')}: must be 10 to 86400 seconds, got {s.ui_history}"
+        )
     for name in ("gpu_peak_bandwidth", "gpu_peak_flops", "model_bytes", "model_params"):
         value = getattr(s, name)
         if value is not None and not value > 0:

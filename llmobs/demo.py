@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import dataclasses
 import sys
 import time
@@ -40,6 +41,13 @@ def add_demo_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--stall-ms", type=float, default=100.0, help="pause length [100]")
     parser.add_argument("--seed", type=int, default=0, help="workload and engine seed [0]")
+    parser.add_argument(
+        "--linger",
+        type=float,
+        default=None,
+        help="seconds the live page stays up after the load, Ctrl-C ends it sooner "
+        "[120 on a terminal, else 0]",
+    )
     parser.add_argument(
         "--dialect",
         choices=(*DIALECTS, "mixed"),
@@ -140,6 +148,26 @@ def summary(sidecar: Sidecar, tally: Tally, elapsed: float, peak_queue: float) -
     return "\n".join(lines) + "\n"
 
 
+def _page(host: str, sidecar: Sidecar, out: TextIO) -> str:
+    """The live page's URL, printed ("" when it is off)."""
+    if sidecar.live is None:
+        return ""
+    page = f"http://{host}:{sidecar.metrics_port}/ui/"
+    print(f"  live page       {page}   (open it in a browser: the queue and the stutter)",
+          file=out)  # fmt: skip
+    return page
+
+
+async def _linger(page: str, seconds: float | None, tty: bool, out: TextIO) -> None:
+    """Keep the live page up after the load (on a terminal: two minutes) or until Ctrl-C."""
+    linger = seconds if seconds is not None else (120.0 if tty else 0.0)
+    if page and linger > 0:
+        print(f"The live page stays up {linger:.0f} s more: {page} (Ctrl-C to stop)",
+              file=out, flush=True)  # fmt: skip
+        with contextlib.suppress(asyncio.CancelledError):  # Ctrl-C: the end asked for
+            await asyncio.sleep(linger)
+
+
 async def run_demo(
     args: argparse.Namespace, environ: Mapping[str, str], out: TextIO = sys.stdout
 ) -> int:
@@ -165,6 +193,7 @@ async def run_demo(
           f"pause {args.stall_ms:.0f} ms every {args.stall_every} steps)", file=out)  # fmt: skip
     print(f"  sidecar proxy   {proxy}   (clients talk here)", file=out)
     print(f"  sidecar metrics {metrics}   (try: curl {metrics})", file=out)
+    page = _page(args.host, sidecar, out)
     print(f"  load: {args.concurrency} streaming clients ({args.dialect} API) for "
           f"{args.duration:.0f} s", file=out)  # fmt: skip
     tally = Tally()
@@ -200,6 +229,7 @@ async def run_demo(
         if tty:
             print(file=out)
         print(summary(sidecar, tally, elapsed, peak), file=out)
+        await _linger(page, args.linger, tty, out)
     finally:
         await sidecar.stop()
         await sim_runner.cleanup()

@@ -80,6 +80,27 @@ class Collectors:
         register_efficiency(meter, self.tracker, shape, peaks, clock)
         self._runner = Runner(self.collectors)
 
+    def live_gauges(self) -> dict[str, float]:
+        """The engine's and the GPUs' numbers now, for the live page (``live.GLOBAL``'s
+        names), from the collectors' last readings; absent where a collector is down."""
+        out: dict[str, float] = {}
+        engine = self.engine.snapshot if self.engine is not None and self.engine.up else None
+        if engine is not None:
+            for name, value in (("engine_waiting", engine.waiting),
+                                ("engine_running", engine.running),
+                                ("engine_kv_cache", engine.kv_usage)):  # fmt: skip
+                if value is not None:
+                    out[name] = value
+        gpus = self.gpu.snapshot if self.gpu is not None and self.gpu.up else None
+        devices = gpus.compute_devices if gpus is not None else ()
+        memory = [g.memory for g in devices if g.memory is not None and g.memory.total]
+        if memory:
+            out["gpu_memory_used"] = sum(m.used for m in memory) / sum(m.total for m in memory)
+        bandwidth = [g.bandwidth_utilization for g in devices]
+        if bandwidth and all(b is not None for b in bandwidth):
+            out["gpu_bandwidth"] = sum(b for b in bandwidth if b is not None) / len(bandwidth)
+        return out
+
     def on_request(self, model: str, stats: StreamStats) -> None:
         """A finished request (its model label bounded): kept for MBU/MFU. Once per request."""
         self.tracker.record(model, stats, self._clock())

@@ -20,12 +20,13 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from opentelemetry.metrics import Meter
 from prometheus_client import CollectorRegistry
 
 from llmobs.labels import UNKNOWN, BoundedLabel
+from llmobs.live import ModelTotals
 from llmobs.metrics.catalogue import (
     ACTIVE,
     DURATION,
@@ -307,6 +308,46 @@ class MetricsSink:
         if failed is not None:
             raise failed
         return verdict
+
+    def live_totals(self) -> tuple[dict[str, ModelTotals], float, float]:
+        """Each model's totals, every operation together, and the queue depth and active
+        requests now: what the live page reads once a second (``live.LiveRing``)."""
+        ttft, itl = self._histograms[TTFT], self._itl.histogram
+        width = ttft.size  # the buckets and +Inf, without the sum
+        rows: dict[str, dict[str, Any]] = {}
+
+        def row(model: str) -> dict[str, Any]:
+            found = rows.get(model)
+            if found is None:
+                found = rows[model] = {"ttft": [0.0] * width, "itl": [0.0] * itl.size}
+            return found
+
+        def add(target: dict[str, Any], name: str, value: float) -> None:
+            target[name] = target.get(name, 0.0) + value
+
+        with self._lock:
+            for (_, model), series in ttft.series.items():
+                counts = row(model)["ttft"]
+                for i in range(width):
+                    counts[i] += series[i]
+            for (_, model), series in itl.series.items():
+                counts = row(model)["itl"]
+                for i in range(itl.size):
+                    counts[i] += series[i]
+            for (_, model), value in self._stalls.series.items():
+                add(row(model), "stalls", value)
+            for (_, model, kind, _), value in self._tokens.series.items():
+                if kind == "output":
+                    add(row(model), "tokens", value)
+            for (_, model, *_), value in self._requests.series.items():
+                add(row(model), "requests", value)
+            for (_, model, verdict), value in self._slo_requests.series.items():
+                add(row(model), verdict, value)
+            for (_, model, verdict), value in self._slo_tokens.series.items():
+                if verdict == "good":
+                    add(row(model), "good_tokens", value)
+            queue, active = self._queue.series[()], self._active.series[()]
+        return {model: ModelTotals(**found) for model, found in rows.items()}, queue, active
 
     def _record_verdict(self, labels: _LabelSet, verdict: Verdict, output_tokens: int) -> None:
         """A judged request: good or bad, what it missed, and its output tokens (hold the

@@ -131,8 +131,9 @@ async def test_serve_and_sim_processes_relay_and_stop_on_sigterm() -> None:
         env=env,
     )  # fmt: skip
     side = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "llmobs", "serve", "--port", str(port), env=env
-    )
+        sys.executable, "-m", "llmobs", "serve", "--port", str(port), env=env,
+        stderr=asyncio.subprocess.PIPE,
+    )  # fmt: skip
     try:
         await _wait_port(sim_port, sim)
         await _wait_port(port, side)
@@ -152,17 +153,23 @@ async def test_serve_and_sim_processes_relay_and_stop_on_sigterm() -> None:
             proc.send_signal(signal.SIGTERM)
         codes = [await asyncio.wait_for(proc.wait(), 10) for proc in (side, sim)]
     assert codes == [0, 0]
+    assert side.stderr is not None
+    logged = (await side.stderr.read()).decode()
+    assert f"live page: http://127.0.0.1:{metrics_port}/ui/" in logged, logged
 
 
 async def test_demo_runs_and_prints_a_summary() -> None:
     args = Namespace(duration=1.5, concurrency=4, host="127.0.0.1", port=0, metrics_port=0,
                      max_batch=2, stall_every=10, stall_ms=50.0, seed=1,
-                     dialect="openai")  # fmt: skip
+                     dialect="openai", linger=0.2)  # fmt: skip
     out = io.StringIO()
     assert await run_demo(args, {}, out) == 0
     text = out.getvalue()
     for needle in ("TTFT", "ITL", "smoothness", "stalls", "queue depth", "tokens/s", "/metrics"):
         assert needle in text
+    # the live page's URL, and it stays up after the load for --linger seconds
+    assert re.search(r"live page +http://127\.0\.0\.1:\d+/ui/", text), text
+    assert re.search(r"stays up 0 s more: http://127\.0\.0\.1:\d+/ui/", text), text
     assert re.search(r"requests\s+[1-9]", text)
     # goodput against the demo's chat objective, every request judged
     assert "objective       ttft <= 1s, tpot <= 0.05s, max gap <= 0.25s" in text

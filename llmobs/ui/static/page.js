@@ -1,0 +1,155 @@
+// The live page: polls /ui/data once a second and draws its columns with uPlot.
+// Model names come from clients: they are only ever set as text, never as HTML.
+"use strict";
+
+const CHARTS = {
+  ttft: { scope: "model", series: [
+    ["ttft_p50", "p50", "#2563eb"], ["ttft_p95", "p95", "#f59e0b"], ["ttft_p99", "p99", "#dc2626"]] },
+  itl: { scope: "model", series: [
+    ["itl_le_50ms", "≤ 50 ms", "#16a34a"], ["itl_50_100ms", "50-100 ms", "#ca8a04"],
+    ["itl_100_250ms", "100-250 ms", "#ea580c"], ["itl_gt_250ms", "> 250 ms", "#dc2626"]] },
+  stalls: { scope: "model", series: [["stalls", "stalls/s", "#dc2626"]] },
+  queue: { scope: "global", series: [
+    ["queue", "prefill queue", "#7c3aed"], ["active", "active", "#0891b2"]] },
+  tokens: { scope: "model", series: [
+    ["tokens", "output tokens/s", "#2563eb"], ["requests", "requests/s", "#6b7280"]] },
+  slo: { scope: "model", when: "objectives", series: [
+    ["attainment", "good share (0-1)", "#16a34a", "ratio"], ["goodput", "goodput tokens/s", "#2563eb"]] },
+  engine: { scope: "global", when: "values", series: [
+    ["engine_waiting", "waiting", "#7c3aed"], ["engine_running", "running", "#0891b2"],
+    ["engine_kv_cache", "KV cache (0-1)", "#dc2626", "ratio"]] },
+  gpu: { scope: "global", when: "values", series: [
+    ["gpu_memory_used", "memory used", "#7c3aed", "ratio"], ["gpu_bandwidth", "bandwidth", "#dc2626", "ratio"]] },
+};
+const POLL_MS = 1000;
+let state = null;
+let polls = 0;
+const plots = {};
+const picker = document.getElementById("model");
+
+function status(text) {
+  document.getElementById("status").textContent = text;
+}
+
+function merge(fresh) {
+  if (state === null) {
+    state = fresh;
+    return;
+  }
+  const before = state.t.length;
+  const append = (into, from) => {
+    for (const [key, values] of Object.entries(from)) {
+      if (!(key in into)) into[key] = new Array(before).fill(null);
+      into[key].push(...values);
+    }
+  };
+  state.t.push(...fresh.t);
+  append(state.global, fresh.global);
+  for (const [name, columns] of Object.entries(fresh.models)) {
+    if (!(name in state.models)) state.models[name] = {};
+    append(state.models[name], columns);
+  }
+  state.objectives = fresh.objectives;
+  const extra = state.t.length - state.seconds;
+  if (extra > 0) {
+    state.t.splice(0, extra);
+    const trim = (cols) => { for (const c of Object.values(cols)) c.splice(0, extra); };
+    trim(state.global);
+    for (const cols of Object.values(state.models)) trim(cols);
+  }
+}
+
+function pickerOptions() {
+  const names = Object.keys(state.models);
+  const shown = Array.from(picker.options, (o) => o.value);
+  if (names.join("\u0000") === shown.join("\u0000")) return;
+  const chosen = picker.value || "all";
+  picker.replaceChildren(...names.map((name) => {
+    const option = document.createElement("option");
+    option.value = name;
+    option.textContent = name; // text, never HTML: a model name is a client's string
+    return option;
+  }));
+  picker.value = names.includes(chosen) ? chosen : "all";
+}
+
+function columns(spec) {
+  const source = spec.scope === "global" ? state.global : (state.models[picker.value] || {});
+  return spec.series.map(([key]) => source[key] || new Array(state.t.length).fill(null));
+}
+
+function options(id, spec, width) {
+  const ratio = spec.series.some((s) => s[3] === "ratio");
+  const counts = spec.series.some((s) => s[3] !== "ratio");
+  const axes = [{}];
+  if (counts) axes.push({ scale: "y" });
+  if (ratio) axes.push({ scale: "ratio", side: counts ? 1 : 3, grid: { show: !counts } });
+  return {
+    width, height: 220,
+    scales: { x: { time: true }, ratio: { range: [0, 1] } },
+    series: [{}, ...spec.series.map(([, label, stroke, scale]) => ({
+      label, stroke, width: 1.5, scale: scale === "ratio" ? "ratio" : "y", spanGaps: false,
+    }))],
+    axes,
+  };
+}
+
+function maxima(spec, cols) {
+  const out = {};
+  spec.series.forEach(([, label], i) => {
+    const values = cols[i].filter((v) => v !== null);
+    out[label] = values.length ? Math.max(...values) : null;
+  });
+  return out;
+}
+
+function draw() {
+  for (const [id, spec] of Object.entries(CHARTS)) {
+    const el = document.getElementById(id);
+    const cols = columns(spec);
+    const any = cols.some((c) => c.some((v) => v !== null));
+    const hidden = (spec.when === "objectives" && !state.objectives) || (spec.when === "values" && !any);
+    el.classList.toggle("hidden", hidden);
+    if (hidden) continue;
+    const data = [state.t, ...cols];
+    if (!plots[id]) {
+      const title = document.createElement("h2");
+      title.textContent = el.dataset.title;
+      el.append(title);
+      plots[id] = new uPlot(options(id, spec, el.clientWidth - 16), data, el);
+    } else {
+      plots[id].setData(data);
+    }
+    // what was drawn, for a reader of the page's DOM (the tests read it)
+    el.dataset.points = String(state.t.length);
+    el.dataset.max = JSON.stringify(maxima(spec, cols));
+  }
+}
+
+async function poll() {
+  try {
+    const since = state && state.t.length ? state.t[state.t.length - 1] : 0;
+    const response = await fetch("data?since=" + since, { cache: "no-store", credentials: "same-origin" });
+    if (!response.ok) {
+      status("the sidecar answered " + response.status);
+    } else {
+      merge(await response.json());
+      pickerOptions();
+      draw();
+      polls += 1;
+      document.body.dataset.polls = String(polls);
+      status(state.t.length + " s shown, updated " + new Date().toLocaleTimeString());
+    }
+  } catch (err) {
+    status("the sidecar is unreachable (" + err.name + ")");
+  }
+  setTimeout(poll, POLL_MS);
+}
+
+picker.addEventListener("change", () => { if (state) draw(); });
+window.addEventListener("resize", () => {
+  for (const [id, plot] of Object.entries(plots)) {
+    plot.setSize({ width: document.getElementById(id).clientWidth - 16, height: 220 });
+  }
+});
+poll();

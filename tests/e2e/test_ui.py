@@ -1,0 +1,126 @@
+"""The live page over HTTP: its data follows what the engine did, its files are cached, and it
+is protected like /metrics. (test_ui_browser.py loads it in a real browser.)"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+from typing import Any
+
+import aiohttp
+import pytest
+from multidict import CIMultiDict
+
+from llmobs.load import Call, stream_call
+from tests.support.servers import SidecarFactory, SidecarHandle, SimFactory
+
+# One request at a time, a stall every 8 decode steps: requests queue and streams stutter.
+ENGINE: dict[str, Any] = {
+    "max_batch": 1, "prefill_base": 0.05, "prefill_per_token": 0.0, "decode_base": 0.01,
+    "decode_per_seq": 0.0, "output_tokens_min": 24, "output_tokens_max": 24,
+    "stall_every": 8, "stall_ms": 150.0,
+}  # fmt: skip
+CHAT = Call("/v1/chat/completions", {"model": "chat-model", "stream": True,
+            "messages": [{"role": "user", "content": "hi"}]})  # fmt: skip
+
+
+async def load(side: SidecarHandle, clients: int) -> None:
+    """``clients`` streams at once, and a tick after they end."""
+    async with aiohttp.ClientSession() as session:
+        results = await asyncio.gather(
+            *(stream_call(session, side.url, CHAT) for _ in range(clients))
+        )
+    assert all(r.ok for r in results), results
+    await asyncio.sleep(1.2)  # the ticker reads the totals at each whole second
+
+
+async def get(url: str, **headers: str) -> tuple[int, CIMultiDict[str], bytes]:
+    async with aiohttp.ClientSession() as s, s.get(url, headers=headers,
+                                                   allow_redirects=False) as r:  # fmt: skip
+        return r.status, CIMultiDict(r.headers), await r.read()
+
+
+async def test_the_data_shows_the_queue_and_the_stalls(
+    start_sim: SimFactory, start_sidecar: SidecarFactory
+) -> None:
+    sim = await start_sim(**ENGINE)
+    side = await start_sidecar(sim.url)
+    await load(side, clients=4)
+    async with aiohttp.ClientSession() as s, s.get(side.metrics_url + "/ui/data") as r:
+        assert r.status == 200 and r.headers["Cache-Control"] == "no-store"
+        data = await r.json()
+    model = data["models"]["chat-model"]
+    # the engine serves one at a time: the others waited for their first token
+    assert max(v for v in data["global"]["queue"] if v is not None) >= 2
+    # every 8th decode step paused 150 ms: stalls, and tokens after a gap over 100 ms
+    stalls = sum(v for v in model["stalls"] if v)
+    assert stalls == side.value("llmobs_stalls_total") > 0
+    assert sum(v for v in model["itl_100_250ms"] if v) >= stalls
+    assert sum(v for v in model["tokens"] if v) == 4 * 24
+    assert sum(v for v in model["requests"] if v) == 4
+    p99 = [v for v in model["ttft_p99"] if v is not None]
+    assert p99 and max(p99) > 0.3  # the last request waited for three others
+    # one model: "all" is that model (0 where the model had no slot yet, not None)
+    assert [v or 0 for v in data["models"]["all"]["tokens"]] == [v or 0 for v in model["tokens"]]
+    # since: only the points after it
+    last = data["t"][-1]
+    status, _, body = await get(side.metrics_url + f"/ui/data?since={last}")
+    assert status == 200 and json.loads(body)["t"] == []
+    assert (await get(side.metrics_url + "/ui/data?since=x"))[0] == 400
+
+
+async def test_the_page_and_its_files(start_sim: SimFactory, start_sidecar: SidecarFactory) -> None:
+    sim = await start_sim(**ENGINE)
+    side = await start_sidecar(sim.url)
+    status, headers, _ = await get(side.metrics_url + "/")
+    assert status == 302 and headers["Location"] == "/ui/"
+    status, headers, body = await get(side.metrics_url + "/ui/")
+    assert status == 200 and headers["Content-Type"] == "text/html; charset=utf-8"
+    assert "script-src 'self'" in headers["Content-Security-Policy"]
+    assert b"static/uplot-1.6.32.min.js" in body and b"http" not in body.split(b"<body>")[0]
+    status, headers, body = await get(side.metrics_url + "/ui/static/uplot-1.6.32.min.js")
+    assert status == 200 and headers["Cache-Control"] == "public, max-age=86400"
+    assert body.startswith(b"/*! https://github.com/leeoniya/uPlot (v1.6.32) */")
+    status, _, _ = await get(side.metrics_url + "/ui/static/uplot-1.6.32.min.js",
+                             **{"If-None-Match": headers["ETag"]})  # fmt: skip
+    assert status == 304
+    # the whole page: under the issue's ~200 KB
+    sizes = [
+        len((await get(side.metrics_url + "/ui/static/" + name))[2])
+        for name in ("uplot-1.6.32.min.js", "uplot-1.6.32.min.css", "page.js", "page.css")
+    ]
+    assert sum(sizes) + len(body) < 200_000
+    for name in ("..%2fapp.py", "index.html", "nothing.js"):
+        assert (await get(side.metrics_url + "/ui/static/" + name))[0] == 404
+
+
+def basic(user: str, password: str) -> str:
+    return "Basic " + base64.b64encode(f"{user}:{password}".encode()).decode()
+
+
+@pytest.mark.parametrize("path", ["/ui/", "/ui/data", "/ui/static/page.js", "/metrics"])
+async def test_the_page_needs_the_metrics_token(
+    path: str, start_sim: SimFactory, start_sidecar: SidecarFactory
+) -> None:
+    sim = await start_sim(**ENGINE)
+    side = await start_sidecar(sim.url, metrics_token="s3cret")
+    url = side.metrics_url + path
+    status, headers, _ = await get(url)
+    assert status == 401
+    if path.startswith("/ui"):  # a browser asks its user for the token
+        assert headers["WWW-Authenticate"].startswith('Basic realm="llmobs"')
+    for wrong in ("Bearer nope", basic("x", "nope"), "Basic !!!", "Basic " + "é"):
+        assert (await get(url, Authorization=wrong))[0] == 401, wrong
+    assert (await get(url, Authorization="Bearer s3cret"))[0] == 200
+    assert (await get(url, Authorization=basic("anyone", "s3cret")))[0] == 200
+    assert (await get(side.metrics_url + "/healthz"))[0] == 200
+
+
+async def test_no_page_when_turned_off(
+    start_sim: SimFactory, start_sidecar: SidecarFactory
+) -> None:
+    sim = await start_sim(**ENGINE)
+    side = await start_sidecar(sim.url, ui=False)
+    assert (await get(side.metrics_url + "/ui/"))[0] == 404
+    assert side.sidecar.live is None

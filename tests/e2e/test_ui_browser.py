@@ -1,0 +1,100 @@
+"""The live page in a real browser: headless Chromium loads it while the simulated engine
+queues requests and stalls, and the charts it drew hold that.
+
+Chromium runs the page's own script against the sidecar (``--virtual-time-budget`` lets its
+polls run), then its DOM is read: each chart says what it drew (``data-max``, per series). A
+screenshot is saved next to the test's files, and to ``$LLMOBS_UI_SCREENSHOT`` when that is set
+(how docs/live.png, the README's picture, is made). Where Chromium is not installed the test
+skips, saying so; .ci/run installs Debian's ``chromium``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import shutil
+from html.parser import HTMLParser
+from pathlib import Path
+
+import aiohttp
+import pytest
+
+from llmobs.load import Call, stream_call
+from tests.e2e.test_ui import ENGINE
+from tests.support.servers import SidecarFactory, SimFactory
+
+CHROMIUM = next((p for p in map(shutil.which, ("chromium", "chromium-browser")) if p), None)
+pytestmark = pytest.mark.skipif(
+    CHROMIUM is None,
+    reason="Chromium is not installed (Debian: apt-get install chromium; .ci/run does)",
+)
+
+
+class Charts(HTMLParser):
+    """The chart sections of the page's DOM: id -> attributes."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.charts: dict[str, dict[str, str | None]] = {}
+        self.body: dict[str, str | None] = {}
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        found = dict(attrs)
+        if tag == "section" and "chart" in (found.get("class") or ""):
+            self.charts[found["id"] or ""] = found
+        if tag == "body":
+            self.body = found
+
+
+async def chromium(*args: str) -> bytes:
+    """Run headless Chromium; its stdout."""
+    assert CHROMIUM is not None
+    proc = await asyncio.create_subprocess_exec(
+        CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
+        "--no-first-run", "--hide-scrollbars", "--virtual-time-budget=6000", *args,
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+    out, err = await asyncio.wait_for(proc.communicate(), timeout=90)
+    assert proc.returncode == 0, err.decode(errors="replace")[-2000:]
+    return out
+
+
+async def test_the_page_draws_the_queue_and_the_stutter(
+    start_sim: SimFactory, start_sidecar: SidecarFactory, tmp_path: Path
+) -> None:
+    sim = await start_sim(**ENGINE)
+    side = await start_sidecar(sim.url)
+    chat = Call("/v1/chat/completions", {"model": "chat-model", "stream": True,
+                "messages": [{"role": "user", "content": "hi"}]})  # fmt: skip
+    async with aiohttp.ClientSession() as session:
+        for _ in range(2):  # two waves of four: the queue fills twice, streams stall
+            results = await asyncio.gather(*(stream_call(session, side.url, chat)
+                                             for _ in range(4)))  # fmt: skip
+            assert all(r.ok for r in results)
+    await asyncio.sleep(1.2)  # one more tick after the last request
+    page = side.metrics_url + "/ui/"
+    dom = (await chromium("--dump-dom", page)).decode()
+    charts = Charts()
+    charts.feed(dom)
+    assert int(charts.body.get("data-polls") or 0) >= 1, dom[-3000:]
+    drawn = {name: json.loads(c.get("data-max") or "{}") for name, c in charts.charts.items()
+             if c.get("data-max")}  # fmt: skip
+    # the queue: four requests at once on a one-at-a-time engine
+    assert drawn["queue"]["prefill queue"] >= 2, drawn
+    # the stutter: the stalls series is non-zero, and tokens came after gaps over 100 ms
+    assert drawn["stalls"]["stalls/s"] > 0, drawn
+    assert drawn["itl"]["100-250 ms"] > 0 and drawn["itl"]["≤ 50 ms"] > 0, drawn
+    assert drawn["ttft"]["p99"] > 0.3, drawn
+    assert drawn["tokens"]["output tokens/s"] > 0
+    # no GPU and no engine collector here: those charts stay hidden
+    assert "hidden" in (charts.charts["gpu"].get("class") or "")
+    # every chart drew as many points as the page holds
+    points = {c.get("data-points") for c in charts.charts.values() if c.get("data-points")}
+    assert len(points) == 1 and int(points.pop() or 0) >= 3
+    shot = tmp_path / "live.png"
+    await chromium(f"--screenshot={shot}", "--window-size=1280,1500", page)
+    assert shot.stat().st_size > 20_000
+    target = os.environ.get("LLMOBS_UI_SCREENSHOT")
+    if target:
+        shutil.copyfile(shot, target)
