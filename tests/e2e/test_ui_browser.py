@@ -31,6 +31,9 @@ pytestmark = pytest.mark.skipif(
 )
 
 
+HOSTILE = '<b id="xss">m</b>'
+
+
 class Charts(HTMLParser):
     """The chart sections of the page's DOM: id -> attributes."""
 
@@ -38,9 +41,11 @@ class Charts(HTMLParser):
         super().__init__()
         self.charts: dict[str, dict[str, str | None]] = {}
         self.body: dict[str, str | None] = {}
+        self.ids: set[str] = set()
 
     def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
         found = dict(attrs)
+        self.ids.add(found.get("id") or "")
         if tag == "section" and "chart" in (found.get("class") or ""):
             self.charts[found["id"] or ""] = found
         if tag == "body":
@@ -72,12 +77,16 @@ async def test_the_page_draws_the_queue_and_the_stutter(
             results = await asyncio.gather(*(stream_call(session, side.url, chat)
                                              for _ in range(4)))  # fmt: skip
             assert all(r.ok for r in results)
+        # a model name is a client's string: the page shows it as text, never as HTML
+        hostile = Call(chat.path, {**chat.body, "model": HOSTILE})
+        assert (await stream_call(session, side.url, hostile)).ok
     await asyncio.sleep(1.2)  # one more tick after the last request
     page = side.metrics_url + "/ui/"
     dom = (await chromium("--dump-dom", page)).decode()
     charts = Charts()
     charts.feed(dom)
     assert int(charts.body.get("data-polls") or 0) >= 1, dom[-3000:]
+    assert "xss" not in charts.ids and "&lt;b id=" in dom  # an option's text, escaped
     drawn = {name: json.loads(c.get("data-max") or "{}") for name, c in charts.charts.items()
              if c.get("data-max")}  # fmt: skip
     # the queue: four requests at once on a one-at-a-time engine
