@@ -146,8 +146,12 @@ class LiveRing:
 
     def count_since(self, since: float) -> int:
         """How many points ``data(since)`` would return."""
-        times = self.times
-        return sum(1 for t in reversed(times) if t > since) if times else 0
+        count = 0
+        for t in reversed(self.times):  # newest first: a poll's few points, then it stops
+            if t <= since:
+                break
+            count += 1
+        return count
 
     def _model(self, point: array[float], at: int, name: str, now: ModelTotals) -> None:
         state = self._state[name]

@@ -530,11 +530,19 @@ class _Exchange:
         if stream.gone:
             self.outcome = Outcome.CLIENT_DISCONNECT
             return
-        if stream.stripper is not None:
-            self.request.write(stream.stripper.flush())
+        self._flush(stream)
         self.request.end()
         if stream.conn in self.relay.aborted:
             self.outcome = Outcome.SHUTDOWN
+
+    def _flush(self, stream: _ResponseRelay | None) -> None:
+        """What ``--inject-usage``'s stripper still holds goes to the client, however the
+        response ends: a finish chunk it held, an event cut short (the client would have had
+        its bytes without the sidecar)."""
+        if stream is not None and stream.stripper is not None:
+            held = stream.stripper.flush()
+            if held:
+                self.request.write(held)
 
     def _failed(self, exc: Exception) -> None:
         """The exchange failed: one outcome, and the client told what it can be told."""
@@ -543,6 +551,7 @@ class _Exchange:
         if _connection_failed(exc) and request.started:
             if conn is not None and conn in self.relay.aborted:
                 self.outcome = Outcome.SHUTDOWN  # the shutdown grace ran out: a clean end
+                self._flush(self.stream)
                 request.end()
                 return
             if isinstance(exc, ConnectionError) and _client_gone(request):
@@ -562,6 +571,7 @@ class _Exchange:
             log.warning("%s %s: %s (%s)", _method(request), self.route, message, outcome)
             message = f"llmobs: {message}"
         if request.started:  # end it the way a broken engine would, uncleanly
+            self._flush(self.stream)
             request.abort()
         else:
             status = failure.status or getattr(exc, "status", 400)

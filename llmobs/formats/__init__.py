@@ -11,7 +11,6 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, replace
 from typing import Literal
-from urllib.parse import unquote
 
 from llmobs.formats.anthropic import AnthropicStream
 from llmobs.formats.base import MAX_MODEL_LENGTH, Dialect, Passthrough
@@ -87,20 +86,25 @@ def route_for_path(path: str) -> Route:
     """The route of a request path (query string excluded)."""
     path = path.rstrip("/")
     if "/v2/models/" in path:
-        return _triton_route(path)
+        found = _triton_route(path)
+        if found is not None:
+            return found
+        if path.endswith(("/generate", "/generate_stream")):
+            return UNKNOWN  # Triton's shape, not one of its routes (a version not a number)
     for suffix, route in _SUFFIXES:
         if path.endswith(suffix):
             return route
     return UNKNOWN
 
 
-def _triton_route(path: str) -> Route:
-    """Triton's generate routes, with the model their path names (bounded, as a body's is)."""
+def _triton_route(path: str) -> Route | None:
+    """Triton's generate routes, with the model their path names (bounded, as a body's is;
+    the path is percent-decoded already); None for any other path."""
     found = _TRITON_PATH.search(path)
     if found is None:
-        return UNKNOWN
+        return None
     route = TRITON_STREAM if found.group(2) == "generate_stream" else TRITON
-    return replace(route, model=unquote(found.group(1))[:MAX_MODEL_LENGTH])
+    return replace(route, model=found.group(1)[:MAX_MODEL_LENGTH])
 
 
 def route_for_request(method: str, path: str) -> Route:

@@ -72,9 +72,14 @@ def _is_usage_event(block: bytes) -> bool:
     return False
 
 
+# A finish reason that is a string, not null: only the finish chunk has one, where every
+# token chunk of vLLM, SGLang and llama.cpp has ``"finish_reason":null``
+_FINISH = re.compile(rb'"finish_reason"[ \t]*:[ \t]*"')
+
+
 def _is_finish_event(block: bytes) -> bool:
     """A chunk with a finish reason and no usage, that has no ``timings`` of its own."""
-    if block.find(b'"finish_reason"') < 0 or block.find(b'"timings"') >= 0:
+    if _FINISH.search(block) is None or block.find(b'"timings"') >= 0:
         return False
     for line in block.splitlines():
         if line.startswith(b"data:"):
@@ -130,7 +135,7 @@ class UsageStripper:
         if end < 0:
             return self._hold(data)
         head = data[:end]
-        if self._finish or head.find(b'"usage"') >= 0 or head.find(b'"finish_reason"') >= 0:
+        if self._finish or head.find(b'"usage"') >= 0 or _FINISH.search(head) is not None:
             head = self._strip(head)
         return head + self._hold(data[end:])
 
@@ -155,7 +160,11 @@ class UsageStripper:
                 self._finish = block
             else:
                 out.append(block)
-        out.append(head[start:])  # "\n\n\n": the last separator found overlaps a match
+        rest = head[start:]  # "\n\n\n": the last separator found overlaps a match
+        if rest and self._finish:  # bytes after a held chunk: it goes first, in order
+            out.append(self._finish)
+            self._finish = b""
+        out.append(rest)
         return b"".join(out)
 
     def _hold(self, rest: bytes) -> bytes:

@@ -96,6 +96,7 @@ class LivePage:
         self.clock = clock
         self.ring = LiveRing(TTFT.buckets, ITL.buckets, seconds)
         self.files = _files()
+        self.rendering = asyncio.Lock()
 
     def tick(self) -> None:
         """Read the totals now into the ring."""
@@ -104,9 +105,14 @@ class LivePage:
         self.ring.add(self.clock(), Totals(models, queue, active, gauges))
 
     async def _run(self) -> None:
-        while True:  # at each whole second: points a second apart whatever a tick costs
-            now = self.clock()
-            await asyncio.sleep(1.0 - now % 1.0)
+        """A tick a second on the loop's monotonic clock, from the next whole second of the
+        wall clock on: points a second apart whatever a tick costs or the wall clock does; a
+        loop that fell behind skips the seconds it missed rather than ticking in a burst."""
+        loop = asyncio.get_running_loop()
+        next_at = loop.time() + (1.0 - self.clock() % 1.0)
+        while True:
+            await asyncio.sleep(max(next_at - loop.time(), 0.0))
+            next_at = max(next_at + 1.0, loop.time() + 0.5)
             try:
                 self.tick()
             except Exception:  # the page loses a point; the sidecar goes on
@@ -172,8 +178,9 @@ def add_routes(
         ring = page.ring
         if ring.count_since(since) <= INLINE_POINTS:  # the page's poll: the last second or so
             body = _dumps(ring.data(since))
-        else:  # a page opened on a full ring: a few ms of work, off the event loop
-            body = await asyncio.to_thread(lambda: _dumps(ring.data(since)))
+        else:  # a page opened on a full ring: a few ms of work, off the event loop, one at
+            async with page.rendering:  # a time (a reload storm queues, it does not pile up)
+                body = await asyncio.to_thread(lambda: _dumps(ring.data(since)))
         headers = {"Content-Type": "application/json", "Cache-Control": "no-store", **_SECURITY}
         return web.Response(body=body, headers=headers)
 

@@ -31,36 +31,44 @@ function status(text) {
   document.getElementById("status").textContent = text;
 }
 
+// Columns by name in Maps: a model name is a client's string, and "__proto__" or
+// "constructor" must be a name like any other, not a property of every object.
+function columnsOf(object) {
+  return new Map(Object.entries(object));
+}
+
 function merge(fresh) {
+  const models = new Map(Object.entries(fresh.models).map(([n, c]) => [n, columnsOf(c)]));
   if (state === null) {
-    state = fresh;
+    state = { t: fresh.t, global: columnsOf(fresh.global), models, seconds: fresh.seconds,
+              objectives: fresh.objectives };
     return;
   }
   const before = state.t.length;
   const append = (into, from) => {
-    for (const [key, values] of Object.entries(from)) {
-      if (!(key in into)) into[key] = new Array(before).fill(null);
-      into[key].push(...values);
+    for (const [key, values] of from) {
+      if (!into.has(key)) into.set(key, new Array(before).fill(null));
+      into.get(key).push(...values);
     }
   };
   state.t.push(...fresh.t);
-  append(state.global, fresh.global);
-  for (const [name, columns] of Object.entries(fresh.models)) {
-    if (!(name in state.models)) state.models[name] = {};
-    append(state.models[name], columns);
+  append(state.global, columnsOf(fresh.global));
+  for (const [name, columns] of models) {
+    if (!state.models.has(name)) state.models.set(name, new Map());
+    append(state.models.get(name), columns);
   }
   state.objectives = fresh.objectives;
   const extra = state.t.length - state.seconds;
   if (extra > 0) {
     state.t.splice(0, extra);
-    const trim = (cols) => { for (const c of Object.values(cols)) c.splice(0, extra); };
+    const trim = (cols) => { for (const c of cols.values()) c.splice(0, extra); };
     trim(state.global);
-    for (const cols of Object.values(state.models)) trim(cols);
+    for (const cols of state.models.values()) trim(cols);
   }
 }
 
 function pickerOptions() {
-  const names = Object.keys(state.models);
+  const names = Array.from(state.models.keys());
   const shown = Array.from(picker.options, (o) => o.value);
   if (names.join("\u0000") === shown.join("\u0000")) return;
   const chosen = picker.value || "all";
@@ -74,8 +82,8 @@ function pickerOptions() {
 }
 
 function columns(spec) {
-  const source = spec.scope === "global" ? state.global : (state.models[picker.value] || {});
-  return spec.series.map(([key]) => source[key] || new Array(state.t.length).fill(null));
+  const source = spec.scope === "global" ? state.global : (state.models.get(picker.value) || new Map());
+  return spec.series.map(([key]) => source.get(key) || new Array(state.t.length).fill(null));
 }
 
 function options(id, spec, width) {

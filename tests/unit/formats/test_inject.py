@@ -178,3 +178,39 @@ async def test_nothing_is_rewritten_when_nothing_is_observed(
     ):
         assert await r.read() == CLIENT_SEES
     assert up.received[-1].body == body
+
+
+def test_a_held_finish_chunk_keeps_its_place_at_every_split() -> None:
+    """Bytes after a held finish chunk (a third newline, here) go out after it, wherever the
+    reads split; with no usage event the client gets the stream as it came."""
+    finish = b'data: {"choices":[{"index":0,"delta":{},"finish_reason":"stop"}]}\n\n'
+    stream = b"".join(sse(chat_chunk(" a"))) + finish + b"\ndata: [DONE]\n\n"
+    for cut in range(len(stream) + 1):
+        assert strip([stream[:cut], stream[cut:]]) == stream, cut
+
+
+def test_token_chunks_with_a_null_finish_reason_are_not_held() -> None:
+    """vLLM's and llama.cpp's token chunks say "finish_reason":null: passed on at once."""
+    token = b'data: {"choices":[{"index":0,"delta":{"content":"x"},"finish_reason":null}]}\n\n'
+    assert UsageStripper().feed(token) == token
+
+
+async def test_an_engine_that_breaks_after_its_finish_chunk_still_delivers_it(
+    start_app: AppFactory, start_sidecar: SidecarFactory
+) -> None:
+    """The stripper holds a finish chunk for the usage event; an engine that resets the
+    connection right after it must not take it from the client."""
+    finish = b'data: {"choices":[{"index":0,"delta":{},"finish_reason":"stop"}]}\n\n'
+    tokens = b"".join(sse(chat_chunk(" a"), chat_chunk(" b")))
+    upstream = ScriptedUpstream({"default": Script(((0, tokens), (0.05, finish)), end="reset")})
+    side = await start_sidecar(await start_app(upstream.app()), inject_usage=True)
+    body = {"model": "m", "messages": [], "stream": True}
+    got = b""
+    async with aiohttp.ClientSession() as s, s.post(side.url + "/v1/chat/completions",
+                                                    json=body) as r:  # fmt: skip
+        try:
+            async for chunk in r.content.iter_any():
+                got += chunk
+        except aiohttp.ClientPayloadError:
+            pass  # cut, as the engine cut it
+    assert got == tokens + finish

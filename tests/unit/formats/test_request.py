@@ -71,7 +71,7 @@ def test_the_prompt_is_read_only_when_captured_and_then_truncated() -> None:
         ("/v2/models/ensemble/generate_stream", "ensemble", True),
         ("/v2/models/ensemble/versions/1/generate", "ensemble", False),
         ("/triton/v2/models/tensorrt_llm_bls/generate_stream/", "tensorrt_llm_bls", True),
-        ("/v2/models/my%20model/versions/12/generate_stream", "my model", True),
+        ("/v2/models/my model/versions/12/generate_stream", "my model", True),  # decoded
     ],
 )
 def test_triton_generate_paths_name_the_model(path: str, model: str, stream: bool) -> None:
@@ -90,3 +90,5 @@ def test_other_triton_paths_are_not_measured_and_a_long_model_is_cut() -> None:
         assert route_for_path(path) is UNKNOWN, path
     long = route_for_path("/v2/models/" + "m" * 10_000 + "/generate_stream")
     assert long.model == "m" * MAX_MODEL_LENGTH
+    # a gateway's prefix that happens to hold /v2/models/: its OpenAI route still counts
+    assert route_for_path("/v2/models/x/v1/chat/completions") is OPENAI_CHAT
