@@ -13,6 +13,7 @@ import pytest
 from multidict import CIMultiDict
 
 from llmobs.load import Call, stream_call
+from tests.support.fake_nvml import FakeGpu, FakeNvml
 from tests.support.servers import SidecarFactory, SidecarHandle, SimFactory
 
 # One request at a time, a stall every 8 decode steps: requests queue and streams stutter.
@@ -124,3 +125,23 @@ async def test_no_page_when_turned_off(
     side = await start_sidecar(sim.url, ui=False)
     assert (await get(side.metrics_url + "/ui/"))[0] == 404
     assert side.sidecar.live is None
+
+
+async def test_the_engine_and_gpu_gauges_when_their_collectors_are_up(
+    start_sim: SimFactory, start_sidecar: SidecarFactory
+) -> None:
+    sim = await start_sim(**ENGINE)
+    nvml = FakeNvml([FakeGpu("GPU-a", gpm=True, dram_bw_util=47.5)])
+    side = await start_sidecar(
+        sim.url, nvml=nvml, engine_scrape_interval=0.2, gpu_sample_interval=0.2
+    )
+    await load(side, clients=2)
+    await asyncio.sleep(1.0)
+    status, _, body = await get(side.metrics_url + "/ui/data")
+    assert status == 200
+    data = json.loads(body)["global"]
+    # the simulated engine's vLLM names, read by the engine collector; the fake GPU's memory
+    # (30 of 80 GiB) and bandwidth (47.5 %)
+    assert data["engine_running"][-1] == 0 and data["engine_kv_cache"][-1] is not None
+    assert data["gpu_memory_used"][-1] == pytest.approx(30 / 80)
+    assert data["gpu_bandwidth"][-1] == pytest.approx(0.475)
