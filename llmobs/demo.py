@@ -53,7 +53,7 @@ def add_demo_arguments(parser: argparse.ArgumentParser) -> None:
         choices=(*DIALECTS, "mixed"),
         default="openai",
         help="API the clients speak: OpenAI, Ollama native, TGI native, Anthropic Messages, "
-        "OpenAI Responses, or each in turn [openai]",
+        "OpenAI Responses, Triton generate, or each in turn [openai]",
     )
 
 
