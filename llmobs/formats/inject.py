@@ -54,22 +54,24 @@ def inject_usage(body: bytes) -> bytes | None:
         return None
 
 
-def _is_usage_event(block: bytes) -> bool:
-    # find, not ``in``: ``bytes in bytes`` first tries the needle as an int (a TypeError)
-    if block.find(b'"usage"') < 0 or block.find(b'"choices"') < 0:
-        return False
+def _event_object(block: bytes) -> dict[str, Any] | None:
+    """The JSON object of an event's first ``data:`` line; None if it has none."""
     for line in block.splitlines():
         if line.startswith(b"data:"):
             try:
                 obj: Any = loads(line[5:])
             except ValueError:
-                return False
-            return (
-                isinstance(obj, dict)
-                and obj.get("choices") == []
-                and isinstance(obj.get("usage"), dict)
-            )
-    return False
+                return None
+            return obj if isinstance(obj, dict) else None
+    return None
+
+
+def _is_usage_event(block: bytes) -> bool:
+    # find, not ``in``: ``bytes in bytes`` first tries the needle as an int (a TypeError)
+    if block.find(b'"usage"') < 0 or block.find(b'"choices"') < 0:
+        return False
+    obj = _event_object(block)
+    return obj is not None and obj.get("choices") == [] and isinstance(obj.get("usage"), dict)
 
 
 # A finish reason that is a string, not null: only the finish chunk has one, where every
@@ -81,19 +83,14 @@ def _is_finish_event(block: bytes) -> bool:
     """A chunk with a finish reason and no usage, that has no ``timings`` of its own."""
     if _FINISH.search(block) is None or block.find(b'"timings"') >= 0:
         return False
-    for line in block.splitlines():
-        if line.startswith(b"data:"):
-            try:
-                obj: Any = loads(line[5:])
-            except ValueError:
-                return False
-            choices = obj.get("choices") if isinstance(obj, dict) else None
-            return (
-                isinstance(choices, list)
-                and "usage" not in obj
-                and any(isinstance(c, dict) and c.get("finish_reason") for c in choices)
-            )
-    return False
+    obj = _event_object(block)
+    choices = obj.get("choices") if obj is not None else None
+    return (
+        obj is not None
+        and isinstance(choices, list)
+        and "usage" not in obj
+        and any(isinstance(c, dict) and c.get("finish_reason") for c in choices)
+    )
 
 
 _TIMINGS = re.compile(rb',"timings":\{[^{}]*\}')
