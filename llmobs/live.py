@@ -122,9 +122,9 @@ class LiveRing:
     def add(self, now: float, totals: Totals) -> None:
         """One second's point from ``totals`` (read at ``now``, unix seconds)."""
         point = array("d", [NAN]) * (len(GLOBAL) + MODEL_SLOTS * len(PER_MODEL))
-        point[0], point[1] = totals.queue, totals.active
-        for i, name in enumerate(GLOBAL[2:], start=2):
-            point[i] = totals.gauges.get(name, NAN)
+        readings = {"queue": totals.queue, "active": totals.active, **totals.gauges}
+        for i, name in enumerate(GLOBAL):
+            point[i] = readings.get(name, NAN)
         models = dict(totals.models)
         for name in models:
             if name not in self._state and len(self.models) < MODEL_SLOTS:
@@ -154,32 +154,33 @@ class LiveRing:
         return count
 
     def _model(self, point: array[float], at: int, name: str, now: ModelTotals) -> None:
+        """Write ``PER_MODEL``'s values of one model's second into ``point`` from ``at``
+        (by name: a new series is a name in ``PER_MODEL`` and its value here)."""
         state = self._state[name]
         last, state.last = state.last, now
         state.ttft.append(_minus(now.ttft, last.ttft))
-        window = _sum(list(state.ttft))
         cumulative, running = [], 0.0
-        for le, count in zip(self._ttft_bounds, window, strict=False):
+        for le, count in zip(self._ttft_bounds, _sum(list(state.ttft)), strict=False):
             running += count
             cumulative.append((le, running))
-        for i, q in enumerate((0.5, 0.95, 0.99)):
-            value = quantile(q, cumulative)
-            point[at + i] = NAN if value is None else value
+        values: dict[str, float] = {}
+        for field_name, q in (("ttft_p50", 0.5), ("ttft_p95", 0.95), ("ttft_p99", 0.99)):
+            found = quantile(q, cumulative)
+            values[field_name] = NAN if found is None else found
         bands = [0.0] * len(BAND_NAMES)
         for band, count in zip(self._band, _minus(now.itl, last.itl), strict=False):
             bands[band] += count
-        point[at + 3 : at + 3 + len(bands)] = array("d", bands)
-        at += 3 + len(bands)
-        point[at] = max(now.stalls - last.stalls, 0.0)
-        point[at + 1] = max(now.tokens - last.tokens, 0.0)
-        point[at + 2] = max(now.requests - last.requests, 0.0)
-        good, bad = max(now.good - last.good, 0.0), max(now.bad - last.bad, 0.0)
-        state.slo.append((good, bad))
+        values.update(zip(BAND_NAMES, bands, strict=True))
+        for field_name in ("stalls", "tokens", "requests"):
+            values[field_name] = max(getattr(now, field_name) - getattr(last, field_name), 0.0)
+        values["goodput"] = max(now.good_tokens - last.good_tokens, 0.0)
+        state.slo.append((max(now.good - last.good, 0.0), max(now.bad - last.bad, 0.0)))
         judged = sum(g + b for g, b in state.slo)
         if judged:
             self.objectives = True
-            point[at + 3] = sum(g for g, _ in state.slo) / judged
-        point[at + 4] = max(now.good_tokens - last.good_tokens, 0.0)
+            values["attainment"] = sum(g for g, _ in state.slo) / judged
+        for j, field_name in enumerate(PER_MODEL):
+            point[at + j] = values.get(field_name, NAN)
 
     def data(self, since: float = 0.0) -> dict[str, Any]:
         """The points after ``since`` as columns, for the page: ``t``, the global series, and

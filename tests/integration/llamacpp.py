@@ -17,6 +17,7 @@ import importlib
 import importlib.util
 import json
 import os
+import re
 import shutil
 import subprocess
 import time
@@ -191,3 +192,25 @@ def engine_metrics(url: str) -> dict[str, float]:
             name, value = line.rsplit(" ", 1)
             values[name] = float(value)
     return values
+
+
+# What differs between two identical requests to llama-server: the response id (random) and
+# `created` (its wall clock, in seconds), in every event; the `timings` it measured, once.
+PER_EVENT = (
+    (re.compile(rb'"id":"(?:chat)?cmpl-[0-9A-Za-z]{32}"'), b'"id":"<id>"'),
+    (re.compile(rb'"created":\d+'), b'"created":0'),
+)
+TIMINGS = (re.compile(rb'"timings":\{[^{}]*\}'), b'"timings":{}')
+
+
+def masked(body: bytes) -> bytes:
+    """``body`` with what differs between two identical requests masked, checking that each
+    appears where it should (once per event; the timings once) and nowhere else."""
+    events = body.count(b"data: {")
+    for pattern, replacement in PER_EVENT:
+        body, n = pattern.subn(replacement, body)
+        assert n == events, (pattern.pattern, n, events)
+    pattern, replacement = TIMINGS
+    body, n = pattern.subn(replacement, body)
+    assert n == 1, (pattern.pattern, n)
+    return body

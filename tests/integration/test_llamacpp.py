@@ -18,7 +18,6 @@ from __future__ import annotations
 import asyncio
 import itertools
 import json
-import re
 import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -32,7 +31,7 @@ from opentelemetry.sdk.trace import ReadableSpan
 from llmobs.metrics.catalogue import TTFT_BUCKETS
 from tests.integration.client import CHAT, COMPLETIONS, SEED, Call, Seen
 from tests.integration.conftest import Traced
-from tests.integration.llamacpp import MODEL, LlamaServer, needs_llamacpp
+from tests.integration.llamacpp import MODEL, LlamaServer, masked, needs_llamacpp
 from tests.support.prom import ROOT, Prometheus, Target, needs_prometheus
 from tests.support.servers import SidecarHandle
 
@@ -43,14 +42,6 @@ pytestmark = [pytest.mark.integration, needs_llamacpp]
 # chunk before relaying it and the client after the SDK has parsed it. So the client is never
 # earlier, and later by the loopback hops and the parsing: ~2 ms here. Allowed at most this.
 TOLERANCE = 0.010
-# Fields that legitimately differ between two identical requests: the response id (random per
-# request) and `created` (the engine's wall clock, in seconds), in every event; the engine's
-# `timings` (milliseconds it measured), in the last. Nothing else.
-PER_EVENT = (
-    (re.compile(rb'"id":"(?:chat)?cmpl-[0-9A-Za-z]{32}"'), b'"id":"<id>"'),
-    (re.compile(rb'"created":\d+'), b'"created":0'),
-)
-TIMINGS = (re.compile(rb'"timings":\{[^{}]*\}'), b'"timings":{}')
 _WORDS = (
     "river", "mountain", "lantern", "copper", "meadow", "harbor", "violet", "engine", "quiet",
     "silver", "orchard", "thunder", "candle", "marble", "falcon", "garden", "window", "autumn",
@@ -128,17 +119,6 @@ async def raw(session: aiohttp.ClientSession, url: str, path: str, body: Any) ->
         assert r.status == 200
         assert r.headers["Content-Type"].startswith("text/event-stream")
         return await r.read()
-
-
-def masked(body: bytes) -> bytes:
-    events = body.count(b"data: {")
-    for pattern, replacement in PER_EVENT:
-        body, n = pattern.subn(replacement, body)
-        assert n == events, (pattern.pattern, n, events)  # once per event, nowhere else
-    pattern, replacement = TIMINGS
-    body, n = pattern.subn(replacement, body)
-    assert n == 1, (pattern.pattern, n)
-    return body
 
 
 CALLS = {

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import re
 import time
 from collections.abc import Callable
 from typing import Any
@@ -27,6 +26,7 @@ from tests.integration.llamacpp import (
     MODEL,
     LlamaServer,
     engine_metrics,
+    masked,
     metrics_text,
     needs_llamacpp,
 )
@@ -192,13 +192,6 @@ def test_collector_reads_the_real_metrics(engine: LlamaServer) -> None:
     names = {line.split(" ")[2] for line in text.splitlines() if line.startswith("# TYPE")}
     assert names == {line.split(" ")[2] for line in captured.splitlines()
                      if line.startswith("# TYPE")}  # fmt: skip
-
-
-def masked(body: bytes) -> bytes:
-    """Two requests differ in their id, clock and measured timings only."""
-    body = re.sub(rb'"id":"chatcmpl-[0-9A-Za-z]{32}"', b'"id":"X"', body)
-    body = re.sub(rb'"created":\d+', b'"created":0', body)
-    return re.sub(rb'"timings":\{[^{}]*\}', b'"timings":{}', body)
 
 
 async def test_inject_usage_leaves_the_clients_bytes_as_the_engine_sends_them(

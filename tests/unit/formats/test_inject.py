@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 
 from llmobs.formats.inject import UsageStripper, inject_usage
 from llmobs.sim.replay import load_transcripts
+from tests.integration.llamacpp import masked
 from tests.support import FIXTURES
 from tests.support.scripted import Script, ScriptedUpstream, chat_chunk, sse
 from tests.support.servers import AppFactory, SidecarFactory, SimFactory, eventually
@@ -73,13 +74,6 @@ def _transcript_body(name: str) -> bytes:
     return t.body
 
 
-def _mask_llamacpp(body: bytes) -> bytes:
-    """Two llama-server requests differ in their id, clock and measured timings only."""
-    body = re.sub(rb'"id":"chatcmpl-[0-9A-Za-z]{32}"', b'"id":"X"', body)
-    body = re.sub(rb'"created":\d+', b'"created":0', body)
-    return re.sub(rb'"timings":\{[^{}]*\}', b'"timings":{}', body)
-
-
 @settings(max_examples=100, deadline=None)
 @given(st.lists(st.integers(min_value=0, max_value=3000), max_size=8))
 def test_llamacpp_timings_go_back_into_the_finish_chunk(cuts: list[int]) -> None:
@@ -92,7 +86,7 @@ def test_llamacpp_timings_go_back_into_the_finish_chunk(cuts: list[int]) -> None
     stripper = UsageStripper()
     got = b"".join(stripper.feed(c) for c in chunks) + stripper.flush()
     assert stripper.stripped == 1
-    assert _mask_llamacpp(got) == _mask_llamacpp(plain)
+    assert masked(got) == masked(plain)
     # the very timings the engine measured for this request, not a copy of anything else
     timings = re.search(rb'"timings":\{[^{}]*\}', asked)
     assert timings is not None and got.count(timings.group()) == 1
