@@ -2,7 +2,8 @@
 # The llmobs sidecar (and the simulated engine: `llmobs sim`), non-root, health-checked.
 #   docker build -t llmobs:0.1.0 .
 #   docker run --rm -p 8080:8080 -p 9464:9464 -e LLMOBS_UPSTREAM=http://engine:8000 llmobs:0.1.0
-# tests/test_deploy.py lints this file (pinned base, non-root USER, HEALTHCHECK, no remote ADD).
+# tests/deploy/test_deploy.py lints this file (pinned base, non-root USER, HEALTHCHECK, no remote
+# ADD); .ci/pristine.py installs what it copies as it does and runs its commands and healthcheck.
 FROM python:3.11.13-slim-bookworm
 
 ENV PYTHONDONTWRITEBYTECODE=1 \

@@ -8,6 +8,7 @@ generator run for real against a sidecar."""
 from __future__ import annotations
 
 import asyncio
+import io
 import json
 import os
 import re
@@ -23,6 +24,8 @@ import jsonschema
 import kubernetes_validate
 import pytest
 import yaml
+from docker.utils.build import PatternMatcher
+from dockerfile_parse import DockerfileParser
 
 from tests.support.kustomize import build, needs_kubectl
 from tests.support.prom import AMTOOL, PROMTOOL, ROOT, needs_amtool, needs_promtool
@@ -238,38 +241,17 @@ def test_alertmanager_routes_by_severity(labels: str, receiver: str) -> None:
 
 
 def instructions(text: str) -> list[tuple[str, str]]:
-    """(INSTRUCTION, arguments) in order, continuation lines joined, comments dropped."""
-    out: list[tuple[str, str]] = []
-    pending = ""
-    for line in text.splitlines():
-        if not pending and (not line.strip() or line.lstrip().startswith("#")):
-            continue
-        if line.rstrip().endswith("\\"):
-            pending += line.rstrip()[:-1] + " "
-            continue
-        full = (pending + line).strip()
-        pending = ""
-        word, _, rest = full.partition(" ")
-        out.append((word.upper(), rest.strip()))
-    return out
+    """(INSTRUCTION, arguments) in order, as dockerfile-parse reads them (comments dropped)."""
+    parser = DockerfileParser(fileobj=io.StringIO(text))
+    return [
+        (s["instruction"], s["value"]) for s in parser.structure if s["instruction"] != "COMMENT"
+    ]
 
 
 def ignored(path: str, patterns: list[str]) -> bool:
-    """Whether .dockerignore excludes ``path`` (or a parent of it); the last match wins."""
-
-    def regex(pattern: str) -> re.Pattern[str]:
-        body = re.escape(pattern).replace(r"\*\*/", "(.*/)?").replace(r"\*\*", ".*")
-        return re.compile("^" + body.replace(r"\*", "[^/]*").replace(r"\?", "[^/]") + "$")
-
-    parts = path.strip("/").split("/")
-    prefixes = ["/".join(parts[: i + 1]) for i in range(len(parts))]
-    excluded = False
-    for raw in patterns:
-        negate = raw.startswith("!")
-        pattern = raw[1:] if negate else raw
-        if any(regex(pattern.strip("/")).match(p) for p in prefixes):
-            excluded = not negate
-    return excluded
+    """Whether .dockerignore excludes ``path``, by docker-py's matcher (Docker's rules)."""
+    # types-docker says PathLike; docker-py calls str methods on it (7.2): a str it takes
+    return bool(PatternMatcher(patterns).matches(path))  # type: ignore[arg-type]
 
 
 def dockerfile_problems(text: str, context: Path) -> list[str]:
