@@ -10,19 +10,20 @@ import logging
 import os
 import signal
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 from llmobs import __version__
 from llmobs.app import Sidecar, loop_factory, run_until, tune_process
 from llmobs.bench import add_bench_arguments, run_bench_cli
 from llmobs.config import OPTIONS, ConfigError, Settings, add_arguments, settings_from_args
-from llmobs.demo import add_demo_arguments, run_demo
+from llmobs.demo import add_demo_arguments, demo_flag, run_demo
+from llmobs.listen import ListenError
 from llmobs.logs import configure as configure_logging
-from llmobs.options import bool_flags
+from llmobs.options import bool_flags, source_of
 from llmobs.otel_config import OtelSettings, otel_settings
 from llmobs.sim import add_sim_arguments, run_sim, sim_settings_from_args
 from llmobs.sim.config import SIM_OPTIONS
-from llmobs.slo_report import add_slo_arguments, run_slo_cli
+from llmobs.slo_report import EXIT_CODES, add_slo_arguments, run_slo_cli
 from llmobs.telemetry import build_telemetry
 
 
@@ -72,11 +73,13 @@ def _parser() -> argparse.ArgumentParser:
 
     slo = sub.add_parser(
         "slo",
-        help="report attainment, goodput and misses per objective; exit 1 below target",
+        help="report attainment, goodput and misses per objective; exit 1 below target, 2 "
+        "when it cannot judge",
         description="Read a sidecar's /metrics, or a Prometheus server over a range, and print "
         "per operation and model the requests judged against their service-level objectives, "
         "the share good against the target, good output tokens and the misses by objective. "
         "Exits 1 when a label set is below its target: a gate for CI after a load test.",
+        epilog=EXIT_CODES,
     )
     add_slo_arguments(slo)
     return parser
@@ -135,6 +138,15 @@ async def _sim(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
     return 0
 
 
+def _flag_of(command: str) -> Callable[[str], str]:
+    """How a user sets a field of ``command``'s settings: its flag, and its variable if any."""
+    if command == "serve":
+        return lambda field: source_of(field, OPTIONS)
+    if command == "sim":
+        return lambda field: source_of(field, SIM_OPTIONS)
+    return demo_flag
+
+
 def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = None) -> int:
     """Entry point of the ``llmobs`` command."""
     given = list(sys.argv[1:] if argv is None else argv)
@@ -151,11 +163,14 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
         if args.command == "bench":
             return run_bench_cli(args)
         if args.command == "slo":
-            return run_slo_cli(args, sys.stdout)
+            return run_slo_cli(args, sys.stdout, env)
         tune_process()
         return asyncio.run(run_demo(args, env))
     except ConfigError as exc:
         print(f"llmobs: configuration error: {exc}", file=sys.stderr)
+        return 2
+    except ListenError as exc:  # a port taken, an address not this machine's: one sentence
+        print(f"llmobs {args.command}: {exc.sentence(_flag_of(args.command))}.", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         return 130

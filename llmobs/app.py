@@ -31,6 +31,7 @@ from aiohttp import web
 from llmobs.collectors import Collectors, NvmlBackend
 from llmobs.config import ConfigError, Settings
 from llmobs.formats import Route
+from llmobs.listen import ListenError, listening
 from llmobs.metrics.exposition import negotiate, render
 from llmobs.metrics.sink import MetricsSink
 from llmobs.observer import ObserveConfig, Observer
@@ -347,8 +348,14 @@ class Sidecar:
         if self.telemetry.build_info is not None:  # the loop it runs on: uvloop or asyncio
             loop = type(asyncio.get_running_loop())
             self.telemetry.build_info.event_loop = loop.__module__.partition(".")[0]
-        self.port = await self.proxy.start(s.host, s.port)
-        self.metrics_port = await self._serve(self.admin, s.metrics_host, s.metrics_port)
+        try:
+            with listening(s.host, s.port):
+                self.port = await self.proxy.start(s.host, s.port)
+            with listening(s.metrics_host, s.metrics_port, "metrics_host", "metrics_port"):
+                self.metrics_port = await self._serve(self.admin, s.metrics_host, s.metrics_port)
+        except ListenError:
+            await self.stop()  # what started: the upstream pool, the tracer, a port
+            raise
 
     async def _serve(self, app: web.Application, host: str, port: int) -> int:
         # The admin port: aiohttp, with the proxy port's client timeout for idle connections.

@@ -70,7 +70,7 @@ class Settings:
     connect_timeout: float = option(
         10.0,
         float,
-        "seconds to wait for a connection to the upstream (then 502)",
+        "seconds to wait for a connection to the upstream (then 504)",
         "SECONDS",
     )
     upstream_idle_timeout: float = option(
@@ -83,7 +83,8 @@ class Settings:
     read_timeout: float = option(
         300.0,
         float,
-        "seconds the upstream may stay silent, before headers or between chunks (then 504)",
+        "seconds the upstream may stay silent, before headers (then 504) or between chunks "
+        "(then the stream is cut)",
         "SECONDS",
     )
     client_timeout: float = option(
@@ -98,7 +99,7 @@ class Settings:
         16 * 1024**2,
         parse_size,
         "largest request body accepted as it comes over the wire, chunked framing included "
-        "(then 413); accepts KiB/MiB suffixes",
+        "(then 413); accepts KiB/MiB/GiB suffixes",
         "BYTES",
     )
     max_models: int = option(
@@ -288,7 +289,7 @@ class Settings:
         DEFAULT_TARGET, float, "SLO: the share of requests that should be good", "RATIO"
     )
     slo_window: float = option(
-        DEFAULT_WINDOW, parse_duration, "SLO: the window the target is measured over (28d)",
+        DEFAULT_WINDOW, parse_duration, "SLO: the window the target is measured over",
         "DURATION",
     )  # fmt: skip
     slo_file: str = option(
@@ -341,10 +342,7 @@ def _validate(s: Settings) -> None:
     parts = urlsplit(s.upstream)
     if parts.scheme not in ("http", "https") or not parts.netloc:
         raise ConfigError(f"{_source('upstream')}: expected an http(s) URL, got {s.upstream!r}")
-    for name in ("port", "metrics_port"):
-        value = getattr(s, name)
-        if not 0 <= value <= 65535:
-            raise ConfigError(f"{_source(name)}: port out of range: {value}")
+    _validate_ports(s)
     if s.shutdown_grace < 0:
         raise ConfigError(f"{_source('shutdown_grace')}: must be >= 0")
     for name in (
@@ -364,6 +362,19 @@ def _validate(s: Settings) -> None:
         raise ConfigError(f"{_source('log_level')}: expected one of {', '.join(_LOG_LEVELS)}")
     _validate_collectors(s)
     _validate_objectives(s)
+
+
+def _validate_ports(s: Settings) -> None:
+    for name in ("port", "metrics_port"):
+        value = getattr(s, name)
+        if not 0 <= value <= 65535:
+            raise ConfigError(f"{_source(name)}: port out of range: {value}")
+    wildcard = {"0.0.0.0", "::", ""}
+    shared = s.host == s.metrics_host or {s.host, s.metrics_host} & wildcard
+    if s.port == s.metrics_port != 0 and shared:  # the second bind would fail on the first
+        raise ConfigError(
+            f"{_source('metrics_port')}: must differ from {_source('port')} (both {s.port})"
+        )
 
 
 def _validate_objectives(s: Settings) -> None:

@@ -21,6 +21,7 @@ from aiohttp import web
 
 from llmobs.app import Sidecar
 from llmobs.config import Settings
+from llmobs.listen import ListenError
 from llmobs.load import DIALECTS, Result, Workload, run_load
 from llmobs.otel_config import otel_settings
 from llmobs.sim import SimSettings, build_sim_app
@@ -74,6 +75,16 @@ class Tally:
                 self.ttfts.append(result.ttft)
         else:
             self.failed += 1
+
+
+# The demo's flags that set the sidecar's settings (they read no environment variable).
+DEMO_FLAGS = {"host": "--host", "metrics_host": "--host", "port": "--port",
+              "metrics_port": "--metrics-port"}  # fmt: skip
+
+
+def demo_flag(field: str) -> str:
+    """The demo's flag that sets the sidecar's ``field`` (for a port it cannot listen on)."""
+    return DEMO_FLAGS.get(field, field)
 
 
 # The objective the demo judges by unless LLMOBS_SLO_* says otherwise: a chat service's, loose
@@ -168,6 +179,16 @@ async def _linger(page: str, seconds: float | None, tty: bool, out: TextIO) -> N
             await asyncio.sleep(linger)
 
 
+async def _start(sidecar: Sidecar, engine: web.AppRunner) -> None:
+    """Start the sidecar; when it cannot listen (a port taken: another demo?), stop the
+    engine too."""
+    try:
+        await sidecar.start()
+    except ListenError:
+        await engine.cleanup()
+        raise
+
+
 async def run_demo(
     args: argparse.Namespace, environ: Mapping[str, str], out: TextIO = sys.stdout
 ) -> int:
@@ -186,7 +207,7 @@ async def run_demo(
         metrics_host=args.host, metrics_port=args.metrics_port,
     )  # fmt: skip
     sidecar = Sidecar(settings, build_telemetry(otel=otel_settings(environ)))
-    await sidecar.start()
+    await _start(sidecar, sim_runner)
     proxy = f"http://{args.host}:{sidecar.port}"
     metrics = f"http://{args.host}:{sidecar.metrics_port}/metrics"
     print(f"llmobs demo: simulated engine at {sim_url} (batch {args.max_batch}, "

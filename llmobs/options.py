@@ -72,6 +72,23 @@ def parse_duration(text: str) -> float:
     return seconds
 
 
+def format_duration(seconds: float) -> str:
+    """A duration as people write it and ``parse_duration`` reads it: 28d, 6h, 5m, 2s, 100ms."""
+    for unit in ("d", "h", "m", "s", "ms"):
+        count = seconds / _DURATION_UNITS[unit]
+        if count >= 1 and abs(count - round(count)) < 1e-9:
+            return f"{round(count)}{unit}"
+    return f"{seconds:g}s"
+
+
+def format_size(size: int) -> str:
+    """A byte size as people write it and ``parse_size`` reads it: 16MiB, 1GiB, 300."""
+    for suffix, scale in (("GiB", 1024**3), ("MiB", 1024**2), ("KiB", 1024)):
+        if size >= scale and size % scale == 0:
+            return f"{size // scale}{suffix}"
+    return str(size)
+
+
 def parse_list(text: str) -> tuple[str, ...]:
     """A comma-separated list (empty entries dropped)."""
     return tuple(item.strip() for item in text.split(",") if item.strip())
@@ -177,11 +194,31 @@ def _is_bool(text: str) -> bool:
     return True
 
 
+def shown_default(opt: Option) -> str | None:
+    """An option's default as a user would type it back (``28d``, ``16MiB``, ``true``, ``10``);
+    None when it has none to show (unset: its help says what happens then)."""
+    value = opt.default
+    if value is None or value in ("", ()):
+        return None
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if opt.parse is parse_duration:
+        return format_duration(value)
+    if opt.parse is parse_size:
+        return format_size(value)
+    if isinstance(value, float):
+        return f"{value:g}"
+    if isinstance(value, tuple):
+        return ",".join(str(item) for item in value)
+    return str(value)
+
+
 def add_arguments(parser: argparse.ArgumentParser, options: tuple[Option, ...]) -> None:
     """Add one flag per option (a boolean: ``--x`` and ``--no-x``); defaults stay None so
     the environment can fill them."""
     for opt in options:
-        help_ = f"{opt.help} [env {opt.env}; default {opt.default}]"
+        default = shown_default(opt)
+        help_ = f"{opt.help} [env {opt.env}" + ("]" if default is None else f"; default {default}]")
         if opt.parse is parse_bool:  # --x, --no-x (and see bool_flags)
             parser.add_argument(
                 opt.flag, dest=opt.field, default=None,

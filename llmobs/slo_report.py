@@ -4,7 +4,9 @@ Reads a running sidecar's ``/metrics`` (the counts since it started) or a Promet
 over a time range (every sidecar it scrapes, summed), and prints per operation and model: the
 requests judged, the share good against the target each sidecar exports, the good output
 tokens, and the misses by objective. Exits 1 when any label set is below its target: run a load
-test through llmobs, then this, and a latency regression fails the build.
+test through llmobs, then this, and a latency regression fails the build. Exits 2 when it
+cannot judge (``CannotJudge``: nothing judged yet, the source unreachable, a token missing or
+refused, an answer that is not metrics), so that a gate never passes on nothing measured.
 
 The parsing and the table are pure (``rows_from_metrics``, ``rows_from_vectors``, ``render``);
 only ``fetch_metrics`` and ``query_prometheus`` do I/O (urllib: a CLI, no event loop).
@@ -13,9 +15,14 @@ only ``fetch_metrics`` and ``query_prometheus`` do I/O (urllib: a CLI, no event 
 from __future__ import annotations
 
 import argparse
+import http.client
 import json
 import math
+import os
 import re
+import socket
+import sys
+import urllib.error
 import urllib.parse
 import urllib.request
 from collections.abc import Iterable, Mapping
@@ -90,13 +97,21 @@ def _judged(rows: dict[Key, Row]) -> dict[Key, Row]:
 def rows_from_metrics(text: str) -> dict[Key, Row]:
     """The SLO rows of one sidecar's /metrics text (counts since it started), of the label
     sets with requests judged."""
+    return _sidecar_rows(text)[0]
+
+
+def _sidecar_rows(text: str) -> tuple[dict[Key, Row], bool]:
+    """``rows_from_metrics``, and whether the page has any llmobs series (a sidecar's does,
+    an engine's does not); ``ValueError`` when it is not in the exposition format."""
     rows: dict[Key, Row] = {}
     names = {m.prometheus for m in (SLO_REQUESTS, SLO_OUTPUT_TOKENS, SLO_MISSES, SLO_TARGET)}
+    ours = False
     for family in text_string_to_metric_families(text):
+        ours = ours or family.name.startswith("llmobs_")
         for sample in family.samples:
             if sample.name in names:
                 _add(rows, sample.labels, sample.name, float(sample.value))
-    return _judged(rows)
+    return _judged(rows), ours
 
 
 def rows_from_vectors(
@@ -139,10 +154,20 @@ def render(rows: Mapping[Key, Row], target: float | None = None) -> str:
 
 
 def passed(rows: Mapping[Key, Row], target: float | None = None) -> bool:
-    return all(row.met(target) for row in rows.values())
+    """Whether there is something judged and every label set meets its target."""
+    return bool(rows) and all(row.met(target) for row in rows.values())
 
 
-def as_json(rows: Mapping[Key, Row], target: float | None = None) -> str:
+def outcome(rows: Mapping[Key, Row], target: float | None = None) -> str:
+    """``met`` (exit 0), ``missed`` (1) or ``unjudged`` (2: nothing to judge by)."""
+    if not rows:
+        return "unjudged"
+    return "met" if passed(rows, target) else "missed"
+
+
+def as_json(rows: Mapping[Key, Row], target: float | None = None, error: str = "") -> str:
+    """The report for tools: ``passed``, ``outcome``, ``error`` (why it is unjudged) and the
+    label sets."""
     out = [
         {
             "operation": op, "model": model, "judged": row.judged, "good": row.good,
@@ -153,20 +178,136 @@ def as_json(rows: Mapping[Key, Row], target: float | None = None) -> str:
         }
         for (op, model), row in sorted(rows.items())
     ]  # fmt: skip
-    return json.dumps({"passed": passed(rows, target), "label_sets": out}, indent=2)
+    report: dict[str, Any] = {"passed": passed(rows, target), "outcome": outcome(rows, target)}
+    if error:
+        report["error"] = error
+    return json.dumps({**report, "label_sets": out}, indent=2)
 
 
 # -- I/O -------------------------------------------------------------------------------------
 
+TOKEN_ENV = "LLMOBS_METRICS_TOKEN"  # the sidecar's own variable for it (``serve``)
+EXIT_CODES = (
+    "Exit codes: 0 every objective met; 1 a label set below its target; 2 could not judge: "
+    "no request judged yet, the source unreachable, a metrics token missing or refused "
+    "(--metrics-token / LLMOBS_METRICS_TOKEN), or an answer that is not metrics. With --json "
+    'the report says which as "outcome": met, missed or unjudged.'
+)
+_SIDECAR_FIX = "check that the sidecar is up and that --metrics-url is its /metrics"
+_PROMETHEUS_FIX = (
+    "check that Prometheus is up and that --prometheus is its base URL (http://prometheus:9090)"
+)
+
+
+class CannotJudge(Exception):
+    """Nothing to judge by: the source unreachable, refused, not metrics, or no request judged
+    (exit 2). The message says where and what to do."""
+
+
+@dataclass(frozen=True)
+class _Answer:
+    status: int
+    reason: str
+    body: bytes
+
+
+def _why(url: str, exc: BaseException, timeout: float) -> str:
+    """Why ``url`` gave no answer, for people."""
+    reason = exc.reason if isinstance(exc, urllib.error.URLError) else exc
+    if isinstance(reason, ConnectionRefusedError):
+        return f"nothing is listening at {url} (connection refused)"
+    if isinstance(reason, TimeoutError):
+        return f"{url} did not answer within {timeout:g} s"
+    if isinstance(reason, socket.gaierror):
+        return f"cannot resolve the host of {url} ({reason.strerror})"
+    return f"cannot read {url} ({reason or type(reason).__name__})"
+
+
+def _get(url: str, headers: Mapping[str, str], timeout: float, fix: str, name: str = "") -> _Answer:
+    """GET ``url``: its answer, whatever its status; no answer at all is ``CannotJudge``
+    naming ``name`` (default: the URL) and saying what to do (``fix``)."""
+    request = urllib.request.Request(url, headers=dict(headers))
+    try:
+        with urllib.request.urlopen(request, timeout=timeout) as response:
+            return _Answer(response.status, str(response.reason), response.read())
+    except urllib.error.HTTPError as exc:  # a status other than 2xx: an answer too
+        with exc:
+            return _Answer(exc.code, str(exc.reason), _rest(exc))
+    except (OSError, http.client.HTTPException) as exc:
+        raise CannotJudge(f"{_why(name or url, exc, timeout)}: {fix}") from None
+
+
+def _rest(response: urllib.error.HTTPError) -> bytes:
+    """The body of an answer that is not a 2xx (Prometheus says there why it refused)."""
+    try:
+        return response.read()
+    except (OSError, http.client.HTTPException):
+        return b""
+
+
+def check_url(flag: str, url: str) -> None:
+    """An http(s) URL, or a ``ConfigError`` naming ``flag``."""
+    parts = urllib.parse.urlsplit(url)
+    try:
+        parts.port  # noqa: B018 (a port that is not a number raises)
+    except ValueError:
+        parts = parts._replace(netloc="")
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ConfigError(f"{flag}: expected an http(s) URL, got {url!r}")
+
 
 def fetch_metrics(url: str, token: str = "", timeout: float = 10.0) -> str:
-    """A sidecar's /metrics text."""
-    request = urllib.request.Request(url, headers={"Accept": "text/plain"})
+    """A sidecar's /metrics text; ``CannotJudge`` when it cannot be read."""
+    headers = {"Accept": "text/plain"}
     if token:
-        request.add_header("Authorization", f"Bearer {token}")
-    with urllib.request.urlopen(request, timeout=timeout) as response:
-        body: bytes = response.read()
-    return body.decode("utf-8")
+        headers["Authorization"] = f"Bearer {token}"
+    answer = _get(url, headers, timeout, _SIDECAR_FIX)
+    if answer.status in (401, 403) and not token:
+        raise CannotJudge(
+            f"{url} requires a metrics token (HTTP {answer.status}): pass the sidecar's token "
+            f"to llmobs slo with --metrics-token or {TOKEN_ENV}"
+        )
+    if answer.status in (401, 403):
+        raise CannotJudge(
+            f"{url} refused the metrics token given (HTTP {answer.status}): pass the one the "
+            f"sidecar was started with, with --metrics-token or {TOKEN_ENV}"
+        )
+    if not 200 <= answer.status < 300:
+        raise CannotJudge(
+            f"{url} answered HTTP {answer.status} {answer.reason}: point --metrics-url at a "
+            "sidecar's /metrics (on its --metrics-port)"
+        )
+    try:
+        return answer.body.decode("utf-8")
+    except UnicodeDecodeError:
+        raise CannotJudge(_not_metrics(url)) from None
+
+
+def _not_metrics(url: str) -> str:
+    return (
+        f"{url} answered with something that is not a Prometheus metrics page: point "
+        "--metrics-url at a sidecar's /metrics (on its --metrics-port)"
+    )
+
+
+def read_sidecar(url: str, token: str = "", timeout: float = 10.0) -> dict[Key, Row]:
+    """The rows of a sidecar's /metrics; ``CannotJudge`` when there are none to judge by."""
+    text = fetch_metrics(url, token, timeout)
+    try:
+        rows, ours = _sidecar_rows(text)
+    except ValueError:  # the parser's word for a line that is not exposition format
+        raise CannotJudge(_not_metrics(url)) from None
+    if not ours:
+        raise CannotJudge(
+            f"{url} is not an llmobs sidecar's /metrics (no llmobs_ series): point "
+            "--metrics-url at the sidecar's --metrics-port, not the engine's"
+        )
+    if not rows:
+        raise CannotJudge(
+            f"no request judged yet at {url}: send requests through the sidecar (a 4xx or a "
+            "client that left is not judged), then run llmobs slo again"
+        )
+    return rows
 
 
 def _queries(window: str) -> dict[str, str]:
@@ -182,28 +323,57 @@ def _queries(window: str) -> dict[str, str]:
     return out
 
 
+def _vector(base: str, answer: _Answer, query: str) -> list[tuple[dict[str, str], float]]:
+    """The samples of a Prometheus instant query's answer; ``CannotJudge`` when it is an
+    error or not the query API's."""
+    try:
+        data: Any = json.loads(answer.body)
+        if data["status"] != "success":
+            raise CannotJudge(
+                f"Prometheus at {base} refused the query {query!r} (HTTP {answer.status}): "
+                f"{data.get('error')}; check --range and --end"
+            )
+        return [(s["metric"], float(s["value"][1])) for s in data["data"]["result"]]
+    except (ValueError, TypeError, KeyError, IndexError):
+        raise CannotJudge(
+            f"{base} answered HTTP {answer.status} {answer.reason}, not as Prometheus's query "
+            f"API: {_PROMETHEUS_FIX}"
+        ) from None
+
+
 def query_prometheus(
     base: str, window: str, end: float | None = None, timeout: float = 30.0
 ) -> dict[str, list[tuple[dict[str, str], float]]]:
     """The SLO families summed over every sidecar Prometheus scrapes, over ``window`` up to
-    ``end`` (unix seconds; None: now)."""
+    ``end`` (unix seconds; None: now); ``CannotJudge`` when Prometheus cannot answer."""
     out: dict[str, list[tuple[dict[str, str], float]]] = {}
     for name, query in _queries(window).items():
         params = {"query": query}
         if end is not None:
             params["time"] = f"{end:.3f}"
         url = f"{base.rstrip('/')}/api/v1/query?{urllib.parse.urlencode(params)}"
-        with urllib.request.urlopen(url, timeout=timeout) as response:
-            data: Any = json.load(response)
-        if data.get("status") != "success":
-            raise RuntimeError(f"Prometheus refused {query!r}: {data.get('error')}")
-        out[name] = [(s["metric"], float(s["value"][1])) for s in data["data"]["result"]]
+        answer = _get(url, {"Accept": "application/json"}, timeout, _PROMETHEUS_FIX, base)
+        out[name] = _vector(base, answer, query)
     return out
+
+
+def read_prometheus(base: str, window: str, end: float | None = None) -> dict[Key, Row]:
+    """The rows of every sidecar Prometheus scrapes, over ``window``; ``CannotJudge`` when
+    there are none to judge by."""
+    rows = rows_from_vectors(query_prometheus(base, window, end))
+    if not rows:
+        raise CannotJudge(
+            f"no request judged at {base} over the last {window}: check that Prometheus "
+            f"scrapes the sidecars ({SLO_REQUESTS.prometheus}) and that requests ran then"
+        )
+    return rows
 
 
 def add_slo_arguments(parser: argparse.ArgumentParser) -> None:
     source = parser.add_mutually_exclusive_group(required=True)
-    source.add_argument("--metrics-url", help="a sidecar's /metrics (counts since it started)")
+    source.add_argument(
+        "--metrics-url", metavar="URL", help="a sidecar's /metrics (counts since it started)"
+    )
     source.add_argument("--prometheus", metavar="URL", help="a Prometheus server's base URL")
     parser.add_argument(
         "--range", default="1h", metavar="DURATION",
@@ -218,30 +388,45 @@ def add_slo_arguments(parser: argparse.ArgumentParser) -> None:
         help="hold every label set to this share good (default: the target each exports)",
     )  # fmt: skip
     parser.add_argument(
-        "--metrics-token", default="", metavar="TOKEN",
-        help="bearer token for --metrics-url (the sidecar's --metrics-token)",
+        "--metrics-token", default=None, metavar="TOKEN",
+        help=f"bearer token for --metrics-url: the sidecar's --metrics-token [env {TOKEN_ENV}]",
     )  # fmt: skip
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
 
 
-def run_slo_cli(args: argparse.Namespace, out: Any) -> int:
-    """Print the report; 0 when every label set meets its target, 1 when one does not."""
+def _read(args: argparse.Namespace, environ: Mapping[str, str]) -> tuple[dict[Key, Row], str]:
+    """The rows to judge, and where they come from."""
+    if args.metrics_url:
+        check_url("--metrics-url", args.metrics_url)
+        token = args.metrics_token
+        if token is None:
+            token = environ.get(TOKEN_ENV, "")
+        return read_sidecar(args.metrics_url, token), args.metrics_url
+    window = args.range
+    if not _RANGE.fullmatch(window):
+        raise ConfigError(f"--range: not a Prometheus duration (5m, 1h, 28d): {window!r}")
+    check_url("--prometheus", args.prometheus)
+    rows = read_prometheus(args.prometheus, window, args.end)
+    return rows, f"{args.prometheus}, the last {window}"
+
+
+def run_slo_cli(
+    args: argparse.Namespace, out: Any, environ: Mapping[str, str] | None = None
+) -> int:
+    """Print the report; 0 when every label set meets its target, 1 when one does not, 2
+    when there is nothing to judge by (why: one sentence on stderr, and in the JSON)."""
     if args.target is not None and not 0 < args.target < 1:
         raise ConfigError("--target: must be above 0 and below 1")
-    if args.metrics_url:
-        rows = rows_from_metrics(fetch_metrics(args.metrics_url, args.metrics_token))
-        source = args.metrics_url
-    else:
-        window = args.range
-        if not _RANGE.fullmatch(window):
-            raise ConfigError(f"--range: not a Prometheus duration (5m, 1h, 28d): {window!r}")
-        rows = rows_from_vectors(query_prometheus(args.prometheus, window, args.end))
-        source = f"{args.prometheus}, the last {window}"
+    try:
+        rows, source = _read(args, os.environ if environ is None else environ)
+    except CannotJudge as exc:
+        print(f"llmobs slo: cannot judge: {exc}.", file=sys.stderr)
+        if args.json:
+            print(as_json({}, args.target, str(exc)), file=out)
+        return 2
     ok = passed(rows, args.target)
     if args.json:
         print(as_json(rows, args.target), file=out)
-    elif not rows:
-        print(f"no requests judged yet ({source})", file=out)
     else:
         print(f"service-level objectives ({source}):", file=out)
         print(render(rows, args.target), file=out)

@@ -36,21 +36,32 @@ def _target(name: str) -> str:
     return name
 
 
+def _shown(value: object) -> str:
+    """A default as a user would type it back: ``8``, not ``8.0``; ``1,16``; ``on``."""
+    if isinstance(value, bool):
+        return "on" if value else "off"
+    if isinstance(value, float):
+        return f"{value:g}"
+    if isinstance(value, tuple):
+        return ",".join(_shown(item) for item in value)
+    return str(value)
+
+
 def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
-    """The bench's flags (defaults: ``BenchOptions``)."""
+    """The bench's flags (defaults: ``BenchOptions``, shown as ``[default]``)."""
     d = BenchOptions()
     add = parser.add_argument
     add(
         "--targets",
         type=_list(_target),
         default=d.targets,
-        help=f"comma-separated, run in this order each round [{','.join(d.targets)}]",
+        help=f"comma-separated, run in this order each round [{_shown(d.targets)}]",
     )
     add(
         "--concurrency",
         type=_list(int),
         default=d.concurrency,
-        help="concurrent streams per cell [1,16,128,512]",
+        help=f"concurrent streams per cell [{_shown(d.concurrency)}]",
     )
     add("--rounds", type=int, default=d.rounds, help=f"interleaved rounds [{d.rounds}]")
     add("--tokens", type=int, default=d.tokens, help=f"output tokens per request [{d.tokens}]")
@@ -64,20 +75,20 @@ def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
         "--tpot",
         type=float,
         default=d.tpot,
-        help=f"seconds between a stream's tokens in paced cells [{d.tpot}]",
+        help=f"seconds between a stream's tokens in paced cells [{_shown(d.tpot)}]",
     )
     add(
         "--max-paced-rate",
         type=float,
         default=d.max_paced_rate,
         help="chunks/s a paced cell offers at most: TPOT is stretched to N / this when N "
-        f"streams at --tpot would exceed it [{d.max_paced_rate:.0f}]",
+        f"streams at --tpot would exceed it [{_shown(d.max_paced_rate)}]",
     )
     add(
         "--duration",
         type=float,
         default=d.duration,
-        help=f"seconds of load per paced cell, before the drain [{d.duration}]",
+        help=f"seconds of load per paced cell, before the drain [{_shown(d.duration)}]",
     )
     add(
         "--arrival-rate",
@@ -91,7 +102,7 @@ def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
         type=float,
         default=d.scrape_interval,
         help=f"seconds between GETs of an llmobs target's /metrics in paced cells; 0: none "
-        f"[{d.scrape_interval}]",
+        f"[{_shown(d.scrape_interval)}]",
     )
     add(
         "--scrape-format",
@@ -103,7 +114,8 @@ def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
         "--saturation",
         action=argparse.BooleanOptionalAction,
         default=d.saturation,
-        help="also run the unpaced saturation cells and the open-streams memory check",
+        help="also run the unpaced saturation cells and the open-streams memory check; "
+        f"--no-saturation: only the paced cells [{_shown(d.saturation)}]",
     )
     add(
         "--saturation-streams",
@@ -116,13 +128,13 @@ def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
         type=_list(int),
         default=d.saturation_tokens,
         help="two output lengths for the saturation cells (the CPU fit per chunk and per "
-        "request needs both) [256,16]",
+        f"request needs both) [{_shown(d.saturation_tokens)}]",
     )
     add(
         "--saturation-duration",
         type=float,
         default=d.saturation_duration,
-        help=f"seconds per saturation run [{d.saturation_duration}]",
+        help=f"seconds per saturation run [{_shown(d.saturation_duration)}]",
     )
     add(
         "--open-streams",
@@ -134,7 +146,7 @@ def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
         "--pin",
         action=argparse.BooleanOptionalAction,
         default=d.pin,
-        help="pin engine, client and target to their own cores [on]",
+        help=f"pin engine, client and target to their own cores [{_shown(d.pin)}]",
     )
     add("--nginx", default=None, help="nginx binary [nginx on PATH]")
     add("--litellm", default=None, help="LiteLLM proxy command [litellm on PATH]")

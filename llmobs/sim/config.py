@@ -124,7 +124,7 @@ class SimSettings:
         "none",
         _parse_dialect,
         "break every completion response this way (see llmobs/sim/faults.py), or 'header': "
-        "each request names its fault in X-Sim-Fault; 'none' (default): no faults",
+        "each request names its fault in X-Sim-Fault; 'none': no faults",
         "NAME",
     )
     stamp: bool = option(

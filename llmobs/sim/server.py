@@ -24,6 +24,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector, CollectorRegistry
 
+from llmobs.listen import listening
 from llmobs.sim.config import SimSettings
 from llmobs.sim.dialects import BadRequest, Context, Endpoint, Exchange, endpoints_for
 from llmobs.sim.dialects.base import Chunk
@@ -266,8 +267,8 @@ async def run_sim(settings: SimSettings) -> None:
     runner = web.AppRunner(build_sim_app(settings), handler_cancellation=True)
     await runner.setup()
     try:
-        site = web.TCPSite(runner, settings.host, settings.port)
-        await site.start()
+        with listening(settings.host, settings.port):
+            await web.TCPSite(runner, settings.host, settings.port).start()
         port = runner.addresses[0][1] if runner.addresses else settings.port
         print(
             f"llmobs sim: listening on http://{settings.host}:{port} (model {settings.model})",

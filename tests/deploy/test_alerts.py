@@ -15,6 +15,7 @@ from typing import Any
 import yaml
 
 from tests.support.fake_nvml import FakeGpu, FakeNvml
+from tests.support.markdown import anchors
 from tests.support.prom import (
     ALERTS,
     PROMETHEUS_DIR,
@@ -136,15 +137,6 @@ def test_rules_use_only_catalogue_metrics() -> None:
     }
     assert {k: v for k, v in problems.items() if v} == {}
     assert unknown_metrics("rate(llmobs_stall_total[5m]) > 0", allowed) == {"llmobs_stall_total"}
-
-
-def anchors(markdown: str) -> set[str]:
-    """GitHub's anchors for the markdown's headings."""
-    out = set()
-    for heading in re.findall(r"^#+ (.+)$", markdown, re.MULTILINE):
-        slug = re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
-        out.add(slug)
-    return out
 
 
 def test_alerts_have_severity_summary_description_and_runbook() -> None:

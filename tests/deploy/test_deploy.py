@@ -27,6 +27,7 @@ import yaml
 from docker.utils.build import PatternMatcher
 from dockerfile_parse import DockerfileParser
 
+from tests.docs.blocks import SHELLS, Walkthrough, blocks
 from tests.support.kustomize import build, needs_kubectl
 from tests.support.prom import AMTOOL, PROMTOOL, ROOT, needs_amtool, needs_promtool
 from tests.support.servers import SidecarFactory, SimFactory
@@ -205,6 +206,58 @@ def test_prometheus_config_is_valid(tmp_path: Path) -> None:
     assert llmobs["scrape_classic_histograms"] is True
 
 
+def test_prometheus_scrapes_every_compose_sidecar_and_engine() -> None:
+    """Job ``llmobs`` finds every sidecar of docker-compose.yml (profiles included) and job
+    ``llmobs-engine`` every engine behind one: a sidecar in an engine's network namespace is
+    reached by the engine's name, and its engine at 127.0.0.1 is that service."""
+    sidecars: set[str] = set()
+    engines: set[tuple[str, int]] = set()
+    for name, service in compose()["services"].items():
+        upstream = service.get("environment", {}).get("LLMOBS_UPSTREAM")
+        if service.get("command") != ["serve"] or upstream is None:
+            continue
+        host = service.get("network_mode", "").removeprefix("service:") or name
+        sidecars.add(host)
+        url = re.fullmatch(r"http://([\w.-]+):(\d+)", upstream)
+        assert url, (name, upstream)
+        engine, port = url.groups()
+        engines.add((host if engine == "127.0.0.1" else engine, int(port)))
+    config = yaml.safe_load((ROOT / "deploy/prometheus/prometheus.yml").read_text())
+    jobs = {job["job_name"]: job["dns_sd_configs"] for job in config["scrape_configs"]
+            if "dns_sd_configs" in job}  # fmt: skip
+    assert {(n, sd["port"]) for sd in jobs["llmobs"] for n in sd["names"]} == {
+        (host, 9464) for host in sidecars
+    }
+    assert {(n, sd["port"]) for sd in jobs["llmobs-engine"] for n in sd["names"]} == engines
+    assert {"sim", "vllm", "llamacpp"} <= {host for host, _ in engines}
+
+
+def flags(words: list[str]) -> dict[str, str]:
+    """A command's ``--flag value`` pairs (a flag with no value: ``""``)."""
+    out: dict[str, str] = {}
+    for i, word in enumerate(words):
+        if word.startswith("--"):
+            following = words[i + 1] if i + 1 < len(words) else "--"
+            out[word] = "" if following.startswith("--") else following
+    return out
+
+
+def test_readme_runs_llama_server_as_compose_does() -> None:
+    """README's llama-server command is the compose ``llamacpp`` service's (slots, context,
+    alias, port, metrics); only the model's path and the address differ: compose's engine
+    listens on 0.0.0.0 for Prometheus, and reads the model from its volume."""
+    readme = (ROOT / "README.md").read_text().replace("\\\n", " ")
+    (line,) = [ln for ln in readme.splitlines() if ln.startswith("llama-server ")]
+    documented = flags(shlex.split(line.split(" #", 1)[0]))
+    composed = flags([str(word) for word in compose()["services"]["llamacpp"]["command"]])
+    different = {"--model", "--host"}
+    assert {k: v for k, v in documented.items() if k not in different} == {
+        k: v for k, v in composed.items() if k not in different
+    }
+    assert documented["--model"] == Path(composed["--model"]).name
+    assert composed["--parallel"] and composed["--ctx-size"]
+
+
 ALERTMANAGER = ROOT / "deploy" / "alertmanager" / "alertmanager.yml"
 
 
@@ -374,6 +427,35 @@ def test_manifests_validate(kustomization: str) -> None:
     assert {f"{d['kind']}/{d['metadata']['name']}": manifest_problems(d) for d in docs} == {
         f"{d['kind']}/{d['metadata']['name']}": [] for d in docs
     }
+
+
+@needs_kubectl
+def test_the_kubernetes_walkthrough_renders_valid_manifests_of_the_users_image(
+    tmp_path: Path,
+) -> None:
+    """docs/deploy.md's walkthrough, its blocks run as written up to the one that renders
+    (tests/docs/blocks.py): what it renders validates, and every llmobs container runs the
+    image the text points it at."""
+    walk = Walkthrough.create(tmp_path, ROOT / "docs/deploy.md")
+    rendered = None
+    for block in blocks(ROOT / "docs/deploy.md"):
+        if block.syntax not in SHELLS or any("mark.skip" in m for m in block.marks):
+            continue
+        done = walk.run(block)
+        assert done.returncode == 0, f"{block.name}:\n{done.stdout}"
+        rendered = rendered or block.options().get("kubernetes")
+    assert rendered is not None, "docs/deploy.md has no block marked docs(kubernetes=...)"
+    docs = [d for d in yaml.safe_load_all((walk.folder / rendered).read_text()) if d]
+    assert {f"{d['kind']}/{d['metadata']['name']}": manifest_problems(d) for d in docs} == {
+        f"{d['kind']}/{d['metadata']['name']}": [] for d in docs
+    }
+    images = {
+        c["image"]
+        for d in docs
+        if d["kind"] == "Deployment"
+        for c in d["spec"]["template"]["spec"]["containers"]
+    }
+    assert images == {"registry.example.com/llmobs:0.1.0"}
 
 
 @needs_kubectl

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import asyncio
 import io
+import json
 import os
 import re
 import signal
 import sys
 import time
 from argparse import Namespace
+from pathlib import Path
 
 import aiohttp
 import pytest
@@ -17,7 +19,10 @@ import pytest
 from llmobs.__main__ import main
 from llmobs.config import OPTIONS, ConfigError, Settings
 from llmobs.demo import run_demo
-from tests.support.prom import free_port
+from llmobs.options import shown_default
+from llmobs.sim.config import SIM_OPTIONS
+from tests.support.prom import Prometheus, free_port, needs_prometheus
+from tests.support.servers import SidecarFactory, SimFactory, eventually
 
 
 def test_every_option_has_a_flag_and_variable_in_help(capsys: pytest.CaptureFixture[str]) -> None:
@@ -200,3 +205,206 @@ def test_the_default_install_is_the_fast_one() -> None:
         assert type(loop).__module__.startswith("uvloop")
     finally:
         loop.close()
+
+
+# -- the errors a new user hits: one sentence, a distinct exit code, no traceback -------------
+
+
+def _environ(**extra: str) -> dict[str, str]:
+    """This process's environment without any LLMOBS_* variable (a token there would change
+    what ``llmobs slo`` sends), plus ``extra``."""
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("LLMOBS_")}
+    return {**clean, **extra}
+
+
+async def _llmobs(*argv: str, env: dict[str, str] | None = None) -> tuple[int, str, str]:
+    """Run ``python -m llmobs ARGV`` to its end: exit code, stdout, stderr."""
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "llmobs", *argv, env=env or _environ(),
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+    out, err = await asyncio.wait_for(proc.communicate(), 60)
+    assert proc.returncode is not None
+    return proc.returncode, out.decode(), err.decode()
+
+
+async def test_a_port_taken_is_one_sentence_naming_the_flag_and_exit_2() -> None:
+    port, metrics_port = free_port(), free_port()
+    loopback = ["--host", "127.0.0.1", "--metrics-host", "127.0.0.1"]
+    first = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "llmobs", "serve", *loopback, "--port", str(port),
+        "--metrics-port", str(metrics_port), "--engine-scrape-interval", "0", env=_environ(),
+        stderr=asyncio.subprocess.DEVNULL,
+    )  # fmt: skip
+    try:
+        await _wait_port(port, first)
+        await _wait_port(metrics_port, first)
+        # (command, its arguments, the port it cannot have, how that port is set)
+        cases = [
+            ("serve", ["--port", str(port), "--metrics-port", "0", *loopback],
+             port, "--port / LLMOBS_PORT"),
+            ("serve", ["--port", "0", "--metrics-port", str(metrics_port), *loopback],
+             metrics_port, "--metrics-port / LLMOBS_METRICS_PORT"),
+            ("sim", ["--host", "127.0.0.1", "--port", str(port)], port, "--port / LLMOBS_SIM_PORT"),
+            ("demo", ["--host", "127.0.0.1", "--port", str(port), "--metrics-port", "0",
+                      "--duration", "1", "--linger", "0"], port, "--port"),
+            ("demo", ["--host", "127.0.0.1", "--port", "0", "--metrics-port", str(metrics_port),
+                      "--duration", "1", "--linger", "0"], metrics_port, "--metrics-port"),
+        ]  # fmt: skip
+        results = await asyncio.gather(*(_llmobs(cmd, *argv) for cmd, argv, _, _ in cases))
+    finally:
+        first.send_signal(signal.SIGTERM)
+        await asyncio.wait_for(first.wait(), 10)
+    for (command, _, taken, how), (code, out, err) in zip(cases, results, strict=True):
+        want = (
+            f"llmobs {command}: 127.0.0.1:{taken} is already in use ({how}): stop the process "
+            "listening there, or choose another port."
+        )
+        assert code == 2, (command, how, err)
+        assert "Traceback" not in err, err
+        assert err.strip().splitlines()[-1] == want, err
+        assert "load:" not in out  # the demo stopped before any load
+
+
+def test_the_same_port_for_proxy_and_metrics_is_a_configuration_error(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert main(["serve", "--port", "9000", "--metrics-port", "9000"], {}) == 2
+    err = capsys.readouterr().err
+    assert "--metrics-port / LLMOBS_METRICS_PORT: must differ from --port / LLMOBS_PORT" in err
+
+
+async def test_slo_cannot_judge_exits_2_with_a_sentence(start_sidecar: SidecarFactory) -> None:
+    nowhere = f"http://127.0.0.1:{free_port()}/metrics"
+    code, out, err = await _llmobs("slo", "--metrics-url", nowhere)
+    assert code == 2, err
+    assert err == (
+        f"llmobs slo: cannot judge: nothing is listening at {nowhere} (connection refused): "
+        "check that the sidecar is up and that --metrics-url is its /metrics.\n"
+    )
+    assert out == ""
+
+    # a sidecar that wants its metrics token, and has judged no request yet
+    side = await start_sidecar(f"http://127.0.0.1:{free_port()}", metrics_token="s3cret")
+    metrics = side.metrics_url + "/metrics"
+    code, _, err = await _llmobs("slo", "--metrics-url", metrics)
+    assert code == 2, err
+    assert err == (
+        f"llmobs slo: cannot judge: {metrics} requires a metrics token (HTTP 401): pass the "
+        "sidecar's token to llmobs slo with --metrics-token or LLMOBS_METRICS_TOKEN.\n"
+    )
+    code, _, err = await _llmobs("slo", "--metrics-url", metrics, "--metrics-token", "wrong")
+    assert code == 2, err
+    assert f"{metrics} refused the metrics token given (HTTP 401)" in err
+    # the token from the environment, as `serve` reads it: read, but nothing judged yet
+    with_token = _environ(LLMOBS_METRICS_TOKEN="s3cret")
+    code, out, err = await _llmobs("slo", "--metrics-url", metrics, env=with_token)
+    assert code == 2, err
+    assert err.startswith(f"llmobs slo: cannot judge: no request judged yet at {metrics}: ")
+    assert "Traceback" not in err and len(err.splitlines()) == 1
+    code, out, err = await _llmobs("slo", "--metrics-url", metrics, "--json", env=with_token)
+    report = json.loads(out)
+    assert code == 2
+    assert (report["passed"], report["outcome"], report["label_sets"]) == (
+        False, "unjudged", []
+    )  # fmt: skip
+    assert report["error"].startswith("no request judged yet")
+
+
+async def test_slo_judges_a_sidecar_behind_its_token(
+    start_sim: SimFactory, start_sidecar: SidecarFactory
+) -> None:
+    sim = await start_sim(decode_base=0.001, output_tokens_min=4, output_tokens_max=4)
+    side = await start_sidecar(sim.url, metrics_token="s3cret", slo_ttft=30.0, slo_target=0.9)
+    body = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "stream": True}
+    async with (
+        aiohttp.ClientSession() as s,
+        s.post(side.url + "/v1/chat/completions", json=body) as r,
+    ):
+        assert r.status == 200
+        await r.read()
+    await eventually(lambda: side.value("llmobs_slo_requests_total") == 1)
+    metrics = side.metrics_url + "/metrics"
+    code, out, err = await _llmobs("slo", "--metrics-url", metrics, "--metrics-token", "s3cret")
+    assert code == 0, err
+    assert out.endswith("all objectives met\n"), out
+    # the token from the environment; the outcome in the JSON (missed, 1: tests/e2e/test_slo.py)
+    code, out, err = await _llmobs(
+        "slo", "--metrics-url", metrics, "--json", env=_environ(LLMOBS_METRICS_TOKEN="s3cret")
+    )
+    assert code == 0, err
+    assert json.loads(out)["outcome"] == "met"
+
+
+async def test_slo_without_prometheus_exits_2() -> None:
+    nowhere = f"http://127.0.0.1:{free_port()}"
+    code, _, err = await _llmobs("slo", "--prometheus", nowhere)
+    assert code == 2, err
+    assert err == (
+        f"llmobs slo: cannot judge: nothing is listening at {nowhere} (connection refused): "
+        "check that Prometheus is up and that --prometheus is its base URL "
+        "(http://prometheus:9090).\n"
+    )
+
+
+@needs_prometheus
+async def test_slo_against_a_prometheus_with_nothing_judged_or_a_query_it_refuses(
+    tmp_path: Path,
+) -> None:
+    async with Prometheus(tmp_path, []) as prom:
+        code, _, err = await _llmobs("slo", "--prometheus", prom.url, "--range", "5m")
+        assert code == 2, err
+        assert err.startswith(
+            f"llmobs slo: cannot judge: no request judged at {prom.url} over the last 5m: "
+        ), err
+        code, _, err = await _llmobs("slo", "--prometheus", prom.url, "--range", "99999999999y")
+    assert code == 2, err
+    assert f"Prometheus at {prom.url} refused the query" in err
+    assert "duration out of range; check --range and --end." in err
+    assert "Traceback" not in err
+
+
+# -- --help: defaults as a user would type them back ------------------------------------------
+
+
+def _help(capsys: pytest.CaptureFixture[str], command: str) -> str:
+    """``llmobs COMMAND --help``, one line per option (argparse wraps to $COLUMNS)."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("COLUMNS", "1000")
+        with pytest.raises(SystemExit) as exited:
+            main([command, "--help"])
+    assert exited.value.code == 0
+    return capsys.readouterr().out
+
+
+def test_help_shows_defaults_as_a_user_would_type_them(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    serve = _help(capsys, "serve")
+    assert "default 28d]" in serve and "2419200" not in serve  # --slo-window
+    assert "default 16MiB]" in serve and "16777216" not in serve  # --max-body-bytes
+    assert "default 1MiB]" in serve  # --max-line-bytes
+    assert "accepts KiB/MiB/GiB suffixes" in serve
+    assert "to the upstream (then 504) [env LLMOBS_CONNECT_TIMEOUT; default 10]" in serve
+    assert "(then 502)" not in serve
+    for command in ("serve", "sim", "demo", "slo", "bench"):
+        text = _help(capsys, command)
+        for raw in ("default None", "default ()", "default ]", "default True", "default False",
+                    "default ;"):  # fmt: skip
+            assert raw not in text, (command, raw)
+        assert not re.search(r"(default |\[)\d+\.0\]", text), (command, text)
+    bench = _help(capsys, "bench")
+    assert "--saturation, --no-saturation" in bench
+    assert "memory check; --no-saturation: only the paced cells [on]" in bench
+    slo = _help(capsys, "slo")
+    assert "Exit codes: 0 every objective met; 1 a label set below its target; 2 could not" in slo
+    assert "[env LLMOBS_METRICS_TOKEN]" in slo
+
+
+def test_every_default_shown_reads_back_as_the_default() -> None:
+    for opt in (*OPTIONS, *SIM_OPTIONS):
+        shown = shown_default(opt)
+        if shown is None:
+            assert opt.default in (None, "", ()), opt.flag
+            continue
+        assert opt.parse(shown) == opt.default, (opt.flag, shown)

@@ -120,9 +120,13 @@ async def test_requests_are_judged_exactly_and_bad_traces_kept(
     assert "66.667%" in text and "ttft 2, error 1" in text and "objectives missed" in text
     code, text = await asyncio.to_thread(slo_cli, "--metrics-url", metrics, "--target", "0.5")
     assert code == 0 and "all objectives met" in text, text
+    code, text = await asyncio.to_thread(
+        slo_cli, "--metrics-url", metrics, "--target", "0.5", "--json"
+    )
+    assert (code, json.loads(text)["outcome"]) == (0, "met"), text
     code, text = await asyncio.to_thread(slo_cli, "--metrics-url", metrics, "--json")
     report = json.loads(text)
-    assert code == 1 and report["passed"] is False
+    assert code == 1 and report["passed"] is False and report["outcome"] == "missed"
     (label_set,) = [r for r in report["label_sets"] if r["model"] == MODEL]
     assert label_set["misses"] == {"ttft": SLOW, "error": FAILED}
 
