@@ -2,9 +2,9 @@
 
 Not a test: run it by hand and record the result in docs/benchmarks.md.
 
-1. **hypothesis**: the properties of ``tests/unit/test_fuzz.py`` (no exception escapes any decoder,
-   dialect, request parser or usage stripper; any chunking gives the same result; buffers
-   bounded) with ``--examples`` examples each instead of CI's few dozen.
+1. **hypothesis**: the properties of ``tests/unit/observe/test_fuzz.py`` (no exception escapes
+   any decoder, dialect, request parser or usage stripper; any chunking gives the same result;
+   buffers bounded) with ``--examples`` examples each instead of CI's few dozen.
 2. **atheris** (coverage-guided libFuzzer; ``pip install atheris``, skipped when absent): for
    ``--atheris-seconds`` seconds, the fuzzer's bytes become a stream, a chunking and a line
    limit; the same properties are checked on the SSE and NDJSON decoders, every dialect fed
@@ -28,22 +28,22 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from llmobs.formats import ANTHROPIC, OLLAMA_CHAT, OPENAI_CHAT, RESPONSES, TGI, UNKNOWN  # noqa: E402
-from llmobs.formats.anthropic import AnthropicStream  # noqa: E402
-from llmobs.formats.base import (  # noqa: E402
+from llmobs.observe.dialects import ANTHROPIC, OLLAMA_CHAT, OPENAI_CHAT, RESPONSES, TGI, UNKNOWN  # noqa: E402
+from llmobs.observe.dialects.anthropic import AnthropicStream  # noqa: E402
+from llmobs.observe.dialects.base import (  # noqa: E402
     FINISH_REASONS,
     MAX_FINISH_REASONS,
     Dialect,
     Passthrough,
 )
-from llmobs.formats.base import loads as parse  # noqa: E402
-from llmobs.formats.framing import NdjsonDecoder, SseDecoder  # noqa: E402
-from llmobs.formats.inject import UsageStripper, inject_usage  # noqa: E402
-from llmobs.formats.ollama import OllamaStream  # noqa: E402
-from llmobs.formats.openai import OpenAIStream  # noqa: E402
-from llmobs.formats.request import parse_request  # noqa: E402
-from llmobs.formats.responses import ResponsesStream  # noqa: E402
-from llmobs.formats.tgi import TgiStream  # noqa: E402
+from llmobs.observe.dialects.base import loads as parse  # noqa: E402
+from llmobs.observe.dialects.ollama import OllamaStream  # noqa: E402
+from llmobs.observe.dialects.openai import OpenAIStream  # noqa: E402
+from llmobs.observe.dialects.request import parse_request  # noqa: E402
+from llmobs.observe.dialects.responses import ResponsesStream  # noqa: E402
+from llmobs.observe.dialects.tgi import TgiStream  # noqa: E402
+from llmobs.observe.framing import NdjsonDecoder, SseDecoder  # noqa: E402
+from llmobs.relay.inject import UsageStripper, inject_usage  # noqa: E402
 
 LIMITS = (8, 64, 4096)
 DIALECTS: tuple[type[Dialect], ...] = (
@@ -157,7 +157,7 @@ def main() -> int:
     failed = False
     if args.examples > 0:
         pytest = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider"]
-        code, out, took = run([*pytest, "tests/unit/test_fuzz.py"], env)
+        code, out, took = run([*pytest, "tests/unit/observe/test_fuzz.py"], env)
         last = out.strip().splitlines()[-1] if out.strip() else ""
         print(f"hypothesis: {args.examples} examples per property, {took:.0f} s: {last}")
         failed |= code != 0

@@ -202,8 +202,15 @@ async def _run(
 ) -> list[float]:
     """CPU microseconds per request of each run (after a warm-up run)."""
     from llmobs.app import Proxy  # noqa: PLC0415 - from the tree under test (sys.path)
-    from llmobs.config import Settings  # noqa: PLC0415
-    from llmobs.telemetry import build_telemetry  # noqa: PLC0415
+
+    # The tree under test may predate the packages by stage (A/B across that change).
+    try:
+        from llmobs.config.settings import Settings  # noqa: PLC0415
+        from llmobs.export.telemetry import build_telemetry  # noqa: PLC0415
+    except ImportError:
+        from llmobs.telemetry import build_telemetry  # noqa: PLC0415
+
+        from llmobs.config import Settings  # noqa: PLC0415
 
     loop = asyncio.get_running_loop()
     upstream = await loop.create_server(lambda: _Upstream(tokens), "127.0.0.1", 0)

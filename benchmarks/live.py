@@ -21,9 +21,9 @@ from concurrent.futures import ThreadPoolExecutor
 import uvloop
 
 from benchmarks.scrape import fill
-from llmobs.metrics.exposition import Registry, exposition_async
-from llmobs.metrics.sink import MetricsSink
-from llmobs.ui import LivePage, _dumps
+from llmobs.export.metrics.exposition import Registry, exposition_async
+from llmobs.export.metrics.sink import MetricsSink
+from llmobs.export.ui import LivePage, _dumps
 
 
 def cpu(work: Callable[[], object], runs: int = 5) -> tuple[float, float]:

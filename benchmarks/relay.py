@@ -38,14 +38,14 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import (  # noqa: E4
 
 from llmobs.app import observer_factory, tracing_for  # noqa: E402
 from llmobs.collectors import Collectors  # noqa: E402
-from llmobs.config import Settings  # noqa: E402
-from llmobs.formats import OPENAI_CHAT, OPENAI_COMPLETIONS, UNKNOWN  # noqa: E402
-from llmobs.metrics.exposition import exposition, exposition_async  # noqa: E402
-from llmobs.metrics.sink import MetricsSink  # noqa: E402
-from llmobs.observer import ObserveConfig, Observer  # noqa: E402
-from llmobs.telemetry import build_telemetry  # noqa: E402
-from llmobs.timing import Outcome  # noqa: E402
-from llmobs.tracing import RequestMeta  # noqa: E402
+from llmobs.config.settings import Settings  # noqa: E402
+from llmobs.export.metrics.exposition import exposition, exposition_async  # noqa: E402
+from llmobs.export.metrics.sink import MetricsSink  # noqa: E402
+from llmobs.export.telemetry import build_telemetry  # noqa: E402
+from llmobs.export.tracing import RequestMeta  # noqa: E402
+from llmobs.observe.dialects import OPENAI_CHAT, OPENAI_COMPLETIONS, UNKNOWN  # noqa: E402
+from llmobs.observe.observer import ObserveConfig, Observer  # noqa: E402
+from llmobs.observe.timing import Outcome  # noqa: E402
 
 CHUNK = (
     b'data: {"id":"chatcmpl-0123456789abcdef","object":"chat.completion.chunk",'

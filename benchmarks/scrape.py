@@ -21,14 +21,14 @@ from concurrent.futures import Executor, ThreadPoolExecutor
 import uvloop
 from prometheus_client import CollectorRegistry
 
-from llmobs.metrics.exposition import (
+from llmobs.export.metrics.exposition import (
     Registry,
     exposition_async,
     openmetrics_async,
     protobuf_async,
 )
-from llmobs.metrics.sink import MetricsSink, TraceRef
-from llmobs.timing import Outcome, StreamTimer
+from llmobs.export.metrics.sink import MetricsSink, TraceRef
+from llmobs.observe.timing import Outcome, StreamTimer
 
 Render = Callable[[CollectorRegistry, Executor], Awaitable[bytes]]
 

@@ -3,7 +3,7 @@
 Dashboards as code: edit this file, run ``python dashboards/generate.py``, commit both.
 ``--check`` exits 1 when the committed JSON is not what this script builds (CI runs it through
 tests/deploy/test_dashboards.py). Every query uses only metrics of the catalogue
-(``llmobs/metrics/catalogue.py``), by the names it gives them, and every metric of the
+(``llmobs/export/metrics/catalogue.py``), by the names it gives them, and every metric of the
 catalogue is on a panel (the test checks both); template variables:
 datasource, namespace, pod, model.
 
@@ -39,9 +39,9 @@ from grafana_foundation_sdk.models import dashboard as dashboard_models
 from grafana_foundation_sdk.models import heatmap as heatmap_models
 from grafana_foundation_sdk.models import prometheus as prometheus_models
 
-from llmobs.metrics import catalogue as c
-from llmobs.metrics import thresholds as t
-from llmobs.slo import DEFAULT_TARGET
+from llmobs.export.metrics import catalogue as c
+from llmobs.export.metrics import thresholds as t
+from llmobs.observe.slo import DEFAULT_TARGET
 
 OUT = Path(__file__).resolve().with_name("llmobs.json")
 
@@ -53,8 +53,8 @@ POD = 'namespace=~"$namespace", pod=~"$pod"'
 MODEL = POD + ', gen_ai_request_model=~"$model"'
 RATE_INTERVAL = "$__rate_interval"
 
-# Every name from the catalogue (llmobs/metrics/catalogue.py), every threshold from the
-# alert rules' defaults (llmobs/metrics/thresholds.py): a rename or a new default cannot
+# Every name from the catalogue (llmobs/export/metrics/catalogue.py), every threshold from the
+# alert rules' defaults (llmobs/export/metrics/thresholds.py): a rename or a new default cannot
 # leave a panel behind.
 TTFT = c.TTFT.prometheus
 TPOT = c.TPOT.prometheus

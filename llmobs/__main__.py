@@ -15,16 +15,16 @@ from collections.abc import Callable, Mapping, Sequence
 from llmobs import __version__
 from llmobs.app import Sidecar, loop_factory, run_until, tune_process
 from llmobs.bench import add_bench_arguments, run_bench_cli
-from llmobs.config import OPTIONS, ConfigError, Settings, add_arguments, settings_from_args
-from llmobs.demo import add_demo_arguments, demo_flag, run_demo
-from llmobs.listen import ListenError
-from llmobs.logs import configure as configure_logging
-from llmobs.options import bool_flags, source_of
-from llmobs.otel_config import OtelSettings, otel_settings
+from llmobs.config.logs import configure as configure_logging
+from llmobs.config.options import bool_flags, source_of
+from llmobs.config.otel import OtelSettings, otel_settings
+from llmobs.config.settings import OPTIONS, ConfigError, Settings, add_arguments, settings_from_args
+from llmobs.export.telemetry import build_telemetry
 from llmobs.sim import add_sim_arguments, run_sim, sim_settings_from_args
 from llmobs.sim.config import SIM_OPTIONS
-from llmobs.slo_report import EXIT_CODES, add_slo_arguments, run_slo_cli
-from llmobs.telemetry import build_telemetry
+from llmobs.tools.demo import add_demo_arguments, demo_flag, run_demo
+from llmobs.tools.slo_report import EXIT_CODES, add_slo_arguments, run_slo_cli
+from llmobs.wire.listen import ListenError
 
 
 def _parser() -> argparse.ArgumentParser:

@@ -29,24 +29,22 @@ import aiohttp
 from aiohttp import web
 
 from llmobs.collectors import Collectors, NvmlBackend
-from llmobs.config import ConfigError, Settings
-from llmobs.formats import Route
-from llmobs.listen import ListenError, listening
-from llmobs.metrics.exposition import negotiate, render
-from llmobs.metrics.sink import MetricsSink
-from llmobs.observer import ObserveConfig, Observer
-from llmobs.proxy import ObserverFactory, Relay
-from llmobs.server import ProxyServer
-from llmobs.telemetry import Telemetry
-from llmobs.timing import StreamStats, unparsed
-from llmobs.tracing import Arrival, RequestMeta, Tracing
-from llmobs.ui import LivePage, add_routes
-from llmobs.upstream import Upstream
+from llmobs.config.settings import ConfigError, Settings
+from llmobs.export.metrics.exposition import negotiate, render
+from llmobs.export.metrics.sink import MetricsSink
+from llmobs.export.telemetry import Telemetry
+from llmobs.export.tracing import Arrival, RequestMeta, Tracing
+from llmobs.export.ui import LivePage, add_routes
+from llmobs.observe.dialects import Route
+from llmobs.observe.observer import ObserveConfig, Observer
+from llmobs.observe.timing import StreamStats, unparsed
+from llmobs.relay.proxy import ObserverFactory, Relay
+from llmobs.wire.listen import ListenError, listening
+from llmobs.wire.server import ProxyServer
+from llmobs.wire.upstream import Upstream
 
 log = logging.getLogger("llmobs")
 
-SETTINGS = web.AppKey("settings", Settings)
-TELEMETRY = web.AppKey("telemetry", Telemetry)
 SESSION = web.AppKey("session", aiohttp.ClientSession)
 COLLECTORS = web.AppKey("collectors", Collectors)
 

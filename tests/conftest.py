@@ -16,9 +16,9 @@ from aiohttp import web
 
 from llmobs.app import Sidecar
 from llmobs.collectors.nvml import NvmlBackend
-from llmobs.config import Settings
+from llmobs.config.settings import Settings
+from llmobs.export.telemetry import Telemetry, build_telemetry
 from llmobs.sim import ENGINE_KEY, SimSettings, build_sim_app
-from llmobs.telemetry import Telemetry, build_telemetry
 from tests.support.servers import (
     AppFactory,
     SidecarFactory,

@@ -21,9 +21,9 @@ from llmobs.collectors.efficiency import Peaks, register_efficiency
 from llmobs.collectors.engine import EngineCollector, register_engine
 from llmobs.collectors.gpu import GpuCollector, register_gpu
 from llmobs.collectors.nvml import NvmlBackend, NvmlError, PynvmlBackend
-from llmobs.config import Settings
-from llmobs.mbu import EfficiencyTracker, ModelShape
-from llmobs.timing import StreamStats
+from llmobs.config.settings import Settings
+from llmobs.observe.mbu import EfficiencyTracker, ModelShape
+from llmobs.observe.timing import StreamStats
 
 __all__ = [
     "Collectors",

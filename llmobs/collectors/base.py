@@ -23,7 +23,12 @@ from typing import Any, Generic, TypeVar
 
 from opentelemetry.metrics import CallbackOptions, Meter, Observation
 
-from llmobs.metrics.catalogue import COLLECTOR, COLLECTOR_DURATION, COLLECTOR_ERRORS, COLLECTOR_UP
+from llmobs.export.metrics.catalogue import (
+    COLLECTOR,
+    COLLECTOR_DURATION,
+    COLLECTOR_ERRORS,
+    COLLECTOR_UP,
+)
 
 log = logging.getLogger("llmobs.collectors")
 

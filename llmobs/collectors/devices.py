@@ -1,6 +1,6 @@
 """Which GPUs the sidecar reports: ``--gpus``, else CUDA's, else the container runtime's choice.
 
-The variables are read by ``llmobs.config`` (the only reader of the environment) and passed
+The variables are read by ``llmobs.config.settings`` (the only reader of the environment) and passed
 in; this module only interprets them, as CUDA and the NVIDIA container runtime do (docs/gpu.md).
 """
 

@@ -3,7 +3,7 @@
 Computed at scrape time from two snapshots: the per-model estimate of the requests that ended
 in the last minute (``EfficiencyTracker``, fed once per finished request) and the GPU
 collector's peak bandwidth (NVML, or ``--gpu-peak-bandwidth``). Without a known model size or
-a peak there is no series rather than a made-up number. The arithmetic is in ``llmobs.mbu``.
+a peak there is no series rather than a made-up number. The arithmetic is in ``llmobs.observe.mbu``.
 """
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ from collections.abc import Callable, Iterable
 from opentelemetry.metrics import CallbackOptions, Meter, Observation
 
 from llmobs.collectors.gpu import GpuCollector
-from llmobs.mbu import EfficiencyTracker, ModelShape, mbu, mfu
-from llmobs.metrics.catalogue import MBU, MFU, MODEL
+from llmobs.export.metrics.catalogue import MBU, MFU, MODEL
+from llmobs.observe.mbu import EfficiencyTracker, ModelShape, mbu, mfu
 
 
 class Peaks:

@@ -27,7 +27,7 @@ from opentelemetry.metrics import CallbackOptions, Meter, Observation
 from prometheus_client.parser import text_string_to_metric_families
 
 from llmobs.collectors.base import PollingCollector, Unavailable
-from llmobs.metrics import catalogue as m
+from llmobs.export.metrics import catalogue as m
 
 MAX_BYTES = 16 * 1024**2  # a larger exposition is refused (an error)
 TIMEOUT_S = 10.0

@@ -31,7 +31,7 @@ from opentelemetry.metrics import CallbackOptions, Meter, Observation
 from llmobs.collectors.base import PollingCollector, Unavailable
 from llmobs.collectors.devices import DeviceSelection
 from llmobs.collectors.nvml import MemoryInfo, NvmlBackend, NvmlError
-from llmobs.metrics import catalogue as m
+from llmobs.export.metrics import catalogue as m
 
 log = logging.getLogger("llmobs.collectors")
 

@@ -1,7 +1,7 @@
 """Settings of the simulated engine: one frozen ``SimSettings``, flags and ``LLMOBS_SIM_*``.
 
-The sim is configured like the sidecar (``llmobs.options``: flag > environment > default, a bad
-value fails at start-up naming its flag and variable, each option declared once as a field)
+The sim is configured like the sidecar (``llmobs.config.options``: flag > environment > default,
+a bad value fails at start-up naming its flag and variable, each option declared once as a field)
 but from its own settings, so that ``llmobs sim --help`` lists exactly the knobs of the timing
 model and nothing of the proxy.
 """
@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from llmobs.options import (
+from llmobs.config.options import (
     ConfigError,
     add_arguments,
     flags_of,

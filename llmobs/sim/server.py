@@ -24,12 +24,12 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector, CollectorRegistry
 
-from llmobs.listen import listening
 from llmobs.sim.config import SimSettings
 from llmobs.sim.dialects import BadRequest, Context, Endpoint, Exchange, endpoints_for
 from llmobs.sim.dialects.base import Chunk
 from llmobs.sim.engine import EngineStopped, SimEngine, SimRequest
 from llmobs.sim.faults import Faulted, Out, fault_of, serve_fault
+from llmobs.wire.listen import listening
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 ENGINE_KEY = web.AppKey("sim_engine", SimEngine)

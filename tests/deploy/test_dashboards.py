@@ -19,8 +19,8 @@ import pytest
 import yaml
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from llmobs.metrics.catalogue import CATALOGUE, Kind
-from llmobs.telemetry import build_telemetry
+from llmobs.export.metrics.catalogue import CATALOGUE, Kind
+from llmobs.export.telemetry import build_telemetry
 from tests.support.fake_nvml import GIB, FakeGpu, FakeNvml
 from tests.support.prom import (
     ROOT,

@@ -163,9 +163,9 @@ async def _one_traced_request(exporter: Any) -> None:
     from aiohttp import web  # noqa: PLC0415
 
     from llmobs.app import Sidecar  # noqa: PLC0415
-    from llmobs.config import Settings  # noqa: PLC0415
+    from llmobs.config.settings import Settings  # noqa: PLC0415
+    from llmobs.export.telemetry import build_telemetry  # noqa: PLC0415
     from llmobs.sim import SimSettings, build_sim_app  # noqa: PLC0415
-    from llmobs.telemetry import build_telemetry  # noqa: PLC0415
 
     runner = web.AppRunner(build_sim_app(SimSettings(stall_every=25, stall_ms=150, seed=1)))
     await runner.setup()

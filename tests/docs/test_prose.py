@@ -118,13 +118,13 @@ def missing(path: str) -> str | None:
 
 def test_named_paths_are_found() -> None:
     markdown = (
-        "See `tests/support/fake_nvml.py` and `llmobs/http1.py`, tests/unit/ and "
+        "See `tests/support/fake_nvml.py` and `llmobs/wire/http1.py`, tests/unit/ and "
         "`tests/e2e/test_proxy.py::test_nothing_like_this`.\n```\nllmobs/not_prose.py\n```\n"
     )
     found = {path: missing(path) for path in named_paths(markdown)}
     assert found == {
         "tests/support/fake_nvml.py": None,
-        "llmobs/http1.py": "no such file or folder",
+        "llmobs/wire/http1.py": "no such file or folder",
         "tests/unit/": None,
         "tests/e2e/test_proxy.py::test_nothing_like_this": "no test test_nothing_like_this",
     }

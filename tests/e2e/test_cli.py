@@ -17,10 +17,10 @@ import aiohttp
 import pytest
 
 from llmobs.__main__ import main
-from llmobs.config import OPTIONS, ConfigError, Settings
-from llmobs.demo import run_demo
-from llmobs.options import shown_default
+from llmobs.config.options import shown_default
+from llmobs.config.settings import OPTIONS, ConfigError, Settings
 from llmobs.sim.config import SIM_OPTIONS
+from llmobs.tools.demo import run_demo
 from tests.support.prom import Prometheus, free_port, needs_prometheus
 from tests.support.servers import SidecarFactory, SimFactory, eventually
 
@@ -42,7 +42,7 @@ def test_flags_override_environment_override_defaults() -> None:
 
 def _serve_args(argv: list[str]) -> Namespace:
     from llmobs.__main__ import _parser  # noqa: PLC0415
-    from llmobs.options import bool_flags  # noqa: PLC0415
+    from llmobs.config.options import bool_flags  # noqa: PLC0415
     from llmobs.sim.config import SIM_OPTIONS  # noqa: PLC0415
 
     return _parser().parse_args(bool_flags(["serve", *argv], (*OPTIONS, *SIM_OPTIONS)))
@@ -191,7 +191,7 @@ def test_the_default_install_is_the_fast_one() -> None:
     from importlib.metadata import requires  # noqa: PLC0415
 
     from llmobs.app import loop_factory  # noqa: PLC0415
-    from llmobs.formats.base import JSON_PARSER  # noqa: PLC0415
+    from llmobs.observe.dialects.base import JSON_PARSER  # noqa: PLC0415
 
     default = {re.split(r"[<>=!~;\[ ]", r)[0]: r for r in requires("llmobs") or []
                if "extra ==" not in r}  # fmt: skip

@@ -13,9 +13,9 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from llmobs import __version__
 from llmobs.app import Sidecar
-from llmobs.config import Settings
-from llmobs.metrics.catalogue import COLLECTOR_METRICS, PROCESS_METRICS, Kind
-from llmobs.telemetry import build_telemetry
+from llmobs.config.settings import Settings
+from llmobs.export.metrics.catalogue import COLLECTOR_METRICS, PROCESS_METRICS, Kind
+from llmobs.export.telemetry import build_telemetry
 from tests.support.fake_nvml import GIB, FakeGpu, FakeNvml
 from tests.support.servers import SidecarFactory, SimFactory
 

@@ -17,8 +17,8 @@ from typing import Any
 import aiohttp
 from prometheus_client.openmetrics.parser import text_string_to_metric_families
 
-from llmobs.otel_config import otel_settings
-from llmobs.telemetry import Telemetry, build_telemetry
+from llmobs.config.otel import otel_settings
+from llmobs.export.telemetry import Telemetry, build_telemetry
 from tests.support.otlp import OtlpReceiver
 from tests.support.prom import Prometheus, Target, needs_prometheus
 from tests.support.servers import (

@@ -21,7 +21,7 @@ from typing import Any
 import aiohttp
 import pytest
 
-from llmobs.config import ConfigError
+from llmobs.config.settings import ConfigError
 from llmobs.sim import SimSettings
 from llmobs.sim.faults import FAULT_HEADER, LONG_LINE_BYTES
 from tests.support.leaks import Usage, back_to, rss_bytes

@@ -23,7 +23,7 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from llmobs.logs import EscapingFormatter, escape
+from llmobs.config.logs import EscapingFormatter, escape
 from tests.support.prom import free_port
 from tests.support.rawhttp import status_of
 from tests.support.servers import SidecarFactory, eventually, loop_turns

@@ -25,8 +25,8 @@ import aiohttp
 import numpy as np
 from prometheus_client.parser import text_string_to_metric_families
 
-from llmobs.otel_config import otel_settings
-from llmobs.telemetry import build_telemetry
+from llmobs.config.otel import otel_settings
+from llmobs.export.telemetry import build_telemetry
 from tests.support.otlp import OtlpReceiver, attributes
 from tests.support.prom import Prometheus, Target, needs_prometheus
 from tests.support.servers import (

@@ -15,10 +15,10 @@ import pytest
 from aiohttp import web
 from yarl import URL
 
-from llmobs.config import Settings
-from llmobs.proxy import NULL_OBSERVER, NullObserver, Relay, _with_trace
-from llmobs.server import ProxyServer
-from llmobs.upstream import Upstream
+from llmobs.config.settings import Settings
+from llmobs.relay.proxy import NULL_OBSERVER, NullObserver, Relay, _with_trace
+from llmobs.wire.server import ProxyServer
+from llmobs.wire.upstream import Upstream
 from tests.support.prom import free_port
 from tests.support.scripted import Script, ScriptedUpstream, chat_chunk, sse
 from tests.support.servers import AppFactory, SidecarFactory, eventually

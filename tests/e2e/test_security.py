@@ -10,9 +10,9 @@ import aiohttp
 import pytest
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from llmobs.metrics.sink import MetricsSink
-from llmobs.telemetry import build_telemetry
-from llmobs.timing import Outcome, StreamStats, TokenSource
+from llmobs.export.metrics.sink import MetricsSink
+from llmobs.export.telemetry import build_telemetry
+from llmobs.observe.timing import Outcome, StreamStats, TokenSource
 from tests.support.scripted import ScriptedUpstream
 from tests.support.servers import AppFactory, SidecarFactory, SimFactory, eventually
 

@@ -10,8 +10,8 @@ import aiohttp
 import pytest
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from llmobs.config import Settings
-from llmobs.telemetry import build_telemetry
+from llmobs.config.settings import Settings
+from llmobs.export.telemetry import build_telemetry
 from tests.support.servers import SidecarFactory, SimFactory, eventually
 
 SCHEDULE: dict[str, Any] = {

@@ -16,9 +16,9 @@ import aiohttp
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from llmobs.__main__ import main
+from llmobs.export.telemetry import build_telemetry
 from llmobs.sim.faults import FAULT_HEADER
-from llmobs.slo_report import rows_from_metrics
-from llmobs.telemetry import build_telemetry
+from llmobs.tools.slo_report import rows_from_metrics
 from tests.support.prom import Prometheus, Target, needs_prometheus
 from tests.support.servers import SidecarFactory, SidecarHandle, SimFactory, eventually
 

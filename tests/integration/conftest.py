@@ -18,7 +18,7 @@ import pytest
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from llmobs.telemetry import build_telemetry
+from llmobs.export.telemetry import build_telemetry
 from tests.integration import client
 from tests.integration.client import Call, Seen
 from tests.integration.llamacpp import LlamaServer

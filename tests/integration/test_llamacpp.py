@@ -28,7 +28,7 @@ import aiohttp
 import pytest
 from opentelemetry.sdk.trace import ReadableSpan
 
-from llmobs.metrics.catalogue import TTFT_BUCKETS
+from llmobs.export.metrics.catalogue import TTFT_BUCKETS
 from tests.integration.client import CHAT, COMPLETIONS, SEED, Call, Seen
 from tests.integration.conftest import Traced
 from tests.integration.llamacpp import MODEL, LlamaServer, masked, needs_llamacpp

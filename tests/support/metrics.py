@@ -10,18 +10,18 @@ from google.protobuf import text_format
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from prometheus_client import CollectorRegistry, generate_latest
 
-from llmobs.formats import OLLAMA_GENERATE, OPENAI_CHAT, Route
-from llmobs.metrics import protobuf
-from llmobs.metrics.exposition import (
+from llmobs.export.metrics import protobuf
+from llmobs.export.metrics.exposition import (
     Registry,
     exposition_async,
     openmetrics_async,
     protobuf_async,
 )
-from llmobs.metrics.sink import MetricsSink, TraceRef
-from llmobs.observer import ObserveConfig, Observer
-from llmobs.telemetry import Telemetry, build_telemetry
-from llmobs.timing import Outcome, StreamTimer
+from llmobs.export.metrics.sink import MetricsSink, TraceRef
+from llmobs.export.telemetry import Telemetry, build_telemetry
+from llmobs.observe.dialects import OLLAMA_GENERATE, OPENAI_CHAT, Route
+from llmobs.observe.observer import ObserveConfig, Observer
+from llmobs.observe.timing import Outcome, StreamTimer
 from tests.support import FIXTURES, ROOT
 from tests.support.scripted import chat_chunk, sse
 

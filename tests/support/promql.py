@@ -13,7 +13,7 @@ import re
 
 import promql_parser
 
-from llmobs.metrics.catalogue import CATALOGUE, Kind
+from llmobs.export.metrics.catalogue import CATALOGUE, Kind
 
 _STRING = r'"(?:\\.|[^"\\])*"|\'(?:\\.|[^\'\\])*\'|`[^`]*`'
 _VARIABLE = re.compile(r"\$\{[^}]*\}|\$\w+|\[\[\w+\]\]")

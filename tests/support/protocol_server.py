@@ -1,5 +1,6 @@
-"""The client leg's server (``llmobs.server.ProxyServer``) with small test handlers, for the
-tests of tests/unit/server/: start one (``serving``), and run a module's tests on uvloop too."""
+"""The client leg's server (``llmobs.wire.server.ProxyServer``) with small test handlers, for
+the tests of tests/unit/wire/server/: start one (``serving``), and run a module's tests on
+uvloop too."""
 
 from __future__ import annotations
 
@@ -13,8 +14,8 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from llmobs.http1 import BadRequest
-from llmobs.server import BodyTooLarge, BodyTooSlow, ProxyServer, Request, error_body
+from llmobs.wire.http1 import BadRequest
+from llmobs.wire.server import BodyTooLarge, BodyTooSlow, ProxyServer, Request, error_body
 from tests.support.rawhttp import WAIT, Client
 
 MAX_BODY = 1024

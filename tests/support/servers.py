@@ -14,7 +14,7 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.parser import text_string_to_metric_families
 
 from llmobs.app import Sidecar
-from llmobs.metrics.sink import MetricsSink
+from llmobs.export.metrics.sink import MetricsSink
 from llmobs.sim import SimEngine, SimSettings
 
 

@@ -204,8 +204,3 @@ class Endpoint:
 def sse(event: str, data: str) -> bytes:
     """A named server-sent event, as Anthropic and the OpenAI Responses API write them."""
     return f"event: {event}\ndata: {data}\n\n".encode()
-
-
-def text_of(jobs: Sequence[SimRequest]) -> str:
-    """The generated text of a single-choice request."""
-    return "".join(jobs[0].tokens)

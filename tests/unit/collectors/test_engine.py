@@ -13,7 +13,7 @@ from prometheus_client import generate_latest
 
 from llmobs.collectors.base import register_status
 from llmobs.collectors.engine import EngineCollector, EngineReading, read_engine, register_engine
-from llmobs.telemetry import build_telemetry
+from llmobs.export.telemetry import build_telemetry
 from tests.support import FIXTURES
 from tests.support.scripted import Script, ScriptedUpstream
 from tests.support.servers import AppFactory, SimFactory

@@ -17,8 +17,8 @@ from llmobs.collectors.gpu import (
     register_gpu,
 )
 from llmobs.collectors.nvml import NvmlError, PynvmlBackend
-from llmobs.config import ConfigError, Settings
-from llmobs.telemetry import build_telemetry
+from llmobs.config.settings import ConfigError, Settings
+from llmobs.export.telemetry import build_telemetry
 from tests.support.fake_nvml import GIB, FakeGpu, FakeNvml
 
 H100 = 2619e6 * 5120 / 8 * 2  # 3.352 TB/s

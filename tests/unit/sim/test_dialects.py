@@ -20,7 +20,7 @@ import pytest
 from openai import AsyncOpenAI
 from openai.types.responses import ResponseCompletedEvent, ResponseTextDeltaEvent
 
-from llmobs.config import ConfigError
+from llmobs.config.settings import ConfigError
 from llmobs.sim import SimSettings
 from llmobs.sim.config import SIM_DIALECTS
 from llmobs.sim.dialects import DIALECTS

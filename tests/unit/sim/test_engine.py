@@ -21,7 +21,7 @@ import pytest
 from aiohttp import web
 from openai import AsyncOpenAI
 
-from llmobs.config import ConfigError
+from llmobs.config.settings import ConfigError
 from llmobs.sim import (
     ENGINE_KEY,
     SimEngine,

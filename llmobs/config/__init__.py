@@ -1,0 +1,4 @@
+"""Configuration, read once: each option declared once (``options``: flag, variable, default,
+parser), the sidecar's frozen ``Settings`` (``settings``, the only reader of ``LLMOBS_*``), the
+standard ``OTEL_*`` variables (``otel``), and log set-up (``logs``). Every layer may import it.
+"""

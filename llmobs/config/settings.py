@@ -1,0 +1,428 @@
+"""Configuration of the sidecar: one frozen ``Settings``, read once at start-up.
+
+Every option exists as a CLI flag and as an ``LLMOBS_*`` environment variable (twelve-factor),
+declared once, as a field of ``Settings`` (``options.option``), so that ``--help``, the README
+table and the parser cannot drift apart. Precedence: flag > environment > default. A bad value
+fails at start-up and names the flag or variable it came from. This is the only module that
+reads the sidecar's settings from the environment, and it reads an injected mapping, never
+``os.environ`` directly (the OpenTelemetry SDK's own ``OTEL_*`` variables: ``otel_config``).
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import urlsplit
+
+from llmobs.config.options import (
+    ConfigError,
+    flags_of,
+    merge_sources,
+    option,
+    options_of,
+    parse_bool,
+    parse_duration,
+    parse_list,
+    parse_quantity,
+    parse_size,
+    source_of,
+)
+from llmobs.config.options import add_arguments as _add_arguments
+from llmobs.observe.mbu import DTYPE_BYTES, KV_DTYPES
+from llmobs.observe.slo import (
+    DEFAULT_TARGET,
+    DEFAULT_WINDOW,
+    ObjectiveError,
+    Objectives,
+    ObjectiveSet,
+    build_objectives,
+)
+
+__all__ = ["OPTIONS", "ConfigError", "Settings", "add_arguments", "settings_from_args"]
+
+_LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
+EVENT_LOOPS = ("auto", "uvloop", "asyncio")
+
+
+@dataclass(frozen=True)
+class Settings:
+    """The sidecar's whole configuration. Build with ``from_sources``; never mutate. Every
+    field but the last two is an option (collectors' ones: docs/gpu.md; objectives'
+    docs/slo.md)."""
+
+    upstream: str = option(
+        "http://127.0.0.1:8000",
+        str,
+        "base URL of the inference server every request is forwarded to",
+        "URL",
+    )
+    host: str = option("0.0.0.0", str, "address the proxy listens on", "ADDR")
+    port: int = option(
+        8080,
+        int,
+        "port the proxy listens on (clients talk to it as to the engine)",
+        "PORT",
+    )
+    metrics_host: str = option("0.0.0.0", str, "address of the metrics/health server", "ADDR")
+    metrics_port: int = option(9464, int, "port serving /metrics, /healthz and /readyz", "PORT")
+    connect_timeout: float = option(
+        10.0,
+        float,
+        "seconds to wait for a connection to the upstream (then 504)",
+        "SECONDS",
+    )
+    upstream_idle_timeout: float = option(
+        4.0,
+        float,
+        "seconds an idle connection to the upstream is kept for reuse; keep it below the "
+        "engine's own keep-alive timeout (uvicorn's and llama.cpp's: 5 s)",
+        "SECONDS",
+    )
+    read_timeout: float = option(
+        300.0,
+        float,
+        "seconds the upstream may stay silent, before headers (then 504) or between chunks "
+        "(then the stream is cut)",
+        "SECONDS",
+    )
+    client_timeout: float = option(
+        60.0,
+        float,
+        "seconds a client may take to send a request's headers, and in all to send its body "
+        "(then the connection is closed, or 408), and to take any of a response it stopped "
+        "reading (then it is closed): slow clients cannot hold the sidecar",
+        "SECONDS",
+    )
+    max_body_bytes: int = option(
+        16 * 1024**2,
+        parse_size,
+        "largest request body accepted as it comes over the wire, chunked framing included "
+        "(then 413); accepts KiB/MiB/GiB suffixes",
+        "BYTES",
+    )
+    max_models: int = option(
+        32,
+        int,
+        "distinct model label values before new ones are reported as 'other'",
+        "N",
+    )
+    stall_factor: float = option(
+        3.0,
+        float,
+        "a gap between chunks is a stall when it exceeds this multiple of the request's "
+        "median gap ...",
+        "X",
+    )
+    stall_min_gap: float = option(0.05, float, "... and is at least this many seconds", "SECONDS")
+    max_line_bytes: int = option(
+        1024**2,
+        parse_size,
+        "longest SSE line parsed; longer ones are relayed but not parsed",
+        "BYTES",
+    )
+    inject_usage: bool = option(
+        False,
+        parse_bool,
+        "ask OpenAI-dialect streams for usage (exact token counts) and strip the extra usage "
+        "event before it reaches the client",
+        "BOOL",
+    )
+    token_events: int = option(
+        256,
+        int,
+        "per-chunk span events kept on a request's decode span (stalls are always kept)",
+        "N",
+    )
+    token_spans: bool = option(
+        False,
+        parse_bool,
+        "also emit a child span per output chunk (deep debugging; costly, see docs/tracing.md)",
+        "BOOL",
+    )
+    capture_content: bool = option(
+        False,
+        parse_bool,
+        "put prompt and completion text on spans, truncated to 1024 characters (off: never)",
+        "BOOL",
+    )
+    shutdown_grace: float = option(
+        60.0,
+        float,
+        "on SIGTERM: seconds in-flight streams may take to finish before they are ended cleanly",
+        "SECONDS",
+    )
+    metrics_token: str = option(
+        "",
+        str,
+        "if set, /metrics and the live page require it: 'Authorization: Bearer <token>', or "
+        "HTTP Basic with it as the password (health probes stay open)",
+        "TOKEN",
+        secret=True,
+    )
+    ui: bool = option(
+        True,
+        parse_bool,
+        "serve the live page (/ui on the metrics port): the last minutes, a point a second",
+        "BOOL",
+    )
+    ui_history: int = option(
+        600,
+        int,
+        "seconds the live page keeps (one point a second, ~1 KB each)",
+        "SECONDS",
+    )
+    instrument: bool = option(
+        True,
+        parse_bool,
+        "observe streams (false: a bare relay, to measure instrumentation cost)",
+        "BOOL",
+    )
+    event_loop: str = option(
+        "auto",
+        str,
+        "event loop: auto (uvloop when installed, as it is with llmobs on Linux and macOS), "
+        "uvloop, asyncio",
+        "LOOP",
+    )
+    log_level: str = option("info", str, "log level: debug, info, warning, error", "LEVEL")
+    gpus: tuple[str, ...] = option(
+        (),
+        parse_list,
+        "GPUs to report: NVML indices or GPU-/MIG- UUIDs, comma-separated (default: "
+        "CUDA_VISIBLE_DEVICES, else NVIDIA_VISIBLE_DEVICES, else all)",
+        "LIST",
+    )
+    gpu_sample_interval: float = option(
+        1.0,
+        float,
+        "seconds between NVML samples (0: no GPU collector)",
+        "SECONDS",
+    )
+    gpu_peak_bandwidth: float | None = option(
+        None,
+        parse_quantity,
+        "peak memory bandwidth per GPU in bytes/s, e.g. 3.35T (default: from NVML)",
+        "BYTES_PER_S",
+    )
+    gpu_peak_flops: float | None = option(
+        None,
+        parse_quantity,
+        "peak dense FLOP/s per GPU for the model's dtype, e.g. 989T (needed for MFU)",
+        "FLOPS",
+    )
+    engine_metrics_url: str = option(
+        "",
+        str,
+        "the engine's Prometheus endpoint (default: the upstream's /metrics)",
+        "URL",
+    )
+    engine_scrape_interval: float = option(
+        5.0,
+        float,
+        "seconds between scrapes of the engine's /metrics (0: no engine collector)",
+        "SECONDS",
+    )
+    model_bytes: int | None = option(
+        None,
+        parse_size,
+        "bytes of weights read per decode step, for MBU (default: params x dtype size)",
+        "BYTES",
+    )
+    model_params: float | None = option(
+        None,
+        parse_quantity,
+        "parameter count, e.g. 8B, for MBU and MFU",
+        "N",
+    )
+    weight_dtype: str = option(
+        "bf16",
+        str,
+        "weight storage type: fp32, fp16, bf16, fp8, int8, int4, fp4",
+        "DTYPE",
+    )
+    model_layers: int = option(
+        0,
+        int,
+        "transformer layers, for the KV-cache bytes of MBU (0: weights only)",
+        "N",
+    )
+    model_kv_heads: int = option(
+        0,
+        int,
+        "key/value heads per layer (GQA), for the KV-cache bytes",
+        "N",
+    )
+    model_head_dim: int = option(
+        0,
+        int,
+        "dimension of one attention head, for the KV-cache bytes",
+        "N",
+    )
+    kv_dtype: str = option(
+        "auto",
+        str,
+        "KV-cache element type: auto (the activation dtype), fp16, bf16, fp8, ...",
+        "DTYPE",
+    )
+    # Service-level objectives (docs/slo.md): the default set; --slo-file overrides per model
+    slo_ttft: float | None = option(
+        None, parse_duration, "SLO: a good request's time to first token is at most this",
+        "DURATION",
+    )  # fmt: skip
+    slo_tpot: float | None = option(
+        None, parse_duration, "SLO: a good request's time per output token is at most this",
+        "DURATION",
+    )  # fmt: skip
+    slo_max_gap: float | None = option(
+        None, parse_duration, "SLO: a good request's longest gap between tokens is at most this",
+        "DURATION",
+    )  # fmt: skip
+    slo_no_stalls: bool = option(
+        False, parse_bool, "SLO: a good request has no stall (see --stall-factor)", "BOOL"
+    )
+    slo_duration: float | None = option(
+        None, parse_duration, "SLO: a good request ends within this, end to end", "DURATION"
+    )
+    slo_target: float = option(
+        DEFAULT_TARGET, float, "SLO: the share of requests that should be good", "RATIO"
+    )
+    slo_window: float = option(
+        DEFAULT_WINDOW, parse_duration, "SLO: the window the target is measured over",
+        "DURATION",
+    )  # fmt: skip
+    slo_file: str = option(
+        "", str, "SLO: a YAML file of per-model and per-operation objectives (docs/slo.md)",
+        "PATH",
+    )  # fmt: skip
+    traces_good_ratio: float = option(
+        1.0,
+        float,
+        "share of good requests' traces kept (sampled by trace id); bad ones are always kept",
+        "RATIO",
+    )
+    # Not options: the CUDA/NVIDIA runtime's variables, read by ``from_sources`` (docs/gpu.md).
+    cuda_visible_devices: str | None = None
+    nvidia_visible_devices: str | None = None
+
+    def __post_init__(self) -> None:
+        _validate(self)
+
+    @classmethod
+    def from_sources(
+        cls, environ: Mapping[str, str], flags: Mapping[str, Any] | None = None
+    ) -> Settings:
+        """Merge CLI flags (values that are not None) over environment over defaults."""
+        return cls(**merge_sources(OPTIONS, environ, flags), **visible_devices(environ))
+
+    def objectives(self) -> Objectives:
+        """The service-level objectives: the default set, and the file's overrides (read)."""
+        default = ObjectiveSet(
+            ttft=self.slo_ttft, tpot=self.slo_tpot, max_gap=self.slo_max_gap,
+            no_stalls=self.slo_no_stalls, duration=self.slo_duration, target=self.slo_target,
+            window=self.slo_window,
+        )  # fmt: skip
+        return build_objectives(default, self.slo_file)
+
+    @property
+    def upstream_base(self) -> str:
+        """The upstream URL without a trailing slash, ready to prefix request paths."""
+        return self.upstream.rstrip("/")
+
+
+OPTIONS = options_of(Settings, "LLMOBS_")
+
+
+def _source(field: str) -> str:
+    return source_of(field, OPTIONS)
+
+
+def _validate(s: Settings) -> None:
+    parts = urlsplit(s.upstream)
+    if parts.scheme not in ("http", "https") or not parts.netloc:
+        raise ConfigError(f"{_source('upstream')}: expected an http(s) URL, got {s.upstream!r}")
+    _validate_ports(s)
+    if s.shutdown_grace < 0:
+        raise ConfigError(f"{_source('shutdown_grace')}: must be >= 0")
+    for name in (
+        "connect_timeout", "upstream_idle_timeout", "read_timeout", "client_timeout",
+        "stall_factor",
+    ):  # fmt: skip
+        if getattr(s, name) <= 0:
+            raise ConfigError(f"{_source(name)}: must be > 0, got {getattr(s, name)}")
+    if s.stall_min_gap < 0:
+        raise ConfigError(f"{_source('stall_min_gap')}: must be >= 0")
+    for name in ("max_body_bytes", "max_models", "max_line_bytes"):
+        if getattr(s, name) < 1:
+            raise ConfigError(f"{_source(name)}: must be >= 1, got {getattr(s, name)}")
+    if s.event_loop not in EVENT_LOOPS:
+        raise ConfigError(f"{_source('event_loop')}: expected one of {', '.join(EVENT_LOOPS)}")
+    if s.log_level.lower() not in _LOG_LEVELS:
+        raise ConfigError(f"{_source('log_level')}: expected one of {', '.join(_LOG_LEVELS)}")
+    _validate_collectors(s)
+    _validate_objectives(s)
+
+
+def _validate_ports(s: Settings) -> None:
+    for name in ("port", "metrics_port"):
+        value = getattr(s, name)
+        if not 0 <= value <= 65535:
+            raise ConfigError(f"{_source(name)}: port out of range: {value}")
+    wildcard = {"0.0.0.0", "::", ""}
+    shared = s.host == s.metrics_host or {s.host, s.metrics_host} & wildcard
+    if s.port == s.metrics_port != 0 and shared:  # the second bind would fail on the first
+        raise ConfigError(
+            f"{_source('metrics_port')}: must differ from {_source('port')} (both {s.port})"
+        )
+
+
+def _validate_objectives(s: Settings) -> None:
+    if not 0 <= s.traces_good_ratio <= 1:
+        raise ConfigError(f"{_source('traces_good_ratio')}: must be from 0 to 1")
+    try:  # the default set (checked by ObjectiveSet), then the file's entries
+        s.objectives()
+    except ObjectiveError as exc:  # a field of the default set: a flag's or variable's
+        raise ConfigError(f"{_source('slo_' + exc.field)}: {exc.message}") from None
+
+
+def visible_devices(environ: Mapping[str, str]) -> dict[str, Any]:
+    """The GPU selection the CUDA and NVIDIA container runtimes were given, if any."""
+    names = {"CUDA_VISIBLE_DEVICES": "cuda_visible_devices",
+             "NVIDIA_VISIBLE_DEVICES": "nvidia_visible_devices"}  # fmt: skip
+    found: dict[str, Any] = {f: environ[v] for v, f in names.items() if v in environ}
+    return found
+
+
+def _validate_collectors(s: Settings) -> None:
+    for name in ("gpu_sample_interval", "engine_scrape_interval", "model_layers",
+                 "model_kv_heads", "model_head_dim"):  # fmt: skip
+        if getattr(s, name) < 0:
+            raise ConfigError(f"{_source(name)}: must be >= 0, got {getattr(s, name)}")
+    if not 10 <= s.ui_history <= 3600:  # an hour: a page opened renders it in ~25 ms
+        raise ConfigError(
+            f"{_source('ui_history')}: must be 10 to 3600 seconds, got {s.ui_history}"
+        )
+    for name in ("gpu_peak_bandwidth", "gpu_peak_flops", "model_bytes", "model_params"):
+        value = getattr(s, name)
+        if value is not None and not value > 0:
+            raise ConfigError(f"{_source(name)}: must be > 0, got {value}")
+    if s.weight_dtype not in DTYPE_BYTES:
+        raise ConfigError(f"{_source('weight_dtype')}: expected one of {', '.join(DTYPE_BYTES)}")
+    if s.kv_dtype not in KV_DTYPES:
+        raise ConfigError(f"{_source('kv_dtype')}: expected one of {', '.join(KV_DTYPES)}")
+    if s.engine_metrics_url:
+        parts = urlsplit(s.engine_metrics_url)
+        if parts.scheme not in ("http", "https") or not parts.netloc:
+            raise ConfigError(f"{_source('engine_metrics_url')}: expected an http(s) URL")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The sidecar's flags (``llmobs serve``); defaults stay None so the environment can fill
+    them."""
+    _add_arguments(parser, OPTIONS)
+
+
+def settings_from_args(args: argparse.Namespace, environ: Mapping[str, str]) -> Settings:
+    """Build Settings from parsed CLI arguments and the environment."""
+    return Settings.from_sources(environ, flags_of(args, OPTIONS))

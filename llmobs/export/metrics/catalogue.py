@@ -1,0 +1,395 @@
+"""The one catalogue of metrics: every name, unit, bucket set and label set is defined here.
+
+Dashboards, alert rules and docs/metrics.md take their names from ``CATALOGUE`` (and are tested
+against it). Names follow the OpenTelemetry GenAI semantic conventions where one exists
+(``gen_ai.server.*``, ``gen_ai.client.token.usage`` with ``gen_ai.token.type``) and
+``llmobs.*`` otherwise; the OpenTelemetry Prometheus exporter's rules turn them into Prometheus
+names (dots to underscores, the unit as a suffix, ``_total`` on counters), which
+``MetricDef.prometheus`` spells out.
+
+Buckets are chosen for LLM latencies, never the SDK defaults: ITL needs resolution from 1 ms
+(speculative decoding on an H100) to seconds (a stalled CPU engine); TTFT from 10 ms to minutes
+(a long queue).
+
+Adding a metric: its ``MetricDef`` here (and in ``REQUEST_METRICS`` for a per-request one, in
+the order /metrics lists it), its recording (``sink.MetricsSink``, or a collector), its test.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+from llmobs.export.metrics.native import Layout
+
+
+class Kind(enum.StrEnum):
+    COUNTER = "counter"
+    UPDOWN = "updowncounter"  # exported to Prometheus as a gauge
+    HISTOGRAM = "histogram"
+    TOKEN_HISTOGRAM = "token_histogram"  # bulk-recorded histogram, see module docstring
+    GAUGE = "gauge"  # observable gauge: a background collector's snapshot, read at scrape
+
+
+# Label (attribute) names. GenAI names where the conventions define one.
+OPERATION = "gen_ai.operation.name"
+MODEL = "gen_ai.request.model"
+TOKEN_TYPE = "gen_ai.token.type"
+OUTCOME = "outcome"
+STATUS_CLASS = "status_class"
+FINISH_REASON = "finish_reason"
+TOKEN_SOURCE = "token_count_source"
+VERDICT = "verdict"  # good, bad (llmobs.slo)
+OBJECTIVE = "objective"  # the objective a bad request missed (llmobs.slo.Objective)
+
+_OP_MODEL = (OPERATION, MODEL)
+
+_UNIT_SUFFIX = {
+    "s": "_seconds", "By": "_bytes", "By/s": "_bytes_per_second", "W": "_watts",
+    "Cel": "_celsius", "Hz": "_hertz",
+}  # fmt: skip
+
+LATENCY_BUCKETS = (
+    0.001, 0.002, 0.003, 0.004, 0.005, 0.0075, 0.01, 0.0125, 0.015, 0.0175, 0.02, 0.025,
+    0.03, 0.035, 0.04, 0.05, 0.06, 0.075, 0.1, 0.125, 0.15, 0.2, 0.25, 0.3, 0.4, 0.5,
+    0.75, 1.0, 2.5, 5.0,
+)  # fmt: skip
+TTFT_BUCKETS = (
+    0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 4.0,
+    5.0, 7.5, 10.0, 15.0, 20.0, 30.0, 60.0, 120.0,
+)  # fmt: skip
+DURATION_BUCKETS = (
+    0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 3.0, 5.0, 7.5, 10.0, 15.0, 20.0, 30.0, 45.0, 60.0, 90.0,
+    120.0, 180.0, 300.0, 600.0,
+)  # fmt: skip
+SMOOTHNESS_BUCKETS = (
+    0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.85, 0.9, 0.95, 0.98, 0.99, 0.999, 1.0,
+)  # fmt: skip
+TOKEN_BUCKETS = (1.0, 4.0, 16.0, 64.0, 256.0, 1024.0, 4096.0, 16384.0, 65536.0, 262144.0)
+
+# Native histograms (metrics.native). The per-request latencies start at schema 5: buckets
+# 2.2 % wide, so a quantile read by Prometheus 2.x (linear inside a bucket) is off by at most
+# 2.2 %, within the 3 % a latency objective needs; schema 3 (client_golang's usual factor 1.1)
+# could be 9 % off. 160 buckets cover a 32x range (say 20-640 ms) at that resolution; a wider
+# distribution drops to schema 4 (1024x, 4.4 %), then 3 (10^6 x, 9 %). The per-token ITL is
+# observed a hundred times as often, on the relay's hot path, and its cost grows with the
+# buckets a window's gaps fall in: schema 3 (9 %), still finer than its classic buckets
+# (20-150 % apart above 0.1 s), covers 1 us to 1 s in 160 buckets, and costs per token half
+# of schema 5 on a spread-out stream (docs/benchmarks.md). The smoothness score lives in
+# (0, 1], where 0.98 and 0.99 must differ: schema 6 (1.1 %); 160 buckets reach down to 0.18.
+LATENCY_NATIVE = Layout(schema=5, limit=160)
+ITL_NATIVE = Layout(schema=3, limit=160)
+SCORE_NATIVE = Layout(schema=6, limit=160)
+
+
+@dataclass(frozen=True, eq=False)
+class MetricDef:
+    """One metric: OpenTelemetry instrument name, kind, UCUM unit, labels, buckets.
+
+    Compared and hashed by identity (each is a module constant): recorders key their
+    families by metric, and a field-by-field hash would cost a Python call per lookup."""
+
+    name: str
+    kind: Kind
+    unit: str
+    description: str
+    labels: tuple[str, ...] = ()
+    buckets: tuple[float, ...] = ()
+    native: Layout | None = None  # native buckets next to the classic ones (below)
+
+    @property
+    def prometheus(self) -> str:
+        """The Prometheus family name as exposed on /metrics (without _bucket/_sum/...)."""
+        base = self.name.replace(".", "_") + _UNIT_SUFFIX.get(self.unit, "")
+        if self.unit == "s2":
+            base = self.name.replace(".", "_") + "_seconds_squared"
+        return base + "_total" if self.kind is Kind.COUNTER else base
+
+    @property
+    def prometheus_labels(self) -> tuple[str, ...]:
+        return tuple(label.replace(".", "_") for label in self.labels)
+
+
+TTFT = MetricDef(
+    "gen_ai.server.time_to_first_token", Kind.HISTOGRAM, "s",
+    "Time from the request reaching the sidecar to the first output token relayed.",
+    _OP_MODEL, TTFT_BUCKETS, LATENCY_NATIVE,
+)  # fmt: skip
+TPOT = MetricDef(
+    "gen_ai.server.time_per_output_token", Kind.HISTOGRAM, "s",
+    "Per request: (last token time - first token time) / (output tokens - 1).",
+    _OP_MODEL, LATENCY_BUCKETS, LATENCY_NATIVE,
+)  # fmt: skip
+DURATION = MetricDef(
+    "gen_ai.server.request.duration", Kind.HISTOGRAM, "s",
+    "Time from the request reaching the sidecar to the end of its response.",
+    _OP_MODEL, DURATION_BUCKETS, LATENCY_NATIVE,
+)  # fmt: skip
+TOKEN_USAGE = MetricDef(
+    "gen_ai.client.token.usage", Kind.HISTOGRAM, "{token}",
+    "Input and output tokens per request (engine usage when reported, else counted chunks).",
+    (*_OP_MODEL, TOKEN_TYPE), TOKEN_BUCKETS,
+)  # fmt: skip
+ITL = MetricDef(
+    "llmobs.inter_token_latency", Kind.TOKEN_HISTOGRAM, "s",
+    "Gap between output chunks divided among the chunk's tokens, observed once per token.",
+    _OP_MODEL, LATENCY_BUCKETS, ITL_NATIVE,
+)  # fmt: skip
+ITL_SQUARES = MetricDef(
+    "llmobs.inter_token_latency", Kind.COUNTER, "s2",
+    "Sum of squared per-token ITLs: with the ITL histogram's _sum and _count, variance.",
+    _OP_MODEL,
+)  # fmt: skip
+STALLS = MetricDef(
+    "llmobs.stalls", Kind.COUNTER, "{stall}",
+    "Gaps between output chunks >= stall factor x the request's median gap and >= min gap.",
+    _OP_MODEL,
+)  # fmt: skip
+SMOOTHNESS = MetricDef(
+    "llmobs.smoothness", Kind.HISTOGRAM, "1",
+    "Per request 1/(1+CV^2) of per-token ITLs: 1 = perfectly steady, lower = stutter.",
+    _OP_MODEL, SMOOTHNESS_BUCKETS, SCORE_NATIVE,
+)  # fmt: skip
+REQUESTS = MetricDef(
+    "llmobs.requests", Kind.COUNTER, "{request}",
+    "Proxied requests by outcome, HTTP status class of the response and finish reason.",
+    (*_OP_MODEL, OUTCOME, STATUS_CLASS, FINISH_REASON),
+)  # fmt: skip
+TOKENS = MetricDef(
+    "llmobs.tokens", Kind.COUNTER, "{token}",
+    "Tokens by type (input, output, reasoning within output, cached_input within input) and "
+    "by where the count came from (the engine's usage, or counted chunks).",
+    (*_OP_MODEL, TOKEN_TYPE, TOKEN_SOURCE),
+)  # fmt: skip
+ENGINE_PROMPT_EVAL = MetricDef(
+    "llmobs.engine.prompt_eval.duration", Kind.HISTOGRAM, "s",
+    "Prefill time as the engine itself reports it (Ollama prompt_eval_duration, "
+    "llama.cpp timings.prompt_ms).",
+    _OP_MODEL, TTFT_BUCKETS,
+)  # fmt: skip
+ENGINE_LOAD = MetricDef(
+    "llmobs.engine.load.duration", Kind.HISTOGRAM, "s",
+    "Model load time the engine reports for the request (Ollama load_duration).",
+    _OP_MODEL, TTFT_BUCKETS,
+)  # fmt: skip
+SLO_REQUESTS = MetricDef(
+    "llmobs.slo.requests", Kind.COUNTER, "{request}",
+    "Requests judged against their service-level objectives: good (every bound met) or bad "
+    "(a bound missed, or failed as the user sees it); client disconnects and 4xx are in neither.",
+    (*_OP_MODEL, VERDICT),
+)  # fmt: skip
+SLO_MISSES = MetricDef(
+    "llmobs.slo.misses", Kind.COUNTER, "{request}",
+    "Bad requests by the objective they missed (one request may miss several): ttft, tpot, "
+    "max_gap, stall, duration, or error.",
+    (*_OP_MODEL, OBJECTIVE),
+)  # fmt: skip
+SLO_OUTPUT_TOKENS = MetricDef(
+    "llmobs.slo.output_tokens", Kind.COUNTER, "{token}",
+    "Output tokens of judged requests by verdict: the good ones are the token goodput.",
+    (*_OP_MODEL, VERDICT),
+)  # fmt: skip
+SLO_TARGET = MetricDef(
+    "llmobs.slo.target", Kind.UPDOWN, "1",
+    "The objective's target: the share of requests that should be good (per label set).",
+    _OP_MODEL,
+)  # fmt: skip
+SLO_WINDOW = MetricDef(
+    "llmobs.slo.window", Kind.UPDOWN, "s",
+    "The window the objective's target is measured over (per label set).",
+    _OP_MODEL,
+)  # fmt: skip
+ACTIVE = MetricDef(
+    "llmobs.requests.active", Kind.UPDOWN, "{request}",
+    "Requests in flight through the sidecar (streaming or not).",
+)  # fmt: skip
+QUEUE_DEPTH = MetricDef(
+    "llmobs.prefill.queue_depth", Kind.UPDOWN, "{request}",
+    "Requests forwarded upstream that have not produced their first token yet.",
+)  # fmt: skip
+MALFORMED = MetricDef(
+    "llmobs.stream.malformed_events", Kind.COUNTER, "{event}",
+    "Stream events that could not be parsed (relayed unchanged, not timed).",
+)  # fmt: skip
+OBSERVER_ERRORS = MetricDef(
+    "llmobs.observer.errors", Kind.COUNTER, "{error}",
+    "Internal errors while observing a request; the relay carried on.",
+)  # fmt: skip
+
+SPANS_DROPPED = MetricDef(
+    "llmobs.spans.dropped", Kind.COUNTER, "{span}",
+    "Spans dropped because the trace export queue was full (exported only when tracing is on).",
+)  # fmt: skip
+
+# Collectors (llmobs/collectors): polled in the background, exported as observable
+# instruments that read the last snapshot at scrape time. See docs/gpu.md.
+COLLECTOR = "collector"
+GPU_LABELS = ("gpu", "uuid", "name")
+BANDWIDTH_SOURCE = "source"
+ENGINE = "engine"
+
+COLLECTOR_UP = MetricDef(
+    "llmobs.collector.up", Kind.GAUGE, "1",
+    "1 when the collector's last poll read something, 0 when it is down (no GPU, no engine "
+    "metrics, an error).",
+    (COLLECTOR,),
+)  # fmt: skip
+COLLECTOR_DURATION = MetricDef(
+    "llmobs.collector.scrape.duration", Kind.GAUGE, "s",
+    "How long the collector's last poll took.",
+    (COLLECTOR,),
+)  # fmt: skip
+COLLECTOR_ERRORS = MetricDef(
+    "llmobs.collector.errors", Kind.COUNTER, "{error}",
+    "Unexpected failures of a collector: failed polls, and reads of one GPU or one field that "
+    "failed while the others went on. An absent device or engine is not an error.",
+    (COLLECTOR,),
+)  # fmt: skip
+GPU_MEMORY_USED = MetricDef(
+    "llmobs.gpu.memory.used", Kind.GAUGE, "By", "GPU memory in use (NVML).", GPU_LABELS,
+)  # fmt: skip
+GPU_MEMORY_FREE = MetricDef(
+    "llmobs.gpu.memory.free", Kind.GAUGE, "By", "GPU memory free (NVML).", GPU_LABELS,
+)  # fmt: skip
+GPU_MEMORY_TOTAL = MetricDef(
+    "llmobs.gpu.memory.total", Kind.GAUGE, "By", "GPU memory in total (NVML).", GPU_LABELS,
+)  # fmt: skip
+GPU_MEMORY_RESERVED = MetricDef(
+    "llmobs.gpu.memory.reserved", Kind.GAUGE, "By",
+    "GPU memory reserved by the driver and firmware (NVML memory info v2).", GPU_LABELS,
+)  # fmt: skip
+GPU_UTILIZATION = MetricDef(
+    "llmobs.gpu.utilization", Kind.GAUGE, "1",
+    "Fraction of the last sample period in which a kernel ran on the GPU (NVML).", GPU_LABELS,
+)  # fmt: skip
+GPU_MEMORY_CONTROLLER = MetricDef(
+    "llmobs.gpu.memory_controller.utilization", Kind.GAUGE, "1",
+    "Fraction of the last sample period in which device memory was read or written (NVML).",
+    GPU_LABELS,
+)  # fmt: skip
+GPU_BANDWIDTH_UTILIZATION = MetricDef(
+    "llmobs.gpu.memory.bandwidth.utilization", Kind.GAUGE, "1",
+    "DRAM bandwidth used / peak: NVML GPM DRAM_BW_UTIL (source=gpm, Hopper and newer), else "
+    "the memory-controller busy ratio (source=mem_util, an upper bound).",
+    (*GPU_LABELS, BANDWIDTH_SOURCE),
+)  # fmt: skip
+GPU_BANDWIDTH = MetricDef(
+    "llmobs.gpu.memory.bandwidth", Kind.GAUGE, "By/s",
+    "Achieved DRAM bandwidth: the bandwidth utilization x the peak bandwidth.",
+    (*GPU_LABELS, BANDWIDTH_SOURCE),
+)  # fmt: skip
+GPU_BANDWIDTH_PEAK = MetricDef(
+    "llmobs.gpu.memory.bandwidth.peak", Kind.GAUGE, "By/s",
+    "Peak DRAM bandwidth: max memory clock x bus width x 2 (NVML), or --gpu-peak-bandwidth.",
+    GPU_LABELS,
+)  # fmt: skip
+GPU_POWER = MetricDef(
+    "llmobs.gpu.power", Kind.GAUGE, "W", "Power draw (NVML).", GPU_LABELS,
+)  # fmt: skip
+GPU_TEMPERATURE = MetricDef(
+    "llmobs.gpu.temperature", Kind.GAUGE, "Cel", "GPU die temperature (NVML).", GPU_LABELS,
+)  # fmt: skip
+GPU_CLOCK_SM = MetricDef(
+    "llmobs.gpu.clock.sm", Kind.GAUGE, "Hz", "Current SM clock (NVML).", GPU_LABELS,
+)  # fmt: skip
+GPU_CLOCK_MEMORY = MetricDef(
+    "llmobs.gpu.clock.memory", Kind.GAUGE, "Hz", "Current memory clock (NVML).", GPU_LABELS,
+)  # fmt: skip
+ENGINE_WAITING = MetricDef(
+    "llmobs.engine.requests.waiting", Kind.GAUGE, "{request}",
+    "Requests waiting in the engine's queue, from the engine's own /metrics.",
+    (ENGINE,),
+)  # fmt: skip
+ENGINE_RUNNING = MetricDef(
+    "llmobs.engine.requests.running", Kind.GAUGE, "{request}",
+    "Requests in the engine's running batch, from the engine's own /metrics.",
+    (ENGINE,),
+)  # fmt: skip
+ENGINE_KV_CACHE = MetricDef(
+    "llmobs.engine.kv_cache.usage", Kind.GAUGE, "1",
+    "Fraction of the engine's KV cache in use (0-1), from the engine's own /metrics.",
+    (ENGINE,),
+)  # fmt: skip
+MBU = MetricDef(
+    "llmobs.mbu", Kind.GAUGE, "1",
+    "Model bandwidth utilization of decode: (weight + KV-cache bytes read per step) / TPOT / "
+    "peak bandwidth, over the last minute of streamed requests.",
+    (MODEL,),
+)  # fmt: skip
+MFU = MetricDef(
+    "llmobs.mfu", Kind.GAUGE, "1",
+    "Model FLOPs utilization of prefill: 2 x params x prompt tokens / prefill time / peak "
+    "FLOP/s, over the last minute (prefill time: TTFT unless the engine reports it).",
+    (MODEL,),
+)  # fmt: skip
+
+# The sidecar's own cost and build, next to the traffic it carries: prometheus_client's
+# process and platform collectors and its GC collector (their standard names), and ours.
+PROCESS_CPU = MetricDef(
+    "process.cpu", Kind.COUNTER, "s", "Total user and system CPU time spent in seconds."
+)
+PROCESS_RSS = MetricDef(
+    "process.resident_memory", Kind.GAUGE, "By", "Resident memory size in bytes."
+)
+PROCESS_VMS = MetricDef("process.virtual_memory", Kind.GAUGE, "By", "Virtual memory size in bytes.")
+PROCESS_FDS = MetricDef("process.open_fds", Kind.GAUGE, "{fd}", "Number of open file descriptors.")
+PROCESS_MAX_FDS = MetricDef(
+    "process.max_fds", Kind.GAUGE, "{fd}", "Maximum number of open file descriptors."
+)
+PROCESS_START = MetricDef(
+    "process.start_time", Kind.GAUGE, "s", "Start time of the process since unix epoch in seconds."
+)
+PYTHON_INFO = MetricDef(
+    "python.info", Kind.GAUGE, "1", "Python platform information.",
+    ("implementation", "major", "minor", "patchlevel", "version"),
+)  # fmt: skip
+GC_COLLECTED = MetricDef(
+    "python.gc.objects.collected", Kind.COUNTER, "{object}",
+    "Objects collected during gc.", ("generation",),
+)  # fmt: skip
+GC_UNCOLLECTABLE = MetricDef(
+    "python.gc.objects.uncollectable", Kind.COUNTER, "{object}",
+    "Uncollectable objects found during GC.", ("generation",),
+)  # fmt: skip
+GC_COLLECTIONS = MetricDef(
+    "python.gc.collections", Kind.COUNTER, "{collection}",
+    "Number of times this generation was collected.", ("generation",),
+)  # fmt: skip
+BUILD_INFO = MetricDef(
+    "llmobs.build.info", Kind.GAUGE, "1",
+    "Always 1: the llmobs version, Python version, event loop and JSON parser this sidecar "
+    "runs with.",
+    ("version", "python", "event_loop", "json"),
+)  # fmt: skip
+PROCESS_METRICS: tuple[MetricDef, ...] = (
+    PROCESS_CPU, PROCESS_RSS, PROCESS_VMS, PROCESS_FDS, PROCESS_MAX_FDS, PROCESS_START,
+    PYTHON_INFO, GC_COLLECTED, GC_UNCOLLECTABLE, GC_COLLECTIONS, BUILD_INFO,
+)  # fmt: skip
+
+COLLECTOR_METRICS: tuple[MetricDef, ...] = (
+    COLLECTOR_UP, COLLECTOR_DURATION, COLLECTOR_ERRORS, GPU_MEMORY_USED, GPU_MEMORY_FREE,
+    GPU_MEMORY_TOTAL, GPU_MEMORY_RESERVED, GPU_UTILIZATION, GPU_MEMORY_CONTROLLER,
+    GPU_BANDWIDTH_UTILIZATION, GPU_BANDWIDTH, GPU_BANDWIDTH_PEAK, GPU_POWER, GPU_TEMPERATURE,
+    GPU_CLOCK_SM, GPU_CLOCK_MEMORY, ENGINE_WAITING, ENGINE_RUNNING, ENGINE_KV_CACHE, MBU, MFU,
+)  # fmt: skip
+
+CATALOGUE: tuple[MetricDef, ...] = (
+    TTFT, TPOT, DURATION, TOKEN_USAGE, ITL, ITL_SQUARES, STALLS, SMOOTHNESS, REQUESTS, TOKENS,
+    ENGINE_PROMPT_EVAL, ENGINE_LOAD, ACTIVE, QUEUE_DEPTH, MALFORMED, OBSERVER_ERRORS,
+    SPANS_DROPPED, SLO_REQUESTS, SLO_MISSES, SLO_OUTPUT_TOKENS, SLO_TARGET, SLO_WINDOW,
+    *COLLECTOR_METRICS, *PROCESS_METRICS,
+)  # fmt: skip
+
+
+# The request-level families, as /metrics lists them (``sink.MetricsSink`` makes one family of
+# each, ``otel.OtelInstruments`` one instrument of each when metrics are pushed over OTLP).
+REQUEST_METRICS: tuple[MetricDef, ...] = (
+    ACTIVE, QUEUE_DEPTH, OBSERVER_ERRORS, MALFORMED, REQUESTS, DURATION, TTFT, TPOT,
+    SMOOTHNESS, TOKEN_USAGE, TOKENS, STALLS, ENGINE_PROMPT_EVAL, ENGINE_LOAD, ITL, ITL_SQUARES,
+    SLO_REQUESTS, SLO_MISSES, SLO_OUTPUT_TOKENS, SLO_TARGET, SLO_WINDOW,
+)  # fmt: skip
+
+
+def status_class(status: int) -> str:
+    """'2xx' ... '5xx' for a status code; '0xx' when no response was produced."""
+    return f"{status // 100}xx" if 100 <= status <= 599 else "0xx"

@@ -1,0 +1,363 @@
+"""The sink: finished requests and token windows into the catalogue's series.
+
+Recording does not go through the OpenTelemetry SDK: a ``Histogram.record`` costs ~9 us and a
+request needs ten, and the SDK's Prometheus exporter rebuilds every family at each scrape.
+Each series is a plain-Python accumulator (``series``) exposed by one prometheus_client
+collector on the registry /metrics renders, with the exposition the exporter produced (names,
+types, labels, buckets): a request costs a few microseconds. A request's series are bound
+once per label set (``_LabelSet``, a ``HistogramRow``), so recording one is a few list updates
+under one lock. The
+per-token ITL histogram is binned a window at a time (``series.TokenHistogram``), with the
+sum of squares that makes ITL variance aggregable across pods. When metrics are also pushed
+over OTLP, request-level metrics are recorded into OpenTelemetry instruments as well
+(``otel.OtelInstruments``).
+
+Labels come from bounded sets: the model passes through ``BoundedLabel`` so a client cannot
+explode the series count, and a new model takes a slot only from a successful request.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from typing import Any, NamedTuple
+
+from opentelemetry.metrics import Meter
+from prometheus_client import CollectorRegistry
+
+from llmobs.export.live import ModelTotals
+from llmobs.export.metrics.catalogue import (
+    ACTIVE,
+    DURATION,
+    ENGINE_LOAD,
+    ENGINE_PROMPT_EVAL,
+    ITL,
+    ITL_SQUARES,
+    MALFORMED,
+    MODEL,
+    OBSERVER_ERRORS,
+    OPERATION,
+    QUEUE_DEPTH,
+    REQUEST_METRICS,
+    REQUESTS,
+    SLO_MISSES,
+    SLO_OUTPUT_TOKENS,
+    SLO_REQUESTS,
+    SLO_TARGET,
+    SLO_WINDOW,
+    SMOOTHNESS,
+    STALLS,
+    TOKEN_USAGE,
+    TOKENS,
+    TPOT,
+    TTFT,
+    Kind,
+    MetricDef,
+    status_class,
+)
+from llmobs.export.metrics.otel import OtelInstruments, token_counts
+from llmobs.export.metrics.series import (
+    CounterFamily,
+    HistogramFamily,
+    HistogramRow,
+    SeriesCollector,
+    TokenHistogram,
+)
+from llmobs.observe.labels import UNKNOWN, BoundedLabel
+from llmobs.observe.slo import Objectives, ObjectiveSet, Verdict
+from llmobs.observe.stats import TokenWindow
+from llmobs.observe.timing import StreamStats
+
+_STATUS_CLASSES = {status: status_class(status) for status in range(600)}
+# The request histograms a label set binds, in the order ``record_request`` observes them
+# (the token usage histogram twice: input, then output tokens)
+_OBSERVED = (DURATION, TTFT, TPOT, SMOOTHNESS, ENGINE_PROMPT_EVAL, ENGINE_LOAD)
+_USAGE_TYPES = {"input": 0, "output": 1}  # their place after _OBSERVED's
+
+
+class TraceRef(NamedTuple):
+    """The trace of a request, for its exemplars: its ids (hex, as W3C writes them) and
+    whether the trace is kept when the request is good (tail sampling keeps a bad one
+    always): an exemplar only ever points at a trace that is kept."""
+
+    trace_id: str
+    span_id: str
+    kept_if_good: bool = True
+
+
+class _LabelSet:
+    """The request series of one (operation, model) label set, bound once: recording a
+    request then observes into a row it holds (``HistogramRow``), with no label tuple built
+    and no dict lookup."""
+
+    __slots__ = ("bad", "good", "key", "row")
+
+    def __init__(self, key: tuple[str, str], row: HistogramRow) -> None:
+        self.key = key
+        # _OBSERVED's series, then the usage histogram's for input and output tokens
+        self.row = row
+        self.good = (*key, "good")  # the SLO series' label values, by verdict
+        self.bad = (*key, "bad")
+
+
+class MetricsSink:
+    """Records finished requests and token windows into the catalogue's request series.
+
+    ``registry`` is the one /metrics renders (the sink registers its collector there; None:
+    the caller does); ``push`` is a meter whose only reader exports over OTLP, when metrics
+    are pushed (then every request is recorded there too; nothing shows twice on /metrics).
+    """
+
+    def __init__(
+        self,
+        registry: CollectorRegistry | None,
+        max_models: int,
+        on_request: Callable[[str, StreamStats], None] | None = None,
+        push: Meter | None = None,
+        objectives: Objectives | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.models = BoundedLabel(max_models)
+        self._clock = clock  # unix seconds: when an exemplar was seen
+        # what each request is judged by (the default: no latency bound, 99.9 % not failing)
+        self.objectives = objectives or Objectives(ObjectiveSet())
+        # (operation, model as sent) -> its label set, for models whose label cannot change
+        # (known, or none): bounded by the label cap; and (operation, label) -> label set
+        self._sets: dict[tuple[str, str | None], _LabelSet] = {}
+        self._by_label: dict[tuple[str, str], _LabelSet] = {}
+        # Called once per finished request with its bounded model label (the MBU estimate).
+        self._on_request = on_request
+        self._itl = TokenHistogram(ITL, ITL_SQUARES)
+        self._families: dict[MetricDef, HistogramFamily | CounterFamily] = {}
+        for metric in REQUEST_METRICS:
+            if metric is ITL:
+                self._families[metric] = self._itl.histogram
+            elif metric is ITL_SQUARES:
+                self._families[metric] = self._itl.squares
+            elif metric.kind is Kind.HISTOGRAM:
+                self._families[metric] = HistogramFamily(metric)
+            else:
+                self._families[metric] = CounterFamily(metric, gauge=metric.kind is Kind.UPDOWN)
+        self._histograms = {
+            m: f for m, f in self._families.items() if isinstance(f, HistogramFamily)
+        }
+        self._requests = self._counter(REQUESTS)
+        self._tokens = self._counter(TOKENS)
+        self._stalls = self._counter(STALLS)
+        self._slo_requests = self._counter(SLO_REQUESTS)
+        self._slo_misses = self._counter(SLO_MISSES)
+        self._slo_tokens = self._counter(SLO_OUTPUT_TOKENS)
+        # the label-less ones (gauges, and counters of the sidecar's own errors): zero-valued
+        # series up front, so dashboards and alerts see 0 rather than no data
+        self._active = self._counter(ACTIVE)
+        self._queue = self._counter(QUEUE_DEPTH)
+        self._errors = self._counter(OBSERVER_ERRORS)
+        self._malformed = self._counter(MALFORMED)
+        for family in (self._active, self._queue, self._errors, self._malformed):
+            family.series[()] = 0
+        self.collector = SeriesCollector(tuple(self._families.values()))
+        self._lock = self.collector.lock
+        if registry is not None:
+            registry.register(self.collector)
+        self._otel = OtelInstruments(push) if push is not None else None
+
+    def _counter(self, metric: MetricDef) -> CounterFamily:
+        family = self._families[metric]
+        assert isinstance(family, CounterFamily)
+        return family
+
+    def _label_set(self, operation: str, model: str | None, admit: bool) -> _LabelSet:
+        """The label set of a request; a new model takes a slot only when ``admit``."""
+        found = self._sets.get((operation, model))
+        if found is not None:
+            return found
+        label = self.models.get(model, admit)
+        found = self._by_label.get((operation, label))
+        if found is None:
+            found = self._by_label[(operation, label)] = self._new_label_set(operation, label)
+        if label == model or (label == UNKNOWN and not model):  # final: the model's own label
+            self._sets[(operation, model)] = found
+        return found
+
+    def _gauge(self, family: CounterFamily, delta: int) -> None:
+        """Add ``delta`` to a label-less series (OTLP too, when pushed). No lock: the series
+        is one number, written by the event loop alone, and a scrape reads it old or new."""
+        family.series[()] += delta
+        if self._otel is not None:
+            self._otel.add(family.metric, delta)
+
+    def request_started(self) -> None:
+        self._gauge(self._active, 1)
+
+    def request_ended(self) -> None:
+        self._gauge(self._active, -1)
+
+    def queue_enter(self) -> None:
+        self._gauge(self._queue, 1)
+
+    def queue_leave(self) -> None:
+        self._gauge(self._queue, -1)
+
+    def observer_error(self) -> None:
+        self._gauge(self._errors, 1)
+
+    def malformed(self, count: int) -> None:
+        if count:
+            self._gauge(self._malformed, count)
+
+    def record_tokens(
+        self, operation: str, model: str | None, window: TokenWindow, admit: bool = False
+    ) -> None:
+        """Add a window of ITLs taken mid-stream (a long stream's; the last windows go with
+        ``record_request``). A new model is admitted only when ``admit`` (a successful
+        response: its request will admit it)."""
+        if window.size:
+            key = self._label_set(operation, model, admit).key
+            with self._lock:
+                self._itl.record(key, window)
+
+    def _new_label_set(self, operation: str, model: str) -> _LabelSet:
+        key = (operation, model)
+        usage = self._histograms[TOKEN_USAGE]
+        members: list[tuple[HistogramFamily, tuple[str, ...]]]
+        members = [(self._histograms[metric], key) for metric in _OBSERVED]
+        members += [(usage, (*key, "input")), (usage, (*key, "output"))]
+        labels = _LabelSet(key, HistogramRow(members))
+        with self._lock:  # at 0 from the start: rate() over a healthy model reads 0
+            self._stalls.series.setdefault(key, 0)
+        self._slo_series(labels)
+        return labels
+
+    def _slo_series(self, labels: _LabelSet) -> None:
+        """A new label set's SLO series, at 0 (``rate()`` then reads 0, not "no data"), and its
+        objective's target and window."""
+        key = labels.key
+        objective_set = self.objectives.for_request(*key)
+        settings = ((SLO_TARGET, objective_set.target), (SLO_WINDOW, objective_set.window))
+        with self._lock:
+            for family in (self._slo_requests, self._slo_tokens):
+                for verdict in (labels.good, labels.bad):
+                    family.series.setdefault(verdict, 0)
+            for objective in objective_set.objectives:
+                self._slo_misses.series.setdefault((*key, objective.value), 0)
+            for metric, value in settings:
+                self._counter(metric).series[key] = value
+        if self._otel is not None:
+            for metric, value in settings:
+                self._otel.add(metric, value, {OPERATION: key[0], MODEL: key[1]})
+
+    def _record_tokens(self, op: str, model: str, s: StreamStats) -> list[int | None]:
+        """The request's token counts into the counter by type and source; returns the
+        input and output counts (None: not recorded) for the usage histogram."""
+        usage: list[int | None] = [None, None]
+        tokens = self._tokens
+        for kind, source, count in token_counts(s):
+            index = _USAGE_TYPES.get(kind)
+            if index is not None:
+                usage[index] = count
+            tokens.add((op, model, kind, source), count)
+        return usage
+
+    def record_request(
+        self, s: StreamStats, windows: Sequence[TokenWindow] = (), trace: TraceRef | None = None
+    ) -> Verdict | None:
+        """A finished request into every request series, and its last ``windows`` of ITLs
+        (those ``record_tokens`` did not take mid-stream) under the same labels, all under
+        one lock; returns its verdict against its objectives (None: judged in no SLO series).
+        With the request's ``trace``, its observations are their buckets' exemplars (if the
+        trace is kept).
+        A window that fails to record is raised after everything else about the request (its
+        series, OTLP, the per-request hook) is recorded."""
+        labels = self._sets.get((s.operation, s.model))
+        if labels is None:
+            labels = self._label_set(s.operation, s.model, 200 <= s.status < 400)
+        key = labels.key
+        op, model = key
+        status = _STATUS_CLASSES.get(s.status) or status_class(s.status)
+        verdict = self.objectives.for_request(s.operation, s.model).judge(s)
+        exemplar = None
+        if trace is not None and (trace.kept_if_good or (verdict is not None and not verdict.good)):
+            exemplar = (trace.trace_id, trace.span_id, self._clock())
+        failed: Exception | None = None
+        with self._lock:
+            # an enum's ``_value_`` is a plain attribute; ``.value`` is a Python-level property
+            self._requests.add((op, model, s.outcome._value_, status, s.finish_reason), 1)
+            usage = self._record_tokens(op, model, s)
+            # the row's members in order: _OBSERVED's, then the usage histogram's
+            values = (s.duration_s, s.ttft_s, s.tpot_s, s.smoothness, s.engine_prompt_eval_s,
+                      s.engine_load_s, *usage)  # fmt: skip
+            labels.row.observe_all(values, exemplar)
+            if s.stalls:
+                self._stalls.add(key, s.stalls)
+            if verdict is not None:
+                self._record_verdict(labels, verdict, s.output_tokens)
+            for window in windows:
+                if window.size:
+                    try:
+                        self._itl.record(key, window)
+                    except Exception as exc:  # raised below, once the request is recorded
+                        failed = exc
+            if exemplar is not None and s.itl_count:  # the ITL's: the request's worst gap
+                self._itl.exemplar(key, s.itl_max, exemplar)
+        if self._otel is not None:
+            self._otel.record_request(s, op, model, status)
+            if verdict is not None:
+                self._otel.record_verdict(verdict, s.output_tokens, op, model)
+        if self._on_request is not None:
+            self._on_request(model, s)
+        if failed is not None:
+            raise failed
+        return verdict
+
+    def live_totals(self) -> tuple[dict[str, ModelTotals], float, float]:
+        """Each model's totals, every operation together, and the queue depth and active
+        requests now: what the live page reads once a second (``live.LiveRing``)."""
+        ttft, itl = self._histograms[TTFT], self._itl.histogram
+        width = ttft.size  # the buckets and +Inf, without the sum
+        rows: dict[str, dict[str, Any]] = {}
+
+        def row(model: str) -> dict[str, Any]:
+            found = rows.get(model)
+            if found is None:
+                found = rows[model] = {"ttft": [0.0] * width, "itl": [0.0] * itl.size}
+            return found
+
+        def add(target: dict[str, Any], name: str, value: float) -> None:
+            target[name] = target.get(name, 0.0) + value
+
+        with self._lock:
+            for (_, model), series in ttft.series.items():
+                counts = row(model)["ttft"]
+                for i in range(width):
+                    counts[i] += series[i]
+            for (_, model), series in itl.series.items():
+                counts = row(model)["itl"]
+                for i in range(itl.size):
+                    counts[i] += series[i]
+            for (_, model), value in self._stalls.series.items():
+                add(row(model), "stalls", value)
+            for (_, model, kind, _), value in self._tokens.series.items():
+                if kind == "output":
+                    add(row(model), "tokens", value)
+            for (_, model, *_), value in self._requests.series.items():
+                add(row(model), "requests", value)
+            for (_, model, verdict), value in self._slo_requests.series.items():
+                add(row(model), verdict, value)
+            for (_, model, verdict), value in self._slo_tokens.series.items():
+                if verdict == "good":
+                    add(row(model), "good_tokens", value)
+            queue, active = self._queue.series[()], self._active.series[()]
+        return {model: ModelTotals(**found) for model, found in rows.items()}, queue, active
+
+    def _record_verdict(self, labels: _LabelSet, verdict: Verdict, output_tokens: int) -> None:
+        """A judged request: good or bad, what it missed, and its output tokens (hold the
+        lock)."""
+        if verdict.good:
+            self._slo_requests.add(labels.good, 1)
+            self._slo_tokens.add(labels.good, output_tokens)
+            return
+        self._slo_requests.add(labels.bad, 1)
+        self._slo_tokens.add(labels.bad, output_tokens)
+        op, model = labels.key
+        for objective in verdict.missed:
+            self._slo_misses.add((op, model, objective._value_), 1)

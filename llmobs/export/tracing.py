@@ -1,0 +1,377 @@
+"""Traces: one SERVER span per request, its queue+prefill and decode phases, its tokens.
+
+Metrics say that P99 is bad; a trace says which request, which phase, which token. Spans are
+recorded the way sinks are: the server span starts when the request arrives (its context must
+go upstream, so that an engine that traces joins the trace), and everything else is written
+when the request ends, from the finished record, with explicit timestamps. Nothing happens per
+chunk. Names follow the OpenTelemetry GenAI conventions (span ``{operation} {model}``,
+``gen_ai.*`` attributes); llmobs' own numbers are ``llmobs.*``.
+
+Never prompt or completion text unless the operator opts in (``--capture-content``, then
+truncated), never a request header: credentials cannot leak into a trace.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+from collections.abc import Callable, Mapping, MutableMapping, Sequence
+from typing import NamedTuple, Protocol
+
+import numpy as np
+from opentelemetry import trace
+from opentelemetry.baggage.propagation import W3CBaggagePropagator
+from opentelemetry.context import Context
+from opentelemetry.propagators.composite import CompositePropagator
+from opentelemetry.trace import Span, SpanKind, Status, StatusCode, Tracer
+from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+
+from llmobs.observe.dialects import Route
+from llmobs.observe.slo import Verdict
+from llmobs.observe.stats import FloatArray, TokenWindow
+from llmobs.observe.timing import Outcome, StreamStats
+
+log = logging.getLogger("llmobs.tracing")
+
+_TRACE_ID_MASK = (1 << 64) - 1  # the trace id's low 64 bits: random in every W3C trace id
+_TRACE_ID_SPACE = 1 << 64
+
+
+# GenAI semantic conventions
+OPERATION = "gen_ai.operation.name"
+REQUEST_MODEL = "gen_ai.request.model"
+RESPONSE_MODEL = "gen_ai.response.model"
+RESPONSE_ID = "gen_ai.response.id"
+FINISH_REASONS = "gen_ai.response.finish_reasons"
+INPUT_TOKENS = "gen_ai.usage.input_tokens"
+OUTPUT_TOKENS = "gen_ai.usage.output_tokens"
+REQUEST_STREAM = "gen_ai.request.stream"
+MAX_TOKENS = "gen_ai.request.max_tokens"
+TEMPERATURE = "gen_ai.request.temperature"
+INPUT_MESSAGES = "gen_ai.input.messages"
+OUTPUT_MESSAGES = "gen_ai.output.messages"
+# llmobs
+TTFT = "llmobs.time_to_first_token"
+TPOT = "llmobs.time_per_output_token"
+ITL_P50 = "llmobs.itl.p50"
+ITL_P99 = "llmobs.itl.p99"
+ITL_MAX = "llmobs.itl.max"
+SMOOTHNESS = "llmobs.smoothness"
+STALLS = "llmobs.stalls"
+TOKEN_SOURCE = "llmobs.token_count_source"
+OUTCOME = "llmobs.outcome"
+DIALECT = "llmobs.dialect"
+SLO_VERDICT = "llmobs.slo.verdict"  # good or bad (absent: judged in no SLO series)
+SLO_MISSED = "llmobs.slo.missed"  # the objectives a bad request missed
+EVENTS_CAP = "llmobs.token_events.cap"
+EVENTS_DROPPED = "llmobs.token_events.dropped"
+PREFILL_SPAN = "queue+prefill"
+DECODE_SPAN = "decode"
+TOKEN_EVENT = "token"
+
+
+class Arrival(Protocol):
+    """What a request's arrival offers tracing: ``server.Request`` (or a ``RequestMeta``)."""
+
+    @property
+    def method(self) -> str: ...
+    @property
+    def path(self) -> str: ...
+    @property
+    def headers(self) -> Mapping[str, str]: ...
+
+
+class RequestMeta(NamedTuple):
+    """What the relay knows of a request when it arrives (no body, no header values kept).
+    A named tuple: one per request, cheaper to make than a frozen dataclass."""
+
+    method: str
+    path: str  # without the query string, which may carry keys
+    headers: Mapping[str, str]  # read for trace context only
+    wall_ns: int  # time.time_ns() at arrival, to put monotonic stamps on the wall clock
+
+
+class RequestDetails(NamedTuple):
+    """Request parameters spans may show: the body's sampling settings, optional content."""
+
+    max_tokens: int | None = None
+    temperature: float | None = None
+    prompt: str | None = None  # only with --capture-content, truncated
+    completion: str | None = None  # only with --capture-content, truncated
+    verdict: Verdict | None = None  # against the request's objectives (None: not judged)
+
+
+class Tracing:
+    """Starts request traces; one per sidecar, built around an injected tracer.
+
+    Writing a finished request's spans costs the SDK microseconds per token event, milliseconds
+    for a long answer (docs/tracing.md), which must not land on the relay's event loop between
+    other streams' tokens: it is handed to one worker thread through a bounded queue. When the
+    queue is full the request's trace is dropped and counted, never waited for.
+    """
+
+    def __init__(
+        self,
+        tracer: Tracer,
+        *,
+        token_events: int = 256,
+        token_spans: bool = False,
+        capture_content: bool = False,
+        server_address: str = "",
+        server_port: int = 0,
+        max_pending: int = 1024,
+        on_drop: Callable[[int], None] = lambda n: None,
+        good_ratio: float = 1.0,
+    ) -> None:
+        self.tracer = tracer
+        # tail sampling: a good request's trace is kept when its trace id falls under this
+        # bound (as TraceIdRatioBased draws, so every party keeps the same traces)
+        self._keep_below = round(good_ratio * _TRACE_ID_SPACE)
+        self._jobs: queue.Queue[Callable[[], None] | None] = queue.Queue(maxsize=max_pending)
+        self._worker: threading.Thread | None = None
+        self._on_drop = on_drop
+        self.dropped = 0
+        self.token_events = token_events
+        self.token_spans = token_spans
+        self.capture_content = capture_content
+        self._server = (server_address, server_port)
+        self._propagator = CompositePropagator(
+            [TraceContextTextMapPropagator(), W3CBaggagePropagator()]
+        )
+
+    def start(self, route: Route, start_ns: int, meta: RequestMeta) -> RequestTrace:
+        """Open the request's SERVER span, continuing the client's trace context."""
+        parent = self._propagator.extract(meta.headers)
+        span = self.tracer.start_span(
+            route.operation,
+            context=parent,
+            kind=SpanKind.SERVER,
+            start_time=meta.wall_ns,
+            attributes={
+                OPERATION: route.operation,
+                DIALECT: route.name,
+                "http.request.method": meta.method,
+                "url.path": meta.path,
+                "server.address": self._server[0],
+                "server.port": self._server[1],
+            },
+        )
+        context = span.get_span_context()
+        # kept whatever its verdict: a trace the client sampled, or every trace (ratio 1)
+        keep = self._keep_below >= _TRACE_ID_SPACE or (
+            trace.get_current_span(parent).get_span_context().trace_flags.sampled
+        )
+        keep = keep or (context.trace_id & _TRACE_ID_MASK) < self._keep_below
+        return RequestTrace(
+            self, span, trace.set_span_in_context(span, parent), start_ns, meta, keep
+        )
+
+    def inject(self, context: Context, carrier: MutableMapping[str, str]) -> None:
+        self._propagator.inject(carrier, context=context)
+
+    def defer(self, job: Callable[[], None], spans: int = 1) -> None:
+        """Run ``job`` on the tracing thread; if the backlog is full, drop it and count the
+        ``spans`` it would have written."""
+        if self._worker is None:
+            self._worker = threading.Thread(target=self._run, name="llmobs-traces", daemon=True)
+            self._worker.start()
+        try:
+            self._jobs.put_nowait(job)
+        except queue.Full:
+            self.dropped += spans
+            self._on_drop(spans)
+
+    def _run(self) -> None:
+        while (job := self._jobs.get()) is not None:
+            try:
+                job()
+            except Exception:
+                log.exception("writing a trace failed")
+            finally:
+                self._jobs.task_done()
+        self._jobs.task_done()
+
+    def drain(self) -> None:
+        """Wait until every deferred trace is written (tests, shutdown)."""
+        if self._worker is not None:
+            self._jobs.join()
+
+    def close(self) -> None:
+        """Write what is pending, then stop the worker."""
+        if self._worker is not None:
+            self._jobs.put(None)
+            self._worker.join(timeout=10)
+            self._worker = None
+
+
+class RequestTrace:
+    """The trace of one request: inject its context upstream, write it when it ends."""
+
+    __slots__ = ("_context", "_mono0", "_tracing", "_wall0", "keep", "span")
+
+    def __init__(
+        self,
+        tracing: Tracing,
+        span: Span,
+        context: Context,
+        start_ns: int,
+        meta: RequestMeta,
+        keep: bool = True,
+    ) -> None:
+        self._tracing = tracing
+        # written even if the request turns out good (else only if bad: tail sampling)
+        self.keep = keep
+        self.span = span
+        self._context = context
+        self._mono0 = start_ns
+        self._wall0 = meta.wall_ns
+
+    def ids(self) -> tuple[str, str] | None:
+        """The request span's trace and span ids as W3C writes them (hex), if it is recorded
+        (else no trace will exist to point at)."""
+        span = self.span
+        if not span.is_recording():
+            return None
+        context = span.get_span_context()
+        return format(context.trace_id, "032x"), format(context.span_id, "016x")
+
+    def wall(self, t_ns: int) -> int:
+        """A monotonic stamp of the relay on the wall clock spans use."""
+        return self._wall0 + (t_ns - self._mono0)
+
+    def inject(self, headers: MutableMapping[str, str]) -> None:
+        """Put this request's span context on the upstream request (traceparent, baggage)."""
+        self._tracing.inject(self._context, headers)
+
+    def finish(
+        self,
+        record: StreamStats,
+        windows: Sequence[TokenWindow],
+        times: tuple[int | None, int | None, int | None, int],
+        details: RequestDetails,
+    ) -> None:
+        """Write attributes, phases and token events (on the tracing thread); end the span.
+
+        ``times`` = (forwarded, first token, last token, end) on the relay's monotonic clock.
+        """
+        verdict = details.verdict
+        if not self.keep and (verdict is None or verdict.good):
+            return  # sampled out: never ended, so no processor sees it
+        decoded = times[1] is not None and times[2] is not None
+        spans = 3 if decoded else 2  # the request span, queue+prefill, and decode if any
+        self._tracing.defer(lambda: self._write(record, windows, times, details), spans)
+
+    def _write(
+        self,
+        record: StreamStats,
+        windows: Sequence[TokenWindow],
+        times: tuple[int | None, int | None, int | None, int],
+        details: RequestDetails,
+    ) -> None:
+        span = self.span
+        if not span.is_recording():  # not sampled: nothing to write
+            span.end(end_time=self.wall(times[3]))
+            return
+        forwarded, first, last, end = times
+        model = record.model
+        span.update_name(f"{record.operation} {model}" if model else record.operation)
+        span.set_attributes(_attributes(record, windows, details))
+        if record.outcome in (Outcome.UPSTREAM_ERROR, Outcome.UPSTREAM_TIMEOUT):
+            span.set_status(Status(StatusCode.ERROR, record.outcome.value))
+            span.set_attribute("error.type", record.outcome.value)
+        tracer = self._tracing.tracer
+        context = trace.set_span_in_context(span)
+        prefill_start = forwarded if forwarded is not None else self._mono0
+        prefill = tracer.start_span(
+            PREFILL_SPAN, context=context, start_time=self.wall(prefill_start)
+        )
+        prefill.end(end_time=self.wall(first if first is not None else end))
+        if first is not None and last is not None:
+            decode = tracer.start_span(DECODE_SPAN, context=context, start_time=self.wall(first))
+            self._token_events(decode, windows[0] if windows else None)
+            decode.end(end_time=self.wall(last))
+        span.end(end_time=self.wall(end))
+
+    def _token_events(self, decode: Span, window: TokenWindow | None) -> None:
+        """One event per chunk on the decode span, capped; every stall is always kept."""
+        cap = self._tracing.token_events
+        decode.set_attribute(EVENTS_CAP, cap)
+        if window is None or window.gaps.size == 0:
+            decode.set_attribute(EVENTS_DROPPED, 0)
+            return
+        gaps, tokens, times = window.gaps, window.weights, window.times_ns[1:]
+        threshold = window.stall_threshold
+        stalls = gaps >= threshold if threshold is not None else np.zeros(gaps.size, bool)
+        keep = stalls.copy()
+        budget = max(cap - int(stalls.sum()), 0)
+        keep[np.flatnonzero(~stalls)[:budget]] = True
+        index = np.cumsum(tokens)  # output token index reached at each chunk
+        chosen = np.flatnonzero(keep)
+        decode.set_attribute(EVENTS_DROPPED, int(gaps.size - chosen.size))
+        tracer = self._tracing.tracer
+        parent = trace.set_span_in_context(decode)
+        for i in chosen.tolist():
+            attributes = {
+                "llmobs.token.index": int(index[i]),
+                "llmobs.token.gap": float(gaps[i]),
+                "llmobs.token.count": int(tokens[i]),
+                "llmobs.stall": bool(stalls[i]),
+            }
+            at = self.wall(int(times[i]))
+            decode.add_event(TOKEN_EVENT, attributes, timestamp=at)
+            if self._tracing.token_spans:
+                child = tracer.start_span(
+                    TOKEN_EVENT, context=parent, start_time=at - int(gaps[i] * 1e9),
+                    attributes=attributes,
+                )  # fmt: skip
+                child.end(end_time=at)
+
+
+def _attributes(
+    record: StreamStats, windows: Sequence[TokenWindow], details: RequestDetails
+) -> dict[str, str | bool | int | float | Sequence[str]]:
+    attrs: dict[str, str | bool | int | float | Sequence[str]] = {
+        REQUEST_STREAM: record.stream,
+        OUTPUT_TOKENS: record.output_tokens,
+        TOKEN_SOURCE: record.token_source.value,
+        OUTCOME: record.outcome.value,
+        STALLS: record.stalls,
+        FINISH_REASONS: list(record.finish_reasons) or [record.finish_reason],
+        "http.response.status_code": record.status,
+    }
+    optional: dict[str, str | int | float | None] = {
+        REQUEST_MODEL: record.model,
+        RESPONSE_MODEL: record.response_model,
+        RESPONSE_ID: record.response_id,
+        INPUT_TOKENS: record.input_tokens,
+        TTFT: record.ttft_s,
+        TPOT: record.tpot_s,
+        SMOOTHNESS: record.smoothness,
+        MAX_TOKENS: details.max_tokens,
+        TEMPERATURE: details.temperature,
+        INPUT_MESSAGES: details.prompt,
+        OUTPUT_MESSAGES: details.completion,
+    }
+    attrs.update({k: v for k, v in optional.items() if v is not None})
+    verdict = details.verdict
+    if verdict is not None:
+        attrs[SLO_VERDICT] = "good" if verdict.good else "bad"
+        if verdict.missed:
+            attrs[SLO_MISSED] = [objective.value for objective in verdict.missed]
+    itl = [w.itl for w in windows if w.itl.size]
+    if itl:
+        values = np.concatenate(itl)
+        weights = np.concatenate([w.weights for w in windows if w.itl.size])
+        attrs[ITL_P50] = weighted_quantile(values, weights, 0.5)
+        attrs[ITL_P99] = weighted_quantile(values, weights, 0.99)
+        attrs[ITL_MAX] = float(values.max())
+    return attrs
+
+
+def weighted_quantile(values: FloatArray, weights: FloatArray, q: float) -> float:
+    """The ``q`` quantile of ``values`` each counted ``weights`` times (lower value at ties)."""
+    order = np.argsort(values)
+    cumulative = np.cumsum(weights[order])
+    rank = q * cumulative[-1]
+    return float(values[order][min(int(np.searchsorted(cumulative, rank)), values.size - 1)])

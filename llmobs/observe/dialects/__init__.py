@@ -1,0 +1,125 @@
+"""Stream formats: framing (bytes -> events) and dialects (events -> tokens), all pure.
+
+``route_for_path`` picks the dialect from the request path and ``detect_stream`` the framing
+from the response's Content-Type, so no configuration is needed. Paths match by suffix, so
+gateways' prefixes (``/openai/v1/chat/completions``) work too. Triton's generate paths name
+the model (``/v2/models/{model}/generate_stream``): their route carries it.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, replace
+from typing import Literal
+
+from llmobs.observe.dialects.anthropic import AnthropicStream
+from llmobs.observe.dialects.base import MAX_MODEL_LENGTH, Dialect, Passthrough
+from llmobs.observe.dialects.ollama import OllamaStream
+from llmobs.observe.dialects.openai import OpenAIStream
+from llmobs.observe.dialects.responses import ResponsesStream
+from llmobs.observe.dialects.tgi import TgiStream
+from llmobs.observe.dialects.triton import TritonStream
+
+CHAT = "chat"
+TEXT_COMPLETION = "text_completion"
+OTHER = "other"
+
+
+@dataclass(frozen=True, slots=True)
+class Route:
+    """How a request path is measured: its GenAI operation and its response dialect."""
+
+    operation: str
+    dialect: type[Dialect]
+    name: str
+    stream_default: bool = False  # streaming when the body has no "stream" (Ollama: yes)
+    always_streams: bool = False  # the path itself streams (TGI /generate_stream)
+    # what the request body must hold for the route to be this one (None: the path says it
+    # all); a body without it is measured as an unknown route
+    confirm: bytes | None = None
+    model: str | None = None  # the model the path names (Triton), for a body without one
+
+    def __str__(self) -> str:
+        """How a request is named in a log line: its operation and dialect (closed sets)."""
+        return f"{self.operation}/{self.name}"
+
+    def streams(self, flag: object) -> bool:
+        """Whether a request with body field ``stream`` = ``flag`` gets a stream back."""
+        if self.always_streams:
+            return True
+        return flag is True or (flag is None and self.stream_default)
+
+
+OPENAI_CHAT = Route(CHAT, OpenAIStream, "openai")
+OPENAI_COMPLETIONS = Route(TEXT_COMPLETION, OpenAIStream, "openai")
+RESPONSES = Route(CHAT, ResponsesStream, "openai-responses")
+ANTHROPIC = Route(CHAT, AnthropicStream, "anthropic")
+TGI_STREAM = Route(TEXT_COMPLETION, TgiStream, "tgi", always_streams=True)
+TGI = Route(TEXT_COMPLETION, TgiStream, "tgi")
+OLLAMA_GENERATE = Route(TEXT_COMPLETION, OllamaStream, "ollama", stream_default=True)
+OLLAMA_CHAT = Route(CHAT, OllamaStream, "ollama", stream_default=True)
+UNKNOWN = Route(OTHER, Passthrough, "none")
+# TGI's compat route: POST / is /generate_stream when the body says "stream": true, else
+# /generate (router/src/server.rs, compat_generate), which Hugging Face's InferenceClient
+# posts to when given the server's URL; a body without "inputs" is not TGI's
+TGI_COMPAT = Route(TEXT_COMPLETION, TgiStream, "tgi", confirm=b'"inputs"')
+# Triton's generate extension (TensorRT-LLM): the path names the model, and the stream's path
+# answers in SSE whatever the body says
+TRITON_STREAM = Route(TEXT_COMPLETION, TritonStream, "triton", always_streams=True)
+TRITON = Route(TEXT_COMPLETION, TritonStream, "triton")
+_TRITON_PATH = re.compile(r"/v2/models/([^/]+)(?:/versions/[0-9]+)?/(generate(?:_stream)?)$")
+
+_SUFFIXES = (
+    ("/chat/completions", OPENAI_CHAT),
+    ("/completions", OPENAI_COMPLETIONS),
+    ("/responses", RESPONSES),
+    ("/v1/messages", ANTHROPIC),
+    ("/api/generate", OLLAMA_GENERATE),
+    ("/api/chat", OLLAMA_CHAT),
+    ("/generate_stream", TGI_STREAM),
+    ("/generate", TGI),
+)
+
+
+def route_for_path(path: str) -> Route:
+    """The route of a request path (query string excluded)."""
+    path = path.rstrip("/")
+    if "/v2/models/" in path:
+        found = _triton_route(path)
+        if found is not None:
+            return found
+        if path.endswith(("/generate", "/generate_stream")):
+            return UNKNOWN  # Triton's shape, not one of its routes (a version not a number)
+    for suffix, route in _SUFFIXES:
+        if path.endswith(suffix):
+            return route
+    return UNKNOWN
+
+
+def _triton_route(path: str) -> Route | None:
+    """Triton's generate routes, with the model their path names (bounded, as a body's is;
+    the path is percent-decoded already); None for any other path."""
+    found = _TRITON_PATH.search(path)
+    if found is None:
+        return None
+    route = TRITON_STREAM if found.group(2) == "generate_stream" else TRITON
+    return replace(route, model=found.group(1)[:MAX_MODEL_LENGTH])
+
+
+def route_for_request(method: str, path: str) -> Route:
+    """The route of a request: its path's, or TGI's compat route for a POST to the root."""
+    if method == "POST" and not path.rstrip("/"):
+        return TGI_COMPAT
+    return route_for_path(path)
+
+
+def detect_stream(content_type: str) -> Literal["sse", "ndjson", "json", "other"]:
+    """How to read a response body, from its Content-Type."""
+    media = content_type.split(";", 1)[0].strip().lower()
+    if media == "text/event-stream":
+        return "sse"
+    if media in ("application/x-ndjson", "application/ndjson", "application/jsonl"):
+        return "ndjson"
+    if media == "application/json" or media.endswith("+json"):
+        return "json"
+    return "other"

@@ -1,0 +1,112 @@
+"""What a request body says that telemetry may use: the model, the stream flag, the sampling
+settings; the prompt only when content capture is on. Pure: bytes in, a record out, never
+raises. Format knowledge (OpenAI, Anthropic, Ollama, TGI bodies), hence here in ``formats``.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any, NamedTuple
+
+from llmobs.observe.dialects import UNKNOWN, Route
+from llmobs.observe.dialects.base import MAX_MODEL_LENGTH, loads
+
+CONTENT_LIMIT = 1024  # characters of prompt / completion kept with --capture-content
+
+
+def truncate(text: str) -> str:
+    """Captured content as it may go on a span: at most ``CONTENT_LIMIT`` characters."""
+    return text if len(text) <= CONTENT_LIMIT else text[:CONTENT_LIMIT] + "…"
+
+
+class RequestInfo(NamedTuple):
+    """What the request body says that telemetry may use (no prompt text). A named tuple,
+    immutable as a frozen dataclass and cheaper to make: one per request."""
+
+    model: str | None = None
+    stream: bool = False
+    include_usage: bool = False  # an OpenAI stream that already asked for usage
+    max_tokens: int | None = None
+    temperature: float | None = None
+    prompt: str | None = None  # only with --capture-content, truncated
+
+
+_PARSE_LIMIT = 1 << 20
+_SCAN = 64 * 1024
+_MODEL_RE = re.compile(rb'"model"\s*:\s*"((?:[^"\\]|\\.){1,%d})"' % MAX_MODEL_LENGTH)
+_STREAM_RE = re.compile(rb'"stream"\s*:\s*(true|false)\b')
+
+
+def parse_request(body: bytes, route: Route = UNKNOWN, capture: bool = False) -> RequestInfo:
+    """Pick the model, stream flag and sampling settings out of a JSON request body.
+
+    Tolerates anything. Bodies up to 1 MiB are parsed (orjson when present: fast).
+    Larger ones (long prompts, images) are only scanned at both ends, where clients put these
+    keys, so that a 16 MiB prompt does not hold up every other stream on the event loop.
+    The prompt itself is read only with ``capture`` (``--capture-content``).
+    """
+    if len(body) > _PARSE_LIMIT:
+        ends = body[:_SCAN] + b"\n" + body[-_SCAN:]
+        found = _MODEL_RE.search(ends)
+        model = found.group(1).decode("utf-8", "replace") if found else route.model
+        stream = _STREAM_RE.search(ends)
+        flag = stream.group(1) == b"true" if stream else None
+        return RequestInfo(model, route.streams(flag))
+    try:
+        obj: Any = loads(body)
+    except ValueError:
+        return _no_body(route)
+    if not isinstance(obj, dict):
+        return _no_body(route)
+    get = obj.get
+    model = get("model")
+    options = get("stream_options")
+    include = isinstance(options, dict) and options.get("include_usage") is True
+    nested = get("options") or get("parameters")  # Ollama options, TGI's and Triton's parameters
+    nested = nested if isinstance(nested, dict) else {}
+    max_tokens = _first_int(
+        get("max_tokens"), get("max_completion_tokens"), get("max_output_tokens"),
+        nested.get("num_predict"), nested.get("max_new_tokens"), nested.get("max_tokens"),
+    )  # fmt: skip
+    temperature = get("temperature", nested.get("temperature"))
+    prompt = None
+    if capture:
+        text = next((obj[k] for k in _PROMPT_KEYS if k in obj), None)
+        prompt = truncate(text if isinstance(text, str) else json_text(text))
+    return RequestInfo(
+        model[:MAX_MODEL_LENGTH] if isinstance(model, str) else route.model,
+        route.streams(get("stream")),
+        include,
+        max_tokens,
+        float(temperature) if isinstance(temperature, int | float) else None,
+        prompt,
+    )
+
+
+_PROMPT_KEYS = ("messages", "prompt", "input", "inputs")
+# What is known of a request before its body is read, by whether its path always streams
+# (made once and shared: immutable, and one fewer record made per request).
+NO_BODY = (RequestInfo(stream=False), RequestInfo(stream=True))
+
+
+def _no_body(route: Route) -> RequestInfo:
+    """What a request says whose body is not a JSON object: its path's model, if any."""
+    if route.model is None:
+        return NO_BODY[route.always_streams]
+    return RequestInfo(route.model, route.always_streams)
+
+
+def _first_int(*values: Any) -> int | None:
+    """The first int (not bool) among ``values``: a loop, cheaper than a generator here."""
+    for value in values:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+    return None
+
+
+def json_text(value: Any) -> str:
+    try:
+        return json.dumps(value, ensure_ascii=False)[: CONTENT_LIMIT + 1]
+    except (TypeError, ValueError):
+        return ""

@@ -1,0 +1,632 @@
+"""The relay: forward any request upstream and stream the response back, byte for byte.
+
+The only place that reads the clock on the data path: once per chunk, when the chunk arrives
+(the sockets are ``server``'s and ``upstream``'s). Each chunk is written to the client first
+and observed second, so telemetry can neither delay nor alter what the client receives. Each
+request is an ``_Exchange`` in small steps; how a failure ends one is a table (``FAILURES``).
+
+Semantics, as a user of a reverse proxy expects them:
+- every method and path is forwarded, the request body read whole (bounded, as nginx buffers
+  it) and sent with its length, headers passed except hop-by-hop ones; ``X-Forwarded-For`` /
+  ``-Proto`` added; no other header added (``upstream`` writes only ``Host`` and the length)
+  and no decompression, so the engine and the client see what they would see without it;
+- the response body is written to the client from the upstream socket's read callback
+  (``upstream``), chunk by chunk as it comes;
+- the client going away closes the upstream connection at once (``server.Request.on_gone``,
+  then the handler's cancellation), so the engine stops generating for nobody;
+- an unreachable upstream gives a JSON error (502, or 504 on timeout) in the OpenAI error
+  shape; upstream HTTP errors pass through unchanged; a failure after the response has started
+  closes the client connection without a clean end, as the engine itself would have;
+- a client that keeps the sidecar waiting for its body longer than ``--client-timeout`` in all
+  gets a JSON 408 (a slowloris body cannot hold a connection; headers: see ``server``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable, Coroutine, Iterable, MutableMapping
+from time import perf_counter_ns
+from typing import NamedTuple, Protocol
+
+from llmobs.config.logs import method_label
+from llmobs.config.settings import Settings
+from llmobs.export.tracing import Arrival
+from llmobs.observe.dialects import Route, detect_stream, route_for_request
+from llmobs.observe.dialects.base import Passthrough
+from llmobs.observe.dialects.openai import OpenAIStream
+from llmobs.observe.timing import Outcome
+from llmobs.relay.deferred import Deferred
+from llmobs.relay.inject import UsageStripper, inject_usage
+from llmobs.wire.http1 import BadRequest, ProtocolError, ResponseHead, content_length
+from llmobs.wire.server import BodyTooLarge, BodyTooSlow, Request
+from llmobs.wire.upstream import Connection, Sink, Upstream, UpstreamClosed
+
+log = logging.getLogger("llmobs.proxy")
+
+HOP_BY_HOP = frozenset(
+    {
+        "connection",
+        "keep-alive",
+        "proxy-authenticate",
+        "proxy-authorization",
+        "proxy-connection",
+        "te",
+        "trailer",
+        "trailers",
+        "transfer-encoding",
+        "upgrade",
+    }
+)
+
+
+class RequestObserver(Protocol):
+    """What the relay tells observation; implemented by ``observer.Observer``."""
+
+    def request_body(self, body: bytes) -> None: ...
+    def inject(self, headers: MutableMapping[str, str]) -> None: ...
+    def forwarded(self, t_ns: int) -> None: ...
+    def response(self, status: int, content_type: str) -> None: ...
+    def chunk(self, t_ns: int, data: bytes) -> None: ...
+    def finish(self, t_ns: int, outcome: Outcome) -> object: ...
+
+
+class ObserverFactory(Protocol):
+    """Makes a request's observer; ``traces``: its observers add a trace context upstream."""
+
+    @property
+    def traces(self) -> bool: ...
+    def __call__(self, route: Route, start_ns: int, arrival: Arrival) -> RequestObserver: ...
+
+
+class NullObserver:
+    """Observation switched off (``--no-instrument``): a bare relay, for comparison."""
+
+    __slots__ = ()
+
+    def request_body(self, body: bytes) -> None:
+        pass
+
+    def inject(self, headers: MutableMapping[str, str]) -> None:
+        pass
+
+    def forwarded(self, t_ns: int) -> None:
+        pass
+
+    def response(self, status: int, content_type: str) -> None:
+        pass
+
+    def chunk(self, t_ns: int, data: bytes) -> None:
+        pass
+
+    def finish(self, t_ns: int, outcome: Outcome) -> object:
+        return None
+
+
+NULL_OBSERVER = NullObserver()
+
+
+def filter_headers(
+    fields: Iterable[tuple[str, str]], drop: frozenset[str] = HOP_BY_HOP
+) -> list[tuple[str, str]]:
+    """``fields`` minus those named in ``drop`` (lower case; hop-by-hop ones at least) and
+    those the ``Connection`` header names. One pass over the list the parser kept."""
+    out: list[tuple[str, str]] = []
+    named: set[str] | None = None
+    for key, value in fields:
+        lower = key.lower()
+        if lower in drop:
+            if lower == "connection":
+                tokens = {token.strip().lower() for token in value.split(",")}
+                named = tokens if named is None else named | tokens
+            continue
+        out.append((key, value))
+    if named:
+        out = [(key, value) for key, value in out if key.lower() not in named]
+    return out
+
+
+# not forwarded upstream besides the hop-by-hop ones: ``Host`` and the framing (written anew),
+# ``Expect`` (the sidecar answered it), ``X-Forwarded-For`` (extended, below)
+_NOT_FORWARDED = HOP_BY_HOP | {"host", "content-length", "expect", "x-forwarded-for"}
+# not passed on to the client: the framing is the client's response's own
+_NOT_RETURNED = HOP_BY_HOP | {"content-length"}
+
+
+class _ShutDown(Exception):
+    """A request still waiting for its response head when a shutdown's grace ran out."""
+
+
+_IDEMPOTENT = frozenset({"GET", "HEAD", "OPTIONS", "TRACE", "PUT", "DELETE"})  # RFC 9110 9.2.2
+
+
+def upstream_headers(request: Request) -> list[tuple[str, str]]:
+    """Headers to send upstream: the client's, minus hop-by-hop ones, ``Host``, ``Expect``
+    (the sidecar answered it) and the framing, plus ``X-Forwarded-For``/``-Proto``."""
+    headers = request.headers
+    out = filter_headers(request.head.fields, _NOT_FORWARDED)
+    chain = [v for v in headers.getall("X-Forwarded-For", ()) if v.strip()]
+    if request.remote:
+        chain.append(request.remote)
+    if chain:
+        out.append(("X-Forwarded-For", ", ".join(chain)))
+    if "X-Forwarded-Proto" not in headers or not any(
+        k.lower() == "x-forwarded-proto" for k, _ in out
+    ):
+        out.append(("X-Forwarded-Proto", request.scheme))
+    return out
+
+
+def _with_trace(obs: RequestObserver, headers: list[tuple[str, str]]) -> list[tuple[str, str]]:
+    """``headers`` with the trace context the observer injects (``traceparent`` ...), which
+    replaces any the client sent under the same names."""
+    carrier: dict[str, str] = {}
+    obs.inject(carrier)
+    if not carrier:
+        return headers
+    names = {name.lower() for name in carrier}
+    return [(k, v) for k, v in headers if k.lower() not in names] + list(carrier.items())
+
+
+def _is_json(content_type: str) -> bool:
+    media = content_type.split(";", 1)[0].strip().lower()
+    return media == "application/json" or media.endswith("+json")
+
+
+class _ResponseRelay:
+    """One response on its way from the engine to the client, per read.
+
+    ``on_head`` runs inside the upstream connection's ``data_received`` when the response
+    head has come: it chooses the framing, writes the head to the client and returns ``feed``
+    as the sink for the body, so a first chunk that came with the head goes on in the same
+    read, with no loop iteration in between. ``feed`` writes each read to the client's
+    transport first (framed as the client's response needs), then observes it. When both legs
+    are chunked and the read was whole chunks, the read goes on as it came: one write, no
+    re-framing, and a last chunk that came with the last token goes in the same write (one
+    send fewer per request). A slow client pauses upstream reads until its buffer drains (the
+    client transport's write-buffer limits call back, see ``server``), at no cost per chunk;
+    a client that goes away closes the engine's connection (``client_gone``, called by the
+    server), so ``feed`` never checks for it.
+    """
+
+    __slots__ = (
+        "_chunked",
+        "_obs",
+        "_relayed",
+        "_request",
+        "_transport",
+        "conn",
+        "gone",
+        "on_sent",
+        "stripper",
+    )
+
+    def __init__(
+        self,
+        request: Request,
+        obs: RequestObserver,
+        stripper: UsageStripper | None,
+        relayed: set[Connection],
+    ) -> None:
+        self._request = request
+        self._transport = request.transport
+        self._chunked = False
+        self._obs = obs
+        self._relayed = relayed
+        self.stripper = stripper
+        self.conn: Connection | None = None  # the connection whose response this is
+        self.gone = False  # the client went away mid-stream
+        # called once the request has been handed to a connection (observation starts)
+        self.on_sent: Callable[[], None] | None = None
+
+    def observe(self, obs: RequestObserver) -> None:
+        """Observe the response with ``obs`` (made once the request went upstream)."""
+        self._obs = obs
+
+    def on_head(self, conn: Connection, head: ResponseHead) -> Sink:
+        """The response head came on ``conn``: pass it on; the body goes to ``feed``. A
+        client gone before it (the handler's cancellation not yet delivered) gets nothing:
+        the exchange fails at once, and no byte goes to a closed transport."""
+        self.conn = conn
+        self._relayed.add(conn)
+        request = self._request
+        if request.transport.is_closing():
+            self.gone = True
+            raise ConnectionResetError("the client went away before the response head")
+        response_headers = head.headers
+        content_type = response_headers.get("Content-Type", "")
+        if response_headers.get("Content-Encoding", "").lower() not in ("", "identity"):
+            content_type = ""  # compressed: relayed and timed, not parsed (not malformed)
+        self._obs.response(head.status, content_type)
+        if self.stripper is not None and detect_stream(content_type) != "sse":
+            self.stripper = None  # an error body, say: nothing to strip
+        fields = filter_headers(head.fields, _NOT_RETURNED)
+        request.begin(head.status, head.reason, fields, _length(head, self.stripper))
+        self._chunked = request.chunked
+        request.on_flow(conn.pause_reading, conn.resume_reading)
+        request.on_gone(self.client_gone)
+        return self.feed
+
+    def client_gone(self) -> None:
+        """The client went away mid-stream: close the engine's connection, so that it stops
+        generating for nobody and nothing more comes to ``feed`` (the handler, cancelled on
+        the loop's next round, records the outcome). If the response ended in this same
+        loop round, the client had all of it: the request stays ``ok`` and the connection
+        goes back to the pool, as when the client leaves after its handler is done."""
+        conn = self.conn
+        if conn is not None and conn.relaying:
+            self.gone = True
+            conn.close()
+
+    def feed(self, data: bytes, frame: bytes | None, last: bool) -> None:
+        now = perf_counter_ns()
+        if self.stripper is not None:
+            self._request.write(self.stripper.feed(data))
+        elif frame is not None and self._chunked:
+            self._transport.write(frame)  # the hot path: the engine's bytes, as they came
+            if last:
+                self._request.last_chunk_sent = True
+        else:
+            self._request.write(data)  # framed for the client
+        self._obs.chunk(now, data)
+
+
+class _Failure(NamedTuple):
+    """What a request that failed this way ends in."""
+
+    outcome: Outcome
+    status: int  # the sidecar's answer if the response has not begun (0: the error's own)
+    message: str  # its text: {limit}, {timeout}, {error} and {kind} are filled in
+    upstream: bool  # the engine's failure: a warning in the log (the answer says "llmobs:")
+    close: bool  # the client's connection is closed after the answer (its body unread)
+
+
+# An exception -> the request's end, the first entry that matches (BadRequest is a
+# ProtocolError, and both and TimeoutError are OSErrors: they come first).
+FAILURES: tuple[tuple[type[BaseException], _Failure], ...] = (
+    (_ShutDown, _Failure(Outcome.SHUTDOWN, 503, "llmobs: shutting down", False, True)),
+    (BodyTooLarge, _Failure(
+        Outcome.REJECTED, 413, "request body larger than {limit} bytes", False, True
+    )),
+    (BodyTooSlow, _Failure(
+        Outcome.REJECTED, 408, "request body not received within {timeout:g} s", False, True
+    )),
+    (BadRequest, _Failure(Outcome.REJECTED, 0, "{error}", False, True)),
+    (TimeoutError, _Failure(Outcome.UPSTREAM_TIMEOUT, 504, "upstream timed out", True, False)),
+    (ProtocolError, _Failure(
+        Outcome.UPSTREAM_ERROR, 502, "upstream sent an invalid response: {error}", True, False
+    )),
+    (OSError, _Failure(Outcome.UPSTREAM_ERROR, 502, "upstream unavailable: {kind}", True, False)),
+)  # fmt: skip
+_INTERNAL = _Failure(Outcome.UPSTREAM_ERROR, 502, "llmobs: internal error", False, False)
+
+
+def failure_for(exc: BaseException) -> _Failure:
+    """How a request that raised ``exc`` ends (``FAILURES``; anything else is the relay's
+    own bug: a 502, or a cut response)."""
+    for kind, failure in FAILURES:
+        if isinstance(exc, kind):
+            return failure
+    return _INTERNAL
+
+
+class Relay:
+    """The request handler, bound to the upstream, settings and an observer factory: each
+    request is an ``_Exchange``; the relay keeps what they share (the pool, the connections
+    a shutdown must end, the deferred bookkeeping)."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        upstream: Upstream,
+        new_observer: ObserverFactory | None,
+    ) -> None:
+        self.settings = settings
+        self.upstream = upstream
+        self.new_observer = new_observer
+        self.streams: set[Connection] = set()  # connections whose response is being relayed
+        self.aborted: set[Connection] = set()  # ended by a shutdown's grace
+        # sent, until their exchange ends (the head awaited, then the body relayed): a
+        # shutdown's grace ends them; ``streams`` is those whose head came (``active``)
+        self._pending: set[Connection] = set()
+        self._ending = False  # a shutdown's grace is over: nothing more goes upstream
+        self._deferred = Deferred()  # each request's bookkeeping, once the pending I/O is served
+
+    def __call__(self, request: Request) -> Coroutine[None, None, None]:
+        # the exchange's own coroutine, not one more awaiting it: a frame fewer per request
+        return _Exchange(self, request).run()
+
+    async def send(self, method: str, raw_head: bytes, body: bytes, stream: _ResponseRelay) -> None:
+        """Send the request and relay its response through ``stream``, to its end.
+
+        A pooled connection the engine closed while it sat idle fails before any byte of a
+        response. An idempotent request is then sent once more on a fresh connection; others
+        (a POST to a completions route) are not: the engine may have read one and failed on
+        it, and a proxy must not repeat it (RFC 9110 section 9.2.2; nginx's default too). The
+        pool's idle timeout keeps that race rare. Until a head has come the connection is
+        this method's to discard; after, the exchange's (``stream.conn``).
+        """
+        for attempt in (0, 1):
+            conn, reused = await self.upstream.acquire()
+            if self._ending:  # the grace ran out while it connected (or before it was sent)
+                self.upstream.discard(conn)
+                raise _ShutDown()
+            self._pending.add(conn)
+            try:
+                conn.send(method, raw_head, body, stream.on_head)
+                sent = stream.on_sent
+                if sent is not None:  # the first send: observation starts
+                    stream.on_sent = None
+                    sent()
+                await conn.wait(self.settings.read_timeout)
+                return
+            except UpstreamClosed:
+                if stream.conn is not None:
+                    raise
+                self.upstream.discard(conn)
+                if conn in self.aborted:  # no head by the end of a shutdown's grace
+                    self.aborted.discard(conn)
+                    raise _ShutDown() from None
+                if not reused or attempt or conn.responded or method not in _IDEMPOTENT:
+                    raise
+            except BaseException:
+                if stream.conn is None:
+                    self.upstream.discard(conn)
+                raise
+            finally:
+                self._pending.discard(conn)
+        raise AssertionError("unreachable")  # the second attempt returns or raises
+
+    def record(self, obs: RequestObserver, t_ns: int, outcome: Outcome) -> None:
+        """Record the request's end (stamped now) once the loop has served the sockets that
+        are ready: new requests go upstream before the bookkeeping of finished ones."""
+        if obs is not NULL_OBSERVER:
+            self._deferred.call(obs.finish, t_ns, outcome)
+
+    def flush(self) -> None:
+        """Record every finished request now (shutdown, tests)."""
+        self._deferred.drain()
+
+    @property
+    def active(self) -> int:
+        """Responses being relayed right now."""
+        return len(self.streams)
+
+    def abort_streams(self) -> int:
+        """End every exchange still under way (a shutdown's grace is over); returns how many.
+
+        Each upstream connection is closed. A handler whose response has started ends it with
+        a clean end (the final chunk); one still waiting for its response head (a request
+        queued in the engine, or not streamed) answers 503 and closes. Either records the
+        ``shutdown`` outcome and returns.
+        """
+        self._ending = True
+        streams = self.streams | self._pending
+        for conn in streams:
+            self.aborted.add(conn)
+            conn.close()
+        return len(streams)
+
+    def observer(self, route: Route, start: int, request: Request) -> RequestObserver:
+        """A new observer, or the null one if there is none or it cannot be made."""
+        factory = self.new_observer
+        if factory is None:
+            return NULL_OBSERVER
+        try:
+            return factory(route, start, request)
+        except Exception:
+            log.exception("could not start observing a request; relaying it unobserved")
+            return NULL_OBSERVER
+
+
+class _Exchange:
+    """One request through the relay, in steps: refused at once if its declared length is
+    over the limit (``_refuse_too_large``); the body read; ``_prepare`` (the upstream request
+    made); ``relay.send`` (sent, and its response relayed by a ``_ResponseRelay``); ``_end``.
+    A failure anywhere ends it as ``FAILURES`` says (``_failed``), and ``_finish`` records
+    exactly one outcome."""
+
+    __slots__ = ("_obs", "observed", "outcome", "relay", "request", "route", "start", "stream")
+
+    def __init__(self, relay: Relay, request: Request) -> None:
+        self.relay = relay
+        self.request = request
+        self.start = perf_counter_ns()
+        self.route = route_for_request(request.method, request.path)
+        self.outcome = Outcome.OK
+        self.stream: _ResponseRelay | None = None
+        self.observed: bytes | None = None  # the body, for the observer to parse
+        # Observation starts once the request is on its way upstream (``_observe``), so that
+        # the engine does not wait for it: the usual request, whose body came with its head.
+        # The observer is made first when it adds a trace context to the request, or when the
+        # body is still on its way (the request is in flight, and counted as active, while it
+        # uploads); a request that never goes upstream gets one at its end.
+        self._obs: RequestObserver | None = None
+        factory = relay.new_observer
+        if factory is not None and (factory.traces or not request.body_complete):
+            self._obs = relay.observer(self.route, self.start, request)
+
+    def _observer(self) -> RequestObserver:
+        if self._obs is None:
+            self._obs = self.relay.observer(self.route, self.start, self.request)
+        return self._obs
+
+    async def run(self) -> None:
+        try:
+            request = self.request
+            length = request.content_length
+            if length is not None and length > self.relay.settings.max_body_bytes:
+                self._refuse_too_large()  # before a byte of the body is read
+                return
+            body: bytes | None = None
+            if request.has_body:  # read whole (bounded, within the client timeout)
+                body = await request.read_body(self.relay.settings.client_timeout)
+            method, raw_head, body, stream = self._prepare(body)
+            try:
+                await self.relay.send(method, raw_head, body, stream)
+            except ConnectionError:
+                if not stream.gone:
+                    raise
+            self._end(stream)
+        except asyncio.CancelledError:
+            self.outcome = Outcome.CLIENT_DISCONNECT
+            raise
+        except Exception as exc:
+            self._failed(exc)
+        finally:
+            self._finish()
+
+    def _refuse_too_large(self) -> None:
+        """A body declared larger than the limit: 413, and the connection closed."""
+        self.outcome = Outcome.REJECTED
+        limit = self.relay.settings.max_body_bytes
+        self._answer(413, f"request body larger than {limit} bytes", close=True)
+
+    def _prepare(self, body: bytes | None) -> tuple[str, bytes, bytes, _ResponseRelay]:
+        """The request as it goes upstream, with its ``body`` (read; None: it has none) and
+        ``--inject-usage`` applied: method, head, body, and the stream its response will
+        take."""
+        request, relay = self.request, self.relay
+        headers = upstream_headers(request)
+        if self._obs is not None:
+            headers = _with_trace(self._obs, headers)
+        stripper: UsageStripper | None = None
+        if body is not None:
+            if relay.new_observer is not None:
+                self.observed = _observable(self.route, request, body)
+                if relay.settings.inject_usage and self.route.dialect is OpenAIStream:
+                    body, stripper = self._inject_usage(body)
+        elif request.method in ("POST", "PUT", "PATCH"):
+            body = b""
+        raw_head = relay.upstream.request_head(request.method, request.target, headers, body)
+        stream = self.stream = _ResponseRelay(request, NULL_OBSERVER, stripper, relay.streams)
+        if relay.new_observer is not None:
+            stream.on_sent = self._observe
+        return request.method, raw_head, body or b"", stream
+
+    def _inject_usage(self, body: bytes) -> tuple[bytes, UsageStripper | None]:
+        """``--inject-usage``: the body asks the engine for usage, which the client then does
+        not see (``UsageStripper``); a failure of the rewrite leaves the body as it came."""
+        try:
+            rewritten = inject_usage(body)
+        except Exception:  # a bug of the rewrite's
+            log.exception("%s %s: --inject-usage failed", _method(self.request), self.route)
+            rewritten = None
+        return (body, None) if rewritten is None else (rewritten, UsageStripper())
+
+    def _observe(self) -> None:
+        """The request went upstream: observation starts (the stream's ``on_sent``)."""
+        t_ns = perf_counter_ns()
+        obs = self._obs or self._observer()
+        if self.observed is not None:
+            obs.request_body(self.observed)
+            self.observed = None
+        obs.forwarded(t_ns)
+        assert self.stream is not None
+        self.stream.observe(obs)
+
+    def _end(self, stream: _ResponseRelay) -> None:
+        """The response came to its end (or the client went away during it)."""
+        if stream.gone:
+            self.outcome = Outcome.CLIENT_DISCONNECT
+            return
+        self._flush(stream)
+        self.request.end()
+        if stream.conn in self.relay.aborted:
+            self.outcome = Outcome.SHUTDOWN
+
+    def _flush(self, stream: _ResponseRelay | None) -> None:
+        """What ``--inject-usage``'s stripper still holds goes to the client, however the
+        response ends: a finish chunk it held, an event cut short (the client would have had
+        its bytes without the sidecar)."""
+        if stream is not None and stream.stripper is not None:
+            held = stream.stripper.flush()
+            if held:
+                self.request.write(held)
+
+    def _failed(self, exc: Exception) -> None:
+        """The exchange failed: one outcome, and the client told what it can be told."""
+        request = self.request
+        conn = self.stream.conn if self.stream is not None else None
+        if _connection_failed(exc) and request.started:
+            if conn is not None and conn in self.relay.aborted:
+                self.outcome = Outcome.SHUTDOWN  # the shutdown grace ran out: a clean end
+                self._flush(self.stream)
+                request.end()
+                return
+            if isinstance(exc, ConnectionError) and _client_gone(request):
+                self.outcome = Outcome.CLIENT_DISCONNECT
+                return
+        failure = failure_for(exc)
+        self.outcome = failure.outcome
+        settings = self.relay.settings
+        message = failure.message.format(
+            limit=settings.max_body_bytes, timeout=settings.client_timeout, error=exc,
+            kind=type(exc).__name__,
+        )  # fmt: skip
+        if failure is _INTERNAL:
+            log.exception("%s %s: the relay failed", _method(request), self.route)
+        elif failure.upstream:  # named by method and route, never by path: a client chose it
+            outcome = failure.outcome.value
+            log.warning("%s %s: %s (%s)", _method(request), self.route, message, outcome)
+            message = f"llmobs: {message}"
+        if request.started:  # end it the way a broken engine would, uncleanly
+            self._flush(self.stream)
+            request.abort()
+        else:
+            status = failure.status or getattr(exc, "status", 400)
+            self._answer(status, message, close=failure.close)
+
+    def _answer(self, status: int, message: str, close: bool = False) -> None:
+        """A response the sidecar produces itself (the observer records its status)."""
+        self._observer().response(status, "")
+        self.request.respond_error(status, message, close=close)
+
+    def _finish(self) -> None:
+        """Exactly one outcome: the connection back to the pool or closed, and the record."""
+        request, relay = self.request, self.relay
+        request.on_flow(None, None)
+        request.on_gone(None)
+        stream = self.stream
+        conn = stream.conn if stream is not None else None
+        if conn is not None:
+            relay.streams.discard(conn)
+            relay.aborted.discard(conn)
+            if self.outcome is Outcome.OK:
+                relay.upstream.release(conn)
+            else:
+                relay.upstream.discard(conn)
+        if self.observed is not None and stream is not None and stream.on_sent is not None:
+            # never sent (no connection to the engine, say): the body is read now, so the
+            # failure is counted under its model, as every other outcome is
+            self._observer().request_body(self.observed)
+        relay.record(self._obs or self._observer(), perf_counter_ns(), self.outcome)
+
+
+def _connection_failed(exc: Exception) -> bool:
+    """A connection broke (either leg's): not a timeout, not a refused request."""
+    return isinstance(exc, OSError) and not isinstance(exc, TimeoutError | BadRequest)
+
+
+def _observable(route: Route, request: Request, body: bytes) -> bytes | None:
+    """The body, if the observer can read anything of it (an API route's, or JSON)."""
+    if route.dialect is not Passthrough or _is_json(request.headers.get("Content-Type", "")):
+        return body
+    return None
+
+
+def _length(head: ResponseHead, stripper: UsageStripper | None) -> int | None:
+    """The response's Content-Length to pass on: the engine's, unless the body is rewritten
+    or framed by a transfer coding, which overrides it (RFC 9112 section 6.3: the body read
+    is not that length, and a client counting on it would read the next response into it)."""
+    if stripper is not None or "Transfer-Encoding" in head.headers:
+        return None
+    return content_length(head.headers)
+
+
+def _method(request: Request) -> str:
+    return method_label(request.method)
+
+
+def _client_gone(request: Request) -> bool:
+    return request.transport.is_closing()

@@ -1,0 +1,168 @@
+"""Load generation: closed-loop streaming clients that measure what a user feels.
+
+Used by ``llmobs demo`` (and the benchmarks): each client sends OpenAI-compatible streaming
+requests and records, on its own clock, the time to the first output and every output chunk's
+arrival, counting tokens with the same decoder and dialect the sidecar uses. The workload is a
+realistic, seeded mix of short and long prompts, chat and completions.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import quote
+
+import aiohttp
+
+from llmobs.observe.dialects import detect_stream, route_for_path
+from llmobs.observe.framing import Framing, NdjsonDecoder, SseDecoder
+
+_WORDS = ("the", "quick", "brown", "fox", "jumps", "over", "a", "lazy", "dog", "while",
+          "seven", "wizards", "quietly", "hum")  # fmt: skip
+
+
+@dataclass(frozen=True, slots=True)
+class Call:
+    """One request to send: path and JSON body."""
+
+    path: str
+    body: dict[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class Result:
+    """What one client saw of one request (times in seconds from sending it)."""
+
+    status: int
+    ttft: float | None
+    chunk_times: tuple[float, ...]
+    tokens: int
+    duration: float
+    error: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None and 200 <= self.status < 300
+
+
+DIALECTS = ("openai", "ollama", "tgi", "anthropic", "responses", "triton")
+
+
+class Workload:
+    """A seeded mix: 80 % short prompts (~40-170 tokens), 20 % long (~400-1700).
+
+    ``dialect`` picks the API the clients speak: ``openai`` (80 % chat, 20 % completions),
+    ``ollama``, ``tgi``, ``anthropic``, ``responses``, ``triton``, or ``mixed`` (each in turn).
+    """
+
+    def __init__(
+        self, model: str, seed: int = 0, long_share: float = 0.2, dialect: str = "openai"
+    ) -> None:
+        if dialect not in (*DIALECTS, "mixed"):
+            raise ValueError(f"unknown dialect {dialect!r}")
+        self._rng = random.Random(seed)
+        self._model = model
+        self._long_share = long_share
+        self._dialect = dialect
+        self._sent = 0
+
+    def _text(self, tokens: int) -> str:
+        words = [self._rng.choice(_WORDS) for _ in range(tokens)]  # ~4 chars + space per word
+        return " ".join(words)
+
+    def next(self) -> Call:
+        rng = self._rng
+        long = rng.random() < self._long_share
+        prompt = self._text(rng.randint(300, 1200) if long else rng.randint(30, 120))
+        max_tokens = rng.randint(32, 256)
+        dialect = self._dialect
+        if dialect == "mixed":
+            dialect = DIALECTS[self._sent % len(DIALECTS)]
+        self._sent += 1
+        return _call(dialect, self._model, prompt, max_tokens, rng.random() < 0.8)
+
+
+def _call(dialect: str, model: str, prompt: str, max_tokens: int, chat: bool) -> Call:
+    """One streaming request in ``dialect``'s own shape."""
+    messages = [{"role": "user", "content": prompt}]
+    body: dict[str, Any]
+    if dialect == "ollama":
+        options = {"num_predict": max_tokens}
+        if chat:
+            return Call("/api/chat", {"model": model, "messages": messages, "options": options})
+        return Call("/api/generate", {"model": model, "prompt": prompt, "options": options})
+    if dialect == "tgi":
+        body = {"inputs": prompt, "parameters": {"max_new_tokens": max_tokens, "details": True}}
+        return Call("/generate_stream", body)
+    if dialect == "triton":  # TensorRT-LLM's ensemble, which names its model in the path
+        body = {"text_input": prompt, "max_tokens": max_tokens, "stream": True,
+                "return_num_input_tokens": True, "return_num_output_tokens": True}  # fmt: skip
+        return Call(f"/v2/models/{quote(model, safe='')}/generate_stream", body)
+    if dialect == "anthropic":
+        body = {"model": model, "max_tokens": max_tokens, "messages": messages, "stream": True}
+        return Call("/v1/messages", body)
+    if dialect == "responses":
+        body = {"model": model, "input": prompt, "max_output_tokens": max_tokens, "stream": True}
+        return Call("/v1/responses", body)
+    usage = {"include_usage": True}
+    if chat:
+        body = {"model": model, "messages": messages, "max_tokens": max_tokens, "stream": True,
+                "stream_options": usage}  # fmt: skip
+        return Call("/v1/chat/completions", body)
+    body = {"model": model, "prompt": prompt, "max_tokens": max_tokens, "stream": True,
+            "stream_options": usage}  # fmt: skip
+    return Call("/v1/completions", body)
+
+
+async def stream_call(session: aiohttp.ClientSession, base_url: str, call: Call) -> Result:
+    """Send ``call`` and time its stream at the client, in whatever dialect it speaks."""
+    clock = time.perf_counter
+    start = clock()
+    dialect = route_for_path(call.path).dialect()
+    times: list[float] = []
+    tokens = 0
+    try:
+        async with session.post(base_url + call.path, json=call.body) as resp:
+            kind = detect_stream(resp.headers.get("Content-Type", ""))
+            decoder: Framing = NdjsonDecoder() if kind == "ndjson" else SseDecoder()
+            async for data in resp.content.iter_any():
+                now = clock() - start
+                got = sum(dialect.on_data(p) for p in decoder.payloads(data))
+                if got:
+                    times.append(now)
+                    tokens += got
+            status = resp.status
+    except (aiohttp.ClientError, OSError, TimeoutError) as exc:
+        return Result(0, None, tuple(times), tokens, clock() - start, type(exc).__name__)
+    total = dialect.output_tokens if dialect.output_tokens is not None else tokens
+    ttft = times[0] if times else None
+    return Result(status, ttft, tuple(times), total, clock() - start)
+
+
+async def run_load(
+    base_url: str,
+    workload: Workload,
+    *,
+    duration: float,
+    concurrency: int,
+    on_result: Callable[[Result], None],
+    max_requests: int | None = None,
+) -> int:
+    """Closed loop: ``concurrency`` clients send back to back for ``duration`` seconds."""
+    deadline = time.perf_counter() + duration
+    sent = 0
+
+    async def client(session: aiohttp.ClientSession) -> None:
+        nonlocal sent
+        while time.perf_counter() < deadline and (max_requests is None or sent < max_requests):
+            sent += 1
+            on_result(await stream_call(session, base_url, workload.next()))
+
+    connector = aiohttp.TCPConnector(limit=concurrency)
+    async with aiohttp.ClientSession(connector=connector) as session:
+        await asyncio.gather(*(client(session) for _ in range(concurrency)))
+    return sent

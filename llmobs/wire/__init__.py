@@ -1,0 +1,7 @@
+"""The wire: both HTTP legs of the relay, and nothing of what is measured.
+
+``server`` is the client's leg (an asyncio protocol), ``upstream`` the engine's (pooled
+connections), ``http1`` the sans-I/O HTTP/1.1 they share (heads, bodies, and policy as pure
+functions, as h11 does), ``listen`` how a bind that fails is told. The wire may import
+``llmobs.config`` and nothing of ``relay``, ``observe`` or ``export`` (import-linter checks it).
+"""

@@ -1,0 +1,46 @@
+"""The catalogue: every metric exposed with its labels, no name twice, every one in the docs."""
+
+from __future__ import annotations
+
+import re
+
+from llmobs.export.metrics.catalogue import (
+    CATALOGUE,
+    COLLECTOR_METRICS,
+    PROCESS_METRICS,
+    Kind,
+    status_class,
+)
+from tests.support.metrics import (
+    DOCS,
+    exposition,
+)
+
+
+def test_every_catalogue_metric_is_exposed_with_its_labels() -> None:
+    text = exposition()
+    for metric in CATALOGUE:
+        if metric in COLLECTOR_METRICS or metric in PROCESS_METRICS:  # tests/e2e/test_collectors.py
+            continue
+        suffix = "_bucket" if metric.kind in (Kind.HISTOGRAM, Kind.TOKEN_HISTOGRAM) else ""
+        pattern = "^" + re.escape(metric.prometheus + suffix) + r"(\{[^}]*\})? "
+        lines = [m.group(0) for m in re.finditer(pattern, text, re.MULTILINE)]
+        assert lines, metric.prometheus
+        if metric.kind is not Kind.UPDOWN and metric.labels:
+            for label in metric.prometheus_labels:
+                assert f'{label}="' in lines[0], (metric.prometheus, label)
+
+
+def test_no_prometheus_name_is_defined_twice() -> None:
+    names = [m.prometheus for m in CATALOGUE]
+    assert len(names) == len(set(names))
+
+
+def test_docs_list_every_metric() -> None:
+    docs = DOCS.read_text()
+    for metric in CATALOGUE:
+        assert f"`{metric.prometheus}`" in docs, metric.prometheus
+
+
+def test_status_class() -> None:
+    assert [status_class(s) for s in (0, 200, 404, 502, 999)] == ["0xx", "2xx", "4xx", "5xx", "0xx"]

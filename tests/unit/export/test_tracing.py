@@ -1,0 +1,423 @@
+"""Traces: span structure and attributes (in-memory exporter), context propagation to the
+engine, token events, sampling, drops, and real OTLP export over HTTP and gRPC on loopback."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Sequence
+from typing import Any
+
+import aiohttp
+import grpc  # type: ignore[import-untyped]
+import pytest
+from aiohttp import web
+from opentelemetry.proto.collector.metrics.v1 import metrics_service_pb2
+from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_service_pb2_grpc
+from opentelemetry.sdk.trace import ReadableSpan
+from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.trace import SpanKind
+
+from llmobs.config.options import ConfigError
+from llmobs.config.otel import otel_settings
+from llmobs.export.telemetry import BoundedSpanProcessor, Telemetry, build_telemetry
+from llmobs.export.tracing import RequestDetails, RequestMeta, Tracing
+from llmobs.observe.dialects import OPENAI_CHAT
+from llmobs.observe.slo import GOOD, Objective, Verdict
+from llmobs.observe.timing import Outcome, StreamStats, TokenSource
+from tests.support.otlp import OtlpReceiver
+from tests.support.servers import AppFactory, SidecarFactory, SidecarHandle, SimFactory, eventually
+
+TRACE_ID = "4bf92f3577b34da6a3ce929d0e0e4736"
+PARENT_ID = "00f067aa0ba902b7"
+TRACEPARENT = f"00-{TRACE_ID}-{PARENT_ID}-01"
+SCHEDULE: dict[str, Any] = {
+    "max_batch": 1, "prefill_base": 0.1, "prefill_per_token": 0.0, "decode_base": 0.02,
+    "decode_per_seq": 0.0, "output_tokens_min": 30, "output_tokens_max": 30,
+    "stall_every": 10, "stall_ms": 100.0,
+}  # fmt: skip
+SECRET = "sk-live-SECRET-do-not-log"
+PROMPT = "my private question about PROMPT-TEXT-42"
+
+
+def chat(**extra: Any) -> dict[str, Any]:
+    return {"model": "sim-model", "messages": [{"role": "user", "content": PROMPT}],
+            "stream": True, "max_tokens": 30, "temperature": 0.5, **extra}  # fmt: skip
+
+
+async def traced_request(
+    side_url: str, telemetry: Telemetry, headers: dict[str, str] | None = None
+) -> bytes:
+    sent = {"Authorization": f"Bearer {SECRET}", "traceparent": TRACEPARENT,
+            "baggage": "tenant=acme", **(headers or {})}  # fmt: skip
+    async with (
+        aiohttp.ClientSession() as s,
+        s.post(side_url + "/v1/chat/completions", json=chat(), headers=sent) as r,
+    ):
+        assert r.status == 200
+        return await r.read()
+
+
+def flush(side: SidecarHandle) -> None:
+    side.sidecar.flush_traces()
+
+
+def attr(item: Any, key: str) -> Any:
+    """An attribute of a span or event (attributes are loosely typed in the SDK)."""
+    return (item.attributes or {})[key]
+
+
+def by_name(spans: Sequence[ReadableSpan]) -> dict[str, list[ReadableSpan]]:
+    out: dict[str, list[ReadableSpan]] = {}
+    for span in spans:
+        out.setdefault(span.name, []).append(span)
+    return out
+
+
+async def test_request_span_phases_and_token_events(
+    start_sim: SimFactory, start_sidecar: SidecarFactory
+) -> None:
+    sim = await start_sim(**SCHEDULE)
+    exporter = InMemorySpanExporter()
+    telemetry = build_telemetry(span_exporter=exporter)
+    side = await start_sidecar(sim.url, telemetry=telemetry)
+    await traced_request(side.url, telemetry)
+    await eventually(lambda: side.value("llmobs_requests_total") == 1)
+    flush(side)
+    spans = by_name(exporter.get_finished_spans())
+    (server,) = spans["chat sim-model"]
+    (prefill,) = spans["queue+prefill"]
+    (decode,) = spans["decode"]
+    # the client's trace continues; phases are children of the request span
+    assert server.kind is SpanKind.SERVER
+    assert f"{server.context.trace_id:032x}" == TRACE_ID
+    assert server.parent is not None
+    assert f"{server.parent.span_id:016x}" == PARENT_ID
+    for child in (prefill, decode):
+        assert child.parent is not None
+        assert child.parent.span_id == server.context.span_id
+        assert child.context.trace_id == server.context.trace_id
+    # the engine saw the sidecar's span as its parent, and the baggage
+    seen = sim.engine.stats.last_headers
+    assert seen["traceparent"] == f"00-{TRACE_ID}-{server.context.span_id:016x}-01"
+    assert seen["baggage"] == "tenant=acme"
+    a = server.attributes or {}
+    assert a["gen_ai.operation.name"] == "chat"
+    assert a["gen_ai.request.model"] == "sim-model"
+    assert a["gen_ai.response.model"] == "sim-model"
+    assert a["gen_ai.usage.output_tokens"] == 30
+    assert a["gen_ai.request.max_tokens"] == 30
+    assert a["gen_ai.request.temperature"] == 0.5
+    assert a["gen_ai.request.stream"] is True
+    assert tuple(a["gen_ai.response.finish_reasons"]) == ("stop",)  # type: ignore[arg-type]
+    assert str(a["gen_ai.response.id"]).startswith("chatcmpl-")
+    assert a["llmobs.stalls"] == 2  # pauses after steps 10 and 20 of 29
+    assert a["llmobs.token_count_source"] == "counted"
+    assert a["llmobs.itl.p50"] == pytest.approx(0.02, abs=0.005)
+    assert a["llmobs.itl.max"] == pytest.approx(0.12, abs=0.02)
+    assert float(a["llmobs.smoothness"]) < 0.9  # type: ignore[arg-type]
+    assert a["http.response.status_code"] == 200
+    # phases on the schedule: 100 ms prefill, then 29 gaps of 20 ms plus two 100 ms pauses
+    assert prefill.start_time is not None and prefill.end_time is not None
+    assert decode.start_time is not None and decode.end_time is not None
+    assert (prefill.end_time - prefill.start_time) / 1e9 == pytest.approx(0.1, abs=0.02)
+    assert (decode.end_time - decode.start_time) / 1e9 == pytest.approx(0.78, abs=0.05)
+    events = decode.events
+    # one event per chunk: 29 tokens after the first (two may share a read on a busy machine)
+    assert sum(attr(e, "llmobs.token.count") for e in events) == 29
+    assert len(events) >= 25
+    stalls = [e for e in events if (e.attributes or {})["llmobs.stall"]]
+    assert len(stalls) == 2
+    assert all(float((e.attributes or {})["llmobs.token.gap"]) > 0.1 for e in stalls)  # type: ignore[arg-type]
+    assert (decode.attributes or {})["llmobs.token_events.dropped"] == 0
+    # nothing sensitive: no credentials, no prompt or completion text
+    dump = repr([(s.name, s.attributes, [e.attributes for e in s.events])
+                 for s in exporter.get_finished_spans()])  # fmt: skip
+    assert SECRET not in dump
+    assert "PROMPT-TEXT-42" not in dump
+    assert "lorem" not in dump and "ipsum" not in dump
+
+
+async def test_token_events_are_capped_but_keep_every_stall(
+    start_sim: SimFactory, start_sidecar: SidecarFactory
+) -> None:
+    sim = await start_sim(**SCHEDULE)
+    exporter = InMemorySpanExporter()
+    telemetry = build_telemetry(span_exporter=exporter)
+    side = await start_sidecar(sim.url, telemetry=telemetry, token_events=5, token_spans=True)
+    await traced_request(side.url, telemetry)
+    await eventually(lambda: side.value("llmobs_requests_total") == 1)
+    flush(side)
+    spans = by_name(exporter.get_finished_spans())
+    (decode,) = spans["decode"]
+    flags = [(e.attributes or {})["llmobs.stall"] for e in decode.events]
+    assert flags.count(True) == 2
+    assert len(flags) == 5
+    assert 20 <= attr(decode, "llmobs.token_events.dropped") <= 24
+    assert (decode.attributes or {})["llmobs.token_events.cap"] == 5
+    tokens = spans["token"]  # --token-spans: one child span per kept chunk, under decode
+    assert len(tokens) == 5
+    assert all(t.parent is not None and t.parent.span_id == decode.context.span_id for t in tokens)
+
+
+async def test_capture_content_is_opt_in_and_truncated(
+    start_sim: SimFactory, start_sidecar: SidecarFactory
+) -> None:
+    sim = await start_sim(**{**SCHEDULE, "stall_every": 0})
+    exporter = InMemorySpanExporter()
+    telemetry = build_telemetry(span_exporter=exporter)
+    side = await start_sidecar(sim.url, telemetry=telemetry, capture_content=True)
+    raw = await traced_request(side.url, telemetry)
+    await eventually(lambda: side.value("llmobs_requests_total") == 1)
+    flush(side)
+    (server,) = by_name(exporter.get_finished_spans())["chat sim-model"]
+    a = server.attributes or {}
+    assert "PROMPT-TEXT-42" in str(a["gen_ai.input.messages"])
+    completion = str(a["gen_ai.output.messages"])
+    assert (
+        completion.split(maxsplit=1)[0].encode() in raw
+    )  # the streamed words, as the client got them
+    assert SECRET not in repr(a)
+
+
+async def test_unsampled_requests_export_nothing_but_still_propagate(
+    start_sim: SimFactory, start_sidecar: SidecarFactory
+) -> None:
+    sim = await start_sim(**{**SCHEDULE, "stall_every": 0, "output_tokens_max": 3,
+                             "output_tokens_min": 3})  # fmt: skip
+    exporter = InMemorySpanExporter()
+    telemetry = build_telemetry(span_exporter=exporter)
+    side = await start_sidecar(sim.url, telemetry=telemetry)
+    await traced_request(side.url, telemetry, {"traceparent": f"00-{TRACE_ID}-{PARENT_ID}-00"})
+    await eventually(lambda: side.value("llmobs_requests_total") == 1)
+    flush(side)
+    assert exporter.get_finished_spans() == ()
+    assert sim.engine.stats.last_headers["traceparent"].startswith(f"00-{TRACE_ID}-")
+    assert sim.engine.stats.last_headers["traceparent"].endswith("-00")
+
+
+class BlockedExporter(SpanExporter):
+    """An exporter stuck on a slow collector."""
+
+    def __init__(self) -> None:
+        self.release = threading.Event()
+        self.exported = 0
+
+    def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
+        self.release.wait(5)
+        self.exported += len(spans)
+        return SpanExportResult.SUCCESS
+
+    def shutdown(self) -> None:
+        self.release.set()
+
+
+def test_a_full_export_queue_drops_and_counts_instead_of_blocking() -> None:
+    exporter = BlockedExporter()
+    drops: list[int] = []
+    processor = BoundedSpanProcessor(exporter, max_queue=3, batch=1, delay_s=0.01,
+                                     on_drop=drops.append)  # fmt: skip
+    telemetry = build_telemetry(span_exporter=InMemorySpanExporter())
+    assert telemetry.tracer_provider is not None
+    telemetry.tracer_provider.add_span_processor(processor)
+    tracer = telemetry.tracer
+    assert tracer is not None
+    for i in range(50):
+        tracer.start_span(f"s{i}").end()  # never blocks, however slow the exporter
+    assert processor.dropped >= 45
+    assert sum(drops) == processor.dropped
+    exporter.release.set()
+    processor.shutdown()
+    assert exporter.exported + processor.dropped == 50
+    telemetry.shutdown()
+
+
+def test_otel_environment_is_read_by_the_spec() -> None:
+    s = otel_settings({"OTEL_EXPORTER_OTLP_ENDPOINT": "http://collector:4318/",
+                       "OTEL_SERVICE_NAME": "chat-pod",
+                       "OTEL_RESOURCE_ATTRIBUTES": "k8s.pod.name=p-1,team=ml%20infra",
+                       "OTEL_TRACES_SAMPLER": "parentbased_traceidratio",
+                       "OTEL_TRACES_SAMPLER_ARG": "0.25",
+                       "OTEL_EXPORTER_OTLP_HEADERS": "api-key=abc"})  # fmt: skip
+    assert s.traces_endpoint == "http://collector:4318/v1/traces"
+    assert s.metrics_endpoint == "http://collector:4318/v1/metrics"
+    assert s.service_name == "chat-pod"
+    assert dict(s.resource_attributes) == {"k8s.pod.name": "p-1", "team": "ml infra"}
+    assert (s.sampler, s.sampler_arg) == ("parentbased_traceidratio", 0.25)
+    assert dict(s.traces_headers) == {"api-key": "abc"}
+    grpc_settings = otel_settings({"OTEL_EXPORTER_OTLP_PROTOCOL": "grpc",
+                                   "OTEL_EXPORTER_OTLP_ENDPOINT": "http://c:4317"})  # fmt: skip
+    assert grpc_settings.traces_endpoint == "http://c:4317"
+    specific = otel_settings({"OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": "http://t:9/x"})
+    assert specific.traces_endpoint == "http://t:9/x"
+    assert not otel_settings({}).tracing
+    assert not otel_settings({"OTEL_EXPORTER_OTLP_ENDPOINT": "http://c", "OTEL_SDK_DISABLED":
+                              "true"}).tracing  # fmt: skip
+    with pytest.raises(ConfigError, match="OTEL_TRACES_SAMPLER"):
+        otel_settings({"OTEL_TRACES_SAMPLER": "sometimes"})
+    with pytest.raises(ConfigError, match="OTEL_EXPORTER_OTLP"):
+        otel_settings({"OTEL_EXPORTER_OTLP_PROTOCOL": "http/json"})
+
+
+async def test_spans_reach_a_real_otlp_http_receiver(
+    start_sim: SimFactory, start_sidecar: SidecarFactory, start_app: AppFactory
+) -> None:
+    receiver = OtlpReceiver()
+    collector = await start_app(receiver.app())
+    otel = otel_settings({"OTEL_EXPORTER_OTLP_ENDPOINT": collector, "OTEL_SERVICE_NAME": "pod-a",
+                          "OTEL_BSP_SCHEDULE_DELAY": "50"})  # fmt: skip
+    telemetry = build_telemetry(otel=otel)
+    sim = await start_sim(**{**SCHEDULE, "stall_every": 0})
+    side = await start_sidecar(sim.url, telemetry=telemetry)
+    await traced_request(side.url, telemetry)
+    await eventually(lambda: side.value("llmobs_requests_total") == 1)
+    await asyncio.to_thread(flush, side)
+    await eventually(lambda: len(receiver.spans()) >= 3)
+    spans = receiver.spans()
+    names = {span.name: span for span, _ in spans}
+    server = names["chat sim-model"]
+    assert server.trace_id.hex() == TRACE_ID
+    assert server.parent_span_id.hex() == PARENT_ID
+    assert names["decode"].parent_span_id == server.span_id
+    assert names["queue+prefill"].parent_span_id == server.span_id
+    resource = {a.key: a.value.string_value for a in spans[0][1].resource.attributes}
+    assert resource["service.name"] == "pod-a"
+
+
+class Collector(trace_service_pb2_grpc.TraceServiceServicer):
+    def __init__(self) -> None:
+        self.spans: list[Any] = []
+
+    async def Export(
+        self, request: trace_service_pb2.ExportTraceServiceRequest, context: Any
+    ) -> trace_service_pb2.ExportTraceServiceResponse:
+        self.spans += [
+            s for rs in request.resource_spans for ss in rs.scope_spans for s in ss.spans
+        ]
+        return trace_service_pb2.ExportTraceServiceResponse()
+
+
+async def test_spans_reach_a_real_otlp_grpc_receiver(
+    start_sim: SimFactory, start_sidecar: SidecarFactory
+) -> None:
+    server = grpc.aio.server()
+    collector = Collector()
+    trace_service_pb2_grpc.add_TraceServiceServicer_to_server(collector, server)  # type: ignore[no-untyped-call]
+    port = server.add_insecure_port("127.0.0.1:0")
+    await server.start()
+    try:
+        otel = otel_settings({"OTEL_EXPORTER_OTLP_PROTOCOL": "grpc",
+                              "OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{port}",
+                              "OTEL_BSP_SCHEDULE_DELAY": "50"})  # fmt: skip
+        telemetry = build_telemetry(otel=otel)
+        sim = await start_sim(**{**SCHEDULE, "stall_every": 0})
+        side = await start_sidecar(sim.url, telemetry=telemetry)
+        await traced_request(side.url, telemetry)
+        await eventually(lambda: side.value("llmobs_requests_total") == 1)
+        await asyncio.to_thread(flush, side)
+        await eventually(lambda: len(collector.spans) >= 3)
+        names = {s.name for s in collector.spans}
+        assert {"chat sim-model", "queue+prefill", "decode"} <= names
+        assert all(s.trace_id.hex() == TRACE_ID for s in collector.spans)
+    finally:
+        await server.stop(None)
+
+
+async def test_metrics_are_also_pushed_over_otlp_when_asked(
+    start_sim: SimFactory, start_sidecar: SidecarFactory, start_app: AppFactory
+) -> None:
+    names: set[str] = set()
+
+    async def metrics(request: web.Request) -> web.Response:
+        message = metrics_service_pb2.ExportMetricsServiceRequest()
+        message.ParseFromString(await request.read())
+        for rm in message.resource_metrics:
+            for sm in rm.scope_metrics:
+                names.update(m.name for m in sm.metrics)
+        body = metrics_service_pb2.ExportMetricsServiceResponse().SerializeToString()
+        return web.Response(body=body, content_type="application/x-protobuf")
+
+    app = web.Application()
+    app.router.add_post("/v1/metrics", metrics)
+    collector = await start_app(app)
+    otel = otel_settings({"OTEL_EXPORTER_OTLP_METRICS_ENDPOINT": collector + "/v1/metrics",
+                          "OTEL_METRICS_EXPORTER": "otlp,prometheus",
+                          "OTEL_METRIC_EXPORT_INTERVAL": "200"})  # fmt: skip
+    assert not otel.tracing  # metrics only
+    telemetry = build_telemetry(otel=otel)
+    sim = await start_sim(**{**SCHEDULE, "stall_every": 0})
+    side = await start_sidecar(sim.url, telemetry=telemetry)
+    await traced_request(side.url, telemetry)
+    await eventually(lambda: "gen_ai.server.time_to_first_token" in names)
+    assert {"llmobs.requests", "gen_ai.server.request.duration", "llmobs.tokens"} <= names
+    # and the same instruments still serve Prometheus
+    assert side.value("gen_ai_server_time_to_first_token_seconds_count") == 1
+
+
+class FailingExporter(SpanExporter):
+    """A collector that answers every export with an error."""
+
+    def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
+        return SpanExportResult.FAILURE
+
+    def shutdown(self) -> None:
+        pass
+
+
+def test_failed_exports_count_their_spans_as_dropped() -> None:
+    drops: list[int] = []
+    processor = BoundedSpanProcessor(FailingExporter(), batch=4, delay_s=0.01, on_drop=drops.append)
+    telemetry = build_telemetry(span_exporter=InMemorySpanExporter())
+    assert telemetry.tracer_provider is not None
+    telemetry.tracer_provider.add_span_processor(processor)
+    tracer = telemetry.tracer
+    assert tracer is not None
+    for i in range(10):
+        tracer.start_span(f"s{i}").end()
+    processor.shutdown()
+    assert sum(drops) == 10
+    assert processor.dropped == 10
+    telemetry.shutdown()
+
+
+def test_tail_sampling_keeps_every_bad_trace_and_a_share_of_good_ones() -> None:
+    """``good_ratio``: a good request's trace is kept when its trace id's low 64 bits fall
+    under the ratio (as TraceIdRatioBased draws); a bad one always; one whose client sampled
+    its trace always."""
+    exporter = InMemorySpanExporter()
+    telemetry = build_telemetry(span_exporter=exporter)
+    assert telemetry.tracer is not None
+    tracing = Tracing(telemetry.tracer, good_ratio=0.5)
+    meta = RequestMeta("POST", "/v1/chat/completions", {}, 0)
+    record = StreamStats(
+        "chat", "m", Outcome.OK, 200, True, 1.0, 0.1, 0.01, 5, 10, TokenSource.USAGE, 10,
+        9.0, 0.09, 0.001, 0.02, 0, 1.0,
+    )  # fmt: skip
+    times = (0, None, None, 1_000_000)
+    kept: dict[int, bool] = {}
+    for i in range(200):
+        trace = tracing.start(OPENAI_CHAT, 0, meta)
+        trace_id = trace.span.get_span_context().trace_id
+        assert trace.keep == ((trace_id & (2**64 - 1)) < 2**63)
+        verdict = GOOD if i % 2 else Verdict(False, (Objective.TTFT,))
+        trace.finish(record, [], times, RequestDetails(verdict=verdict))
+        kept[trace_id] = trace.keep or not verdict.good
+    tracing.drain()
+    telemetry.tracer_provider.force_flush()  # type: ignore[union-attr]
+    exported = {s.context.trace_id for s in exporter.get_finished_spans() if s.parent is None}
+    assert exported == {t for t, keep in kept.items() if keep}
+    assert 100 < len(exported) < 200  # every bad one (100), about half the good ones
+    roots = [s for s in exporter.get_finished_spans() if s.parent is None]
+    bad = [s for s in roots if attr(s, "llmobs.slo.verdict") == "bad"]
+    assert len({s.context.trace_id for s in bad}) == 100
+    assert {tuple(attr(s, "llmobs.slo.missed")) for s in bad} == {("ttft",)}
+    # a trace the client sampled is kept, good or not; at ratio 1 every trace is kept
+    parent = {"traceparent": f"00-{TRACE_ID}-{PARENT_ID}-01"}
+    sampled = Tracing(telemetry.tracer, good_ratio=0.0).start(
+        OPENAI_CHAT, 0, meta._replace(headers=parent)
+    )
+    assert sampled.keep
+    assert Tracing(telemetry.tracer).start(OPENAI_CHAT, 0, meta).keep
+    assert not Tracing(telemetry.tracer, good_ratio=0.0).start(OPENAI_CHAT, 0, meta).keep
+    telemetry.shutdown()

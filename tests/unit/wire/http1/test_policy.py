@@ -1,0 +1,259 @@
+"""HTTP/1.1 policy, without sockets (``http1.policy``): which responses have a body, how a
+response to the client is framed, which connections may be kept, when ``100 Continue`` is due,
+and the one Content-Length validator both legs use."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+from multidict import CIMultiDict
+
+from llmobs.wire.http1 import (
+    BadRequest,
+    ChunkedBody,
+    CloseBody,
+    Framing,
+    LengthBody,
+    NoBody,
+    ProtocolError,
+    body_decoder,
+    content_length,
+    declared_length,
+    expects_continue,
+    parse_request_head,
+    parse_response_head,
+    request_body_decoder,
+    request_keep_alive,
+    response_framing,
+    response_has_body,
+    reusable,
+)
+
+
+@pytest.mark.parametrize(
+    ("method", "status", "has"),
+    [
+        ("GET", 200, True),
+        ("POST", 500, True),
+        ("HEAD", 200, False),
+        ("GET", 204, False),
+        ("GET", 304, False),
+        ("GET", 100, False),
+        ("GET", 199, False),
+        ("GET", 205, True),
+    ],
+)
+def test_which_responses_have_a_body(method: str, status: int, has: bool) -> None:
+    assert response_has_body(method, status) is has
+
+
+@pytest.mark.parametrize(
+    ("method", "status", "version", "length", "framing"),
+    [
+        ("GET", 200, (1, 1), 5, Framing.LENGTH),
+        ("GET", 200, (1, 1), None, Framing.CHUNKED),
+        ("GET", 200, (1, 0), None, Framing.CLOSE),  # HTTP/1.0 has no chunked
+        ("GET", 200, (1, 0), 0, Framing.LENGTH),
+        ("HEAD", 200, (1, 1), 5, Framing.NONE),
+        ("POST", 204, (1, 1), None, Framing.NONE),
+        ("GET", 304, (1, 0), 10, Framing.NONE),
+    ],
+)
+def test_a_response_to_the_client_is_framed_by_its_length_and_the_clients_version(
+    method: str, status: int, version: tuple[int, int], length: int | None, framing: Framing
+) -> None:
+    assert response_framing(method, status, version, length) is framing
+
+
+@pytest.mark.parametrize(
+    ("lines", "keep"),
+    [
+        ((b"GET / HTTP/1.1",), True),
+        ((b"GET / HTTP/1.1", b"Connection: close"), False),
+        ((b"GET / HTTP/1.0",), False),
+        ((b"GET / HTTP/1.0", b"Connection: keep-alive"), True),
+        # RFC 9112 6.1: HTTP/1.0 and a transfer coding: the framing is faulty, close after it
+        ((b"POST / HTTP/1.0", b"Connection: keep-alive", b"Transfer-Encoding: chunked"), False),
+    ],
+)
+def test_which_client_connections_may_be_kept(lines: tuple[bytes, ...], keep: bool) -> None:
+    head = parse_request_head(b"\r\n".join(lines))
+    assert request_keep_alive(head) is keep
+
+
+@pytest.mark.parametrize(
+    ("lines", "expects"),
+    [
+        ((b"POST / HTTP/1.1", b"Expect: 100-continue"), True),
+        ((b"POST / HTTP/1.1", b"Expect: 100-Continue"), True),
+        ((b"POST / HTTP/1.0", b"Expect: 100-continue"), False),  # 1.0 has no interim answer
+        ((b"POST / HTTP/1.1",), False),
+        ((b"POST / HTTP/1.1", b"Expect: something-else"), False),
+    ],
+)
+def test_when_100_continue_is_due(lines: tuple[bytes, ...], expects: bool) -> None:
+    assert expects_continue(parse_request_head(b"\r\n".join(lines))) is expects
+
+
+@pytest.mark.parametrize(
+    ("raw", "keep"),
+    [
+        (b"HTTP/1.1 200 OK\r\nContent-Length: 2", True),
+        (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked", True),
+        (b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nConnection: close", False),
+        (b"HTTP/1.1 200 OK", False),  # no framing: the body ends with the connection
+        (b"HTTP/1.0 200 OK\r\nContent-Length: 2", False),
+        (b"HTTP/1.0 200 OK\r\nContent-Length: 2\r\nConnection: keep-alive", True),
+        # both framings: a transfer coding wins for this response, then the connection goes
+        (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\nContent-Length: 2", False),
+    ],
+)
+def test_which_engine_connections_may_carry_another_request(raw: bytes, keep: bool) -> None:
+    head = parse_response_head(raw)
+    assert reusable(head, body_decoder(head, "POST")) is keep
+
+
+@pytest.mark.parametrize(
+    ("lengths", "value"),
+    [
+        (["5"], 5),
+        (["5, 5"], 5),  # a list of one value, repeated (RFC 9110 8.6)
+        (["5", " 5 "], 5),
+        (["0"], 0),
+        (["9" * 18], int("9" * 18)),
+    ],
+)
+def test_the_one_length_a_head_declares(lengths: list[str], value: int) -> None:
+    assert declared_length(lengths) == value
+
+
+@pytest.mark.parametrize(
+    "lengths", [["5, 6"], ["5", "6"], ["-1"], ["+5"], ["5x"], [""], ["²"], ["1" * 19], []]
+)
+def test_a_length_that_is_not_one_number_is_refused_by_both_legs(lengths: list[str]) -> None:
+    with pytest.raises(ValueError, match="Content-Length"):
+        declared_length(lengths)
+    headers = CIMultiDict(("Content-Length", v) for v in lengths)
+    assert content_length(headers) is None
+    if not lengths:
+        return
+    raw = b"HTTP/1.1 200 OK\r\n" + b"\r\n".join(b"Content-Length: " + v.encode() for v in lengths)
+    with pytest.raises(ProtocolError):  # the engine's response: a 502
+        body_decoder(parse_response_head(raw), "GET")
+    head = parse_request_head(
+        b"POST / HTTP/1.1\r\n" + b"\r\n".join(b"Content-Length: " + v.encode() for v in lengths)
+    )
+    with pytest.raises(BadRequest) as info:  # the client's request: a 400
+        request_body_decoder(head)
+    assert info.value.status == 400
+
+
+@given(st.integers(min_value=0, max_value=10**18 - 1), st.integers(1, 3))
+def test_any_valid_length_is_read_the_same_by_both_legs(length: int, repeats: int) -> None:
+    value = ", ".join([str(length)] * repeats).encode()
+    response = parse_response_head(b"HTTP/1.1 200 OK\r\nContent-Length: " + value)
+    decoder = body_decoder(response, "GET")
+    assert isinstance(decoder, LengthBody) and decoder.remaining == length
+    assert content_length(response.headers) == length
+    request = parse_request_head(b"POST / HTTP/1.1\r\nContent-Length: " + value)
+    body = request_body_decoder(request)
+    assert (body.remaining if isinstance(body, LengthBody) else 0) == length
+
+
+def test_a_transfer_coding_chooses_the_decoder_of_each_leg() -> None:
+    chunked = parse_response_head(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: gzip, chunked")
+    assert isinstance(body_decoder(chunked, "GET"), ChunkedBody)
+    other = parse_response_head(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: gzip")
+    assert isinstance(body_decoder(other, "GET"), CloseBody)
+    head = parse_request_head(b"POST / HTTP/1.1\r\nTransfer-Encoding: gzip, chunked")
+    with pytest.raises(BadRequest) as info:
+        request_body_decoder(head)
+    assert info.value.status == 501
+
+
+@pytest.mark.parametrize(
+    ("raw", "method", "kind"),
+    [
+        (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked", "POST", ChunkedBody),
+        (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: gzip, chunked", "POST", ChunkedBody),
+        (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: gzip", "POST", CloseBody),
+        (b"HTTP/1.1 200 OK\r\nContent-Length: 5", "POST", LengthBody),
+        (b"HTTP/1.1 200 OK\r\nContent-Length: 5, 5", "POST", LengthBody),
+        (b"HTTP/1.1 200 OK", "POST", CloseBody),
+        (b"HTTP/1.1 200 OK\r\nContent-Length: 5", "HEAD", NoBody),
+        (b"HTTP/1.1 204 No Content", "POST", NoBody),
+        (b"HTTP/1.1 304 Not Modified\r\nContent-Length: 10", "GET", NoBody),
+    ],
+)
+def test_body_framing_follows_rfc_9112(raw: bytes, method: str, kind: type) -> None:
+    assert type(body_decoder(parse_response_head(raw), method)) is kind
+
+
+@pytest.mark.parametrize("length", [b"abc", b"5, 6", b"-1"])
+def test_bad_content_length_is_a_protocol_error(length: bytes) -> None:
+    with pytest.raises(ProtocolError):
+        body_decoder(parse_response_head(b"HTTP/1.1 200 OK\r\nContent-Length: " + length), "GET")
+
+
+def decoder_for(*fields: bytes) -> object:
+    return request_body_decoder(parse_request_head(b"\r\n".join([b"POST / HTTP/1.1", *fields])))
+
+
+@pytest.mark.parametrize(
+    ("fields", "kind"),
+    [
+        ([], type(None)),
+        ([b"Content-Length: 0"], type(None)),
+        ([b"Content-Length: 5"], LengthBody),
+        ([b"Content-Length: 5, 5"], LengthBody),
+        ([b"Content-Length: 5", b"Content-Length: 5"], LengthBody),
+        ([b"Transfer-Encoding: chunked"], ChunkedBody),
+        ([b"Transfer-Encoding: Chunked"], ChunkedBody),
+    ],
+)
+def test_request_body_framing(fields: list[bytes], kind: type) -> None:
+    decoder = decoder_for(*fields)
+    assert type(decoder) is kind
+    if isinstance(decoder, LengthBody):
+        assert decoder.remaining == 5
+
+
+@pytest.mark.parametrize(
+    ("fields", "status"),
+    [
+        ([b"Content-Length: 5", b"Transfer-Encoding: chunked"], 400),  # both framings
+        ([b"Transfer-Encoding: chunked", b"Content-Length: 0"], 400),
+        ([b"Transfer-Encoding: gzip, chunked"], 501),
+        ([b"Transfer-Encoding: gzip", b"Transfer-Encoding: chunked"], 501),
+        ([b"Transfer-Encoding: chunked, gzip"], 400),  # chunked not last
+        ([b"Transfer-Encoding: gzip"], 400),
+        ([b"Transfer-Encoding: "], 400),
+        ([b"Content-Length: 5, 6"], 400),  # conflicting lengths
+        ([b"Content-Length: 5", b"Content-Length: 6"], 400),
+        ([b"Content-Length: -1"], 400),
+        ([b"Content-Length: +5"], 400),
+        ([b"Content-Length: 0x5"], 400),
+        ([b"Content-Length: "], 400),
+        ([b"Content-Length: 1234567890123456789"], 400),  # 19 digits
+    ],
+)
+def test_bad_request_body_framing_is_refused(fields: list[bytes], status: int) -> None:
+    with pytest.raises(BadRequest) as info:
+        decoder_for(*fields)
+    assert info.value.status == status
+
+
+@pytest.mark.parametrize("digit", [b"\xb2", b"\xb9", b"1\xb3"])
+def test_a_non_ascii_digit_content_length_is_a_400_not_a_value_error(digit: bytes) -> None:
+    """``str.isdigit`` is true for superscript digits (latin-1 "\\xb2" is "²"), which
+    ``int`` refuses: a ValueError escapes ``data_received`` and the client gets no 400."""
+    with pytest.raises(BadRequest) as info:
+        decoder_for(b"Content-Length: " + digit)
+    assert info.value.status == 400
+
+
+@pytest.mark.parametrize("digit", [b"\xb2", b"\xb9"])
+def test_a_non_ascii_digit_response_content_length_is_a_protocol_error(digit: bytes) -> None:
+    with pytest.raises(ProtocolError):
+        body_decoder(parse_response_head(b"HTTP/1.1 200 OK\r\nContent-Length: " + digit), "GET")
