@@ -39,9 +39,9 @@ from grafana_foundation_sdk.models import dashboard as dashboard_models
 from grafana_foundation_sdk.models import heatmap as heatmap_models
 from grafana_foundation_sdk.models import prometheus as prometheus_models
 
+from llmobs.config.objectives import DEFAULT_TARGET
 from llmobs.export.metrics import catalogue as c
 from llmobs.export.metrics import thresholds as t
-from llmobs.observe.slo import DEFAULT_TARGET
 
 OUT = Path(__file__).resolve().with_name("llmobs.json")
 

@@ -22,9 +22,9 @@ from typing import Any
 
 import yaml
 
+from llmobs.config.objectives import Objectives, ObjectiveSet, build_objectives, prometheus_duration
 from llmobs.config.options import parse_duration
 from llmobs.export.metrics import catalogue, thresholds
-from llmobs.observe.slo import Objectives, ObjectiveSet, build_objectives, prometheus_duration
 
 DEPLOY = Path(__file__).resolve().parent
 TEMPLATES = DEPLOY / "prometheus" / "templates"

@@ -16,6 +16,15 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
 
+from llmobs.config.model import DTYPE_BYTES, KV_DTYPES
+from llmobs.config.objectives import (
+    DEFAULT_TARGET,
+    DEFAULT_WINDOW,
+    ObjectiveError,
+    Objectives,
+    ObjectiveSet,
+    build_objectives,
+)
 from llmobs.config.options import (
     ConfigError,
     flags_of,
@@ -30,15 +39,6 @@ from llmobs.config.options import (
     source_of,
 )
 from llmobs.config.options import add_arguments as _add_arguments
-from llmobs.observe.mbu import DTYPE_BYTES, KV_DTYPES
-from llmobs.observe.slo import (
-    DEFAULT_TARGET,
-    DEFAULT_WINDOW,
-    ObjectiveError,
-    Objectives,
-    ObjectiveSet,
-    build_objectives,
-)
 
 __all__ = ["OPTIONS", "ConfigError", "Settings", "add_arguments", "settings_from_args"]
 

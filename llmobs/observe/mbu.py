@@ -24,14 +24,11 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, NamedTuple, TypeVar
 
+from llmobs.config.model import DTYPE_BYTES
+
 if TYPE_CHECKING:
     from llmobs.observe.timing import StreamStats
 
-# Bytes per parameter (or per KV element). 4-bit formats ignore their scales (a few %).
-DTYPE_BYTES: dict[str, float] = {
-    "fp32": 4.0, "fp16": 2.0, "bf16": 2.0, "fp8": 1.0, "int8": 1.0, "int4": 0.5, "fp4": 0.5,
-}  # fmt: skip
-KV_DTYPES = ("auto", *DTYPE_BYTES)
 WINDOW_S = 60.0  # requests that ended this long ago still count
 MAX_RECORDS = 4096  # per model and phase: bounds memory and the scrape's work
 

@@ -8,50 +8,18 @@ lost. A request that fails in a way the user sees is *bad* (``error``): a 5xx, a
 or timeout, a stream cut short by a shutdown. One the user brought on themselves is neither: a
 client that went away, a 4xx, a request the sidecar refused (these count in no SLO series).
 
-Pure: the sink judges each finished ``StreamStats`` here (``Objectives.judge``) and counts the
+Pure: the sink judges each finished ``StreamStats`` here (``judge``) and counts the
 verdict; the rules turn the counts into error-budget burn rates (docs/slo.md).
 
-Objectives come from flags and environment variables (one default set) and, optionally, a
-YAML file of per-model and per-operation overrides (``--slo-file``)::
-
-    objectives:
-      - model: llama-3.1-8b        # the requested model, as sent (optional)
-        operation: chat            # chat, text_completion, embeddings, ... (optional)
-        ttft: 500ms
-        tpot: 50ms
-        max_gap: 1s                # or no_stalls: true
-        duration: 60s
-        target: 0.995
-        window: 28d
-
-The most specific entry wins (model and operation, then model, then operation); a field an
-entry leaves out is the default set's.
+The objectives themselves are declared in ``llmobs.config.objectives``.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import enum
-from collections.abc import Mapping
-from dataclasses import dataclass
-from pathlib import Path
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
-import yaml
-
-from llmobs.config.options import ConfigError, parse_duration
+from llmobs.config.objectives import Objective, ObjectiveSet
 from llmobs.observe.timing import Outcome, StreamStats
-
-
-class Objective(enum.StrEnum):
-    """What a bad request missed (a label value: a closed set)."""
-
-    TTFT = "ttft"
-    TPOT = "tpot"
-    MAX_GAP = "max_gap"
-    STALL = "stall"
-    DURATION = "duration"
-    ERROR = "error"  # failed in a way the user sees: 5xx, engine error or timeout, cut short
 
 
 class Verdict(NamedTuple):
@@ -66,203 +34,25 @@ _FAILED = Verdict(False, (Objective.ERROR,))
 # outcomes the user sees as a failure; the others besides OK count in no SLO series
 _FAILURES = frozenset({Outcome.UPSTREAM_ERROR, Outcome.UPSTREAM_TIMEOUT, Outcome.SHUTDOWN})
 
-DEFAULT_TARGET = 0.999  # the default set bounds no latency: an availability objective
-DEFAULT_WINDOW = 28 * 86400.0
 
-_Key = tuple[str | None, str | None]  # (operation, model) an override matches; None: any
-
-
-class ObjectiveError(ConfigError):
-    """A field of an objective set that is not valid; ``field`` names it, for the caller
-    to name where it came from (a flag, a variable, an entry of the file)."""
-
-    def __init__(self, field: str, message: str) -> None:
-        super().__init__(f"{field}: {message}")
-        self.field = field
-        self.message = message
-
-
-@dataclass(frozen=True)
-class ObjectiveSet:
-    """The bounds one request is judged by (seconds; None: not bounded), the share of requests
-    that should be good (``target``) and the window that share is measured over."""
-
-    ttft: float | None = None
-    tpot: float | None = None
-    max_gap: float | None = None
-    no_stalls: bool = False
-    duration: float | None = None
-    target: float = DEFAULT_TARGET
-    window: float = DEFAULT_WINDOW
-
-    def __post_init__(self) -> None:
-        for name in ("ttft", "tpot", "max_gap", "duration"):
-            value = getattr(self, name)
-            if value is not None and not value > 0:
-                raise ObjectiveError(name, f"must be > 0 seconds, got {value}")
-        if not 0 < self.target < 1:
-            raise ObjectiveError("target", f"must be above 0 and below 1, got {self.target}")
-        if not self.window >= 3600:
-            raise ObjectiveError("window", f"must be at least 1h, got {self.window:g}s")
-
-    @property
-    def objectives(self) -> tuple[Objective, ...]:
-        """The objectives a request of this set can miss: its bounds, and ``error``."""
-        bounded = (
-            (Objective.TTFT, self.ttft is not None),
-            (Objective.TPOT, self.tpot is not None),
-            (Objective.MAX_GAP, self.max_gap is not None),
-            (Objective.STALL, self.no_stalls),
-            (Objective.DURATION, self.duration is not None),
-        )
-        return (*(o for o, on in bounded if on), Objective.ERROR)
-
-    def judge(self, s: StreamStats) -> Verdict | None:
-        """The verdict on one finished request; None when it counts in no SLO series."""
-        outcome = s.outcome
-        if outcome is not Outcome.OK:
-            return _FAILED if outcome in _FAILURES else None
-        if s.status >= 500:
-            return _FAILED
-        if s.status >= 400:
-            return None
-        missed: list[Objective] = []
-        if self.ttft is not None and s.ttft_s is not None and s.ttft_s > self.ttft:
-            missed.append(Objective.TTFT)
-        if self.tpot is not None and s.tpot_s is not None and s.tpot_s > self.tpot:
-            missed.append(Objective.TPOT)
-        if self.max_gap is not None and s.itl_count and s.itl_max > self.max_gap:
-            missed.append(Objective.MAX_GAP)
-        if self.no_stalls and s.stalls:
-            missed.append(Objective.STALL)
-        if self.duration is not None and s.duration_s > self.duration:
-            missed.append(Objective.DURATION)
-        return Verdict(False, tuple(missed)) if missed else GOOD
-
-
-class Objectives:
-    """The default set and its overrides: which set judges a request of (operation, model)."""
-
-    def __init__(
-        self,
-        default: ObjectiveSet,
-        overrides: Mapping[_Key, ObjectiveSet] | None = None,
-    ) -> None:
-        self.default = default
-        self.overrides = dict(overrides or {})
-        self._by_model = any(model is not None for _, model in self.overrides)
-        self._by_operation = any(op is not None for op, _ in self.overrides)
-
-    def for_request(self, operation: str, model: str | None) -> ObjectiveSet:
-        """The most specific set: (operation, model), model, operation, the default."""
-        if not self.overrides:
-            return self.default
-        get = self.overrides.get
-        if self._by_model and model is not None:
-            found = get((operation, model)) or get((None, model))
-            if found is not None:
-                return found
-        if self._by_operation:
-            found = get((operation, None))
-            if found is not None:
-                return found
-        return self.default
-
-    @property
-    def sets(self) -> list[ObjectiveSet]:
-        """Every set (the default first)."""
-        return [self.default, *self.overrides.values()]
-
-    @property
-    def windows(self) -> list[float]:
-        """The distinct windows of all sets, in ascending order."""
-        return sorted({s.window for s in self.sets})
-
-
-# fields an entry of the file may give, and how each is read
-_DURATIONS = ("ttft", "tpot", "max_gap", "duration", "window")
-_MATCH = ("model", "operation")
-
-
-def _field(name: str, value: Any) -> Any:
-    if name in _DURATIONS:
-        if isinstance(value, bool) or not isinstance(value, int | float | str):
-            raise ConfigError(f"{name}: expected a duration such as 500ms, 2s or 28d")
-        return float(value) if not isinstance(value, str) else parse_duration(value)
-    if name == "no_stalls":
-        if not isinstance(value, bool):
-            raise ConfigError("no_stalls: expected true or false")
-        return value
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise ConfigError(f"target: expected a number such as 0.99, got {value!r}")
-    return float(value)
-
-
-def _entry(
-    default: ObjectiveSet, raw: Any, where: str
-) -> tuple[tuple[str | None, str | None], ObjectiveSet]:
-    if not isinstance(raw, dict):
-        raise ConfigError(f"{where}: expected a mapping of fields")
-    fields = {f.name for f in dataclasses.fields(ObjectiveSet)}
-    unknown = sorted(set(raw) - fields - set(_MATCH))
-    if unknown:
-        raise ConfigError(f"{where}: unknown field {unknown[0]!r}")
-    match = tuple(raw.get(k) for k in _MATCH)
-    if not any(match) or not all(v is None or isinstance(v, str) for v in match):
-        raise ConfigError(f"{where}: name a model or an operation (or both) to match")
-    try:
-        changes = {k: _field(k, v) for k, v in raw.items() if k in fields}
-        objective_set = dataclasses.replace(default, **changes)
-    except (ConfigError, ValueError) as exc:
-        raise ConfigError(f"{where}: {exc}") from None
-    model, operation = match
-    return (operation, model), objective_set
-
-
-def load_overrides(path: str | Path, default: ObjectiveSet) -> dict[_Key, ObjectiveSet]:
-    """The overrides of an objectives file (see the module's docstring); ConfigError, naming
-    the file and the entry, for anything that is not one."""
-    try:
-        loaded = yaml.safe_load(Path(path).read_text())
-    except (OSError, yaml.YAMLError) as exc:
-        raise ConfigError(f"--slo-file {path}: {exc}") from None
-    entries = loaded.get("objectives") if isinstance(loaded, dict) else None
-    if not isinstance(entries, list):
-        raise ConfigError(f"--slo-file {path}: expected a top-level list 'objectives:'")
-    out: dict[_Key, ObjectiveSet] = {}
-    for i, raw in enumerate(entries):
-        key, objective_set = _entry(default, raw, f"--slo-file {path}: objectives[{i}]")
-        if key in out:
-            raise ConfigError(f"--slo-file {path}: objectives[{i}] repeats an earlier match")
-        out[key] = objective_set
-    return out
-
-
-def build_objectives(default: ObjectiveSet, slo_file: str = "") -> Objectives:
-    """The objectives the settings declare."""
-    return Objectives(default, load_overrides(slo_file, default) if slo_file else None)
-
-
-def describe(objective_set: ObjectiveSet) -> str:
-    """One line for people: ``ttft <= 0.5s, tpot <= 0.05s, no stalls; 99% over 28d``."""
-    parts = [
-        f"{name} <= {value:g}s"
-        for name, value in (
-            ("ttft", objective_set.ttft), ("tpot", objective_set.tpot),
-            ("max gap", objective_set.max_gap), ("duration", objective_set.duration),
-        )
-        if value is not None
-    ]  # fmt: skip
-    if objective_set.no_stalls:
-        parts.append("no stalls")
-    bounds = ", ".join(parts) or "no latency bound (errors only)"
-    window = prometheus_duration(objective_set.window)
-    return f"{bounds}; {objective_set.target:.4g} good over {window}"
-
-
-def prometheus_duration(seconds: float) -> str:
-    """A window as a Prometheus range spells it (``28d``, ``6h``), and as people read it."""
-    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
-        if seconds >= size and seconds % size == 0:
-            return f"{seconds / size:g}{unit}"
-    return f"{seconds:g}s"
+def judge(objective_set: ObjectiveSet, s: StreamStats) -> Verdict | None:
+    """The verdict on one finished request; None when it counts in no SLO series."""
+    outcome = s.outcome
+    if outcome is not Outcome.OK:
+        return _FAILED if outcome in _FAILURES else None
+    if s.status >= 500:
+        return _FAILED
+    if s.status >= 400:
+        return None
+    missed: list[Objective] = []
+    if objective_set.ttft is not None and s.ttft_s is not None and s.ttft_s > objective_set.ttft:
+        missed.append(Objective.TTFT)
+    if objective_set.tpot is not None and s.tpot_s is not None and s.tpot_s > objective_set.tpot:
+        missed.append(Objective.TPOT)
+    if objective_set.max_gap is not None and s.itl_count and s.itl_max > objective_set.max_gap:
+        missed.append(Objective.MAX_GAP)
+    if objective_set.no_stalls and s.stalls:
+        missed.append(Objective.STALL)
+    if objective_set.duration is not None and s.duration_s > objective_set.duration:
+        missed.append(Objective.DURATION)
+    return Verdict(False, tuple(missed)) if missed else GOOD

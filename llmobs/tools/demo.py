@@ -20,11 +20,11 @@ from typing import TextIO
 from aiohttp import web
 
 from llmobs.app import Sidecar
+from llmobs.config.objectives import Objective, describe
 from llmobs.config.otel import otel_settings
 from llmobs.config.settings import Settings
 from llmobs.export.metrics.query import buckets, quantile, total
 from llmobs.export.telemetry import build_telemetry
-from llmobs.observe.slo import Objective, describe
 from llmobs.sim import SimSettings, build_sim_app
 from llmobs.tools.load import DIALECTS, Result, Workload, run_load
 from llmobs.wire.listen import ListenError

@@ -31,9 +31,9 @@ from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
 
+from llmobs.config.objectives import Objective
 from llmobs.config.options import ConfigError
 from llmobs.export.metrics.catalogue import SLO_MISSES, SLO_OUTPUT_TOKENS, SLO_REQUESTS, SLO_TARGET
-from llmobs.observe.slo import Objective
 
 _OP, _MODEL = "gen_ai_operation_name", "gen_ai_request_model"
 _RANGE = re.compile(r"(\d+(ms|s|m|h|d|w|y))+")

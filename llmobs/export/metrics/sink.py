@@ -25,6 +25,7 @@ from typing import Any, NamedTuple
 from opentelemetry.metrics import Meter
 from prometheus_client import CollectorRegistry
 
+from llmobs.config.objectives import Objectives, ObjectiveSet
 from llmobs.export.live import ModelTotals
 from llmobs.export.metrics.catalogue import (
     ACTIVE,
@@ -64,7 +65,7 @@ from llmobs.export.metrics.series import (
     TokenHistogram,
 )
 from llmobs.observe.labels import UNKNOWN, BoundedLabel
-from llmobs.observe.slo import Objectives, ObjectiveSet, Verdict
+from llmobs.observe.slo import Verdict, judge
 from llmobs.observe.stats import TokenWindow
 from llmobs.observe.timing import StreamStats
 
@@ -274,7 +275,7 @@ class MetricsSink:
         key = labels.key
         op, model = key
         status = _STATUS_CLASSES.get(s.status) or status_class(s.status)
-        verdict = self.objectives.for_request(s.operation, s.model).judge(s)
+        verdict = judge(self.objectives.for_request(s.operation, s.model), s)
         exemplar = None
         if trace is not None and (trace.kept_if_good or (verdict is not None and not verdict.good)):
             exemplar = (trace.trace_id, trace.span_id, self._clock())

@@ -19,12 +19,13 @@ from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind
 
+from llmobs.config.objectives import Objective
 from llmobs.config.options import ConfigError
 from llmobs.config.otel import otel_settings
 from llmobs.export.telemetry import BoundedSpanProcessor, Telemetry, build_telemetry
 from llmobs.export.tracing import RequestDetails, RequestMeta, Tracing
 from llmobs.observe.dialects import OPENAI_CHAT
-from llmobs.observe.slo import GOOD, Objective, Verdict
+from llmobs.observe.slo import GOOD, Verdict
 from llmobs.observe.timing import Outcome, StreamStats, TokenSource
 from tests.support.otlp import OtlpReceiver
 from tests.support.servers import AppFactory, SidecarFactory, SidecarHandle, SimFactory, eventually

@@ -8,18 +8,17 @@ from pathlib import Path
 
 import pytest
 
-from llmobs.config.options import parse_duration
-from llmobs.config.settings import ConfigError, Settings
-from llmobs.observe.slo import (
-    GOOD,
+from llmobs.config.objectives import (
     Objective,
     Objectives,
     ObjectiveSet,
-    Verdict,
     build_objectives,
     describe,
     load_overrides,
 )
+from llmobs.config.options import parse_duration
+from llmobs.config.settings import ConfigError, Settings
+from llmobs.observe.slo import GOOD, Verdict, judge
 from llmobs.observe.timing import Outcome, StreamStats, TokenSource
 
 BOUNDED = ObjectiveSet(ttft=0.5, tpot=0.05, max_gap=1.0, no_stalls=True, duration=30.0)
@@ -45,7 +44,7 @@ def stats(
 
 
 def test_a_request_within_every_bound_is_good() -> None:
-    assert BOUNDED.judge(stats()) == GOOD
+    assert judge(BOUNDED, stats()) == GOOD
 
 
 @pytest.mark.parametrize(
@@ -64,19 +63,19 @@ def test_a_request_within_every_bound_is_good() -> None:
     ],
 )
 def test_each_bound_missed_is_named(changes: dict[str, float], missed: tuple[Objective]) -> None:
-    assert BOUNDED.judge(stats(**changes)) == Verdict(False, missed)  # type: ignore[arg-type]
+    assert judge(BOUNDED, stats(**changes)) == Verdict(False, missed)  # type: ignore[arg-type]
 
 
 def test_a_bound_at_its_value_is_met() -> None:
-    assert BOUNDED.judge(stats(ttft=0.5, tpot=0.05, itl_max=1.0, duration=30.0)) == GOOD
+    assert judge(BOUNDED, stats(ttft=0.5, tpot=0.05, itl_max=1.0, duration=30.0)) == GOOD
 
 
 def test_what_a_request_did_not_measure_is_not_held_against_it() -> None:
     """No first token (an embeddings request, a JSON answer), one token (no TPOT), no gap:
     only the bounds it has a measure for apply."""
     no_tokens = stats(ttft=None, tpot=None, itl_count=0, itl_max=0.0)
-    assert BOUNDED.judge(no_tokens) == GOOD
-    assert BOUNDED.judge(stats(itl_count=0, itl_max=5.0)) == GOOD
+    assert judge(BOUNDED, no_tokens) == GOOD
+    assert judge(BOUNDED, stats(itl_count=0, itl_max=5.0)) == GOOD
 
 
 @pytest.mark.parametrize(
@@ -94,13 +93,13 @@ def test_what_a_request_did_not_measure_is_not_held_against_it() -> None:
 )
 def test_which_outcomes_count(outcome: Outcome, status: int, verdict: Verdict | None) -> None:
     """A failure is bad whatever its timing; the user's own doing is judged in neither."""
-    assert BOUNDED.judge(stats(outcome=outcome, status=status, ttft=9.0)) == verdict
+    assert judge(BOUNDED, stats(outcome=outcome, status=status, ttft=9.0)) == verdict
 
 
 def test_the_default_set_is_an_availability_objective() -> None:
     default = ObjectiveSet()
     assert default.objectives == (Objective.ERROR,)
-    assert default.judge(stats(ttft=60.0, duration=600.0, stalls=9)) == GOOD
+    assert judge(default, stats(ttft=60.0, duration=600.0, stalls=9)) == GOOD
     assert (default.target, default.window) == (0.999, 28 * 86400)
     assert BOUNDED.objectives == (
         Objective.TTFT, Objective.TPOT, Objective.MAX_GAP, Objective.STALL, Objective.DURATION,

@@ -9,6 +9,7 @@ import numpy as np
 from hypothesis import given
 from prometheus_client import CollectorRegistry
 
+from llmobs.config.objectives import Objective, Objectives, ObjectiveSet
 from llmobs.export.metrics.catalogue import (
     ITL,
     ITL_SQUARES,
@@ -18,7 +19,7 @@ from llmobs.export.metrics.sink import MetricsSink
 from llmobs.observe.dialects import OPENAI_CHAT
 from llmobs.observe.labels import OTHER, BoundedLabel
 from llmobs.observe.observer import ObserveConfig, Observer
-from llmobs.observe.slo import GOOD, Objective, Objectives, ObjectiveSet, Verdict
+from llmobs.observe.slo import GOOD, Verdict
 from llmobs.observe.stats import SMALL, TokenWindow
 from llmobs.observe.timing import Outcome, StreamStats, StreamTimer, TokenSource
 from tests.support.metrics import (
