@@ -27,7 +27,8 @@ from llmobs.export.metrics.exposition import (
     openmetrics_async,
     protobuf_async,
 )
-from llmobs.export.metrics.sink import MetricsSink, TraceRef
+from llmobs.export.metrics.sink import MetricsSink
+from llmobs.observe.record import TraceRef
 from llmobs.observe.timing import Outcome, StreamTimer
 
 Render = Callable[[CollectorRegistry, Executor], Awaitable[bytes]]

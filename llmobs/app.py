@@ -20,7 +20,7 @@ import hmac
 import logging
 import sys
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from urllib.parse import urlsplit
@@ -37,6 +37,7 @@ from llmobs.export.tracing import Arrival, RequestMeta, Tracing
 from llmobs.export.ui import LivePage, add_routes
 from llmobs.observe.dialects import Route
 from llmobs.observe.observer import ObserveConfig, Observer
+from llmobs.observe.record import RequestConsumer
 from llmobs.observe.timing import StreamStats, unparsed
 from llmobs.relay.proxy import ObserverFactory, Relay
 from llmobs.wire.listen import ListenError, listening
@@ -98,29 +99,42 @@ def _client_session(limit: int = 0) -> aiohttp.ClientSession:
 
 
 def observer_factory(
-    settings: Settings, sink: MetricsSink, tracing: Tracing | None = None
+    settings: Settings,
+    sink: MetricsSink,
+    tracing: Tracing | None = None,
+    consumers: Sequence[RequestConsumer] = (),
 ) -> ObserverFactory:
-    """New ``Observer`` per request, sharing the sink, the tracer and the settings' knobs."""
+    """New ``Observer`` per request, sharing the sink (the first consumer of each request's
+    record, and the keeper of the objectives it is judged by), the tracer, the consumers
+    after the sink, and the settings' knobs."""
     config = ObserveConfig(
         stall_factor=settings.stall_factor,
         stall_min_gap=settings.stall_min_gap,
         max_line_bytes=settings.max_line_bytes,
         capture_content=settings.capture_content and tracing is not None,
+        objectives=sink.objectives,
     )
 
-    return _Observers(sink, config, tracing)
+    return _Observers(sink, config, tracing, tuple(consumers))
 
 
 class _Observers:
     """``observer_factory``'s factory: ``traces`` says whether its observers add a trace
     context to the upstream request (the relay then makes them before sending it)."""
 
-    __slots__ = ("_config", "_sink", "_tracing", "traces")
+    __slots__ = ("_config", "_consumers", "_sink", "_tracing", "traces")
 
-    def __init__(self, sink: MetricsSink, config: ObserveConfig, tracing: Tracing | None) -> None:
+    def __init__(
+        self,
+        sink: MetricsSink,
+        config: ObserveConfig,
+        tracing: Tracing | None,
+        consumers: tuple[RequestConsumer, ...],
+    ) -> None:
         self._sink = sink
         self._config = config
         self._tracing = tracing
+        self._consumers = consumers
         self.traces = tracing is not None
 
     def __call__(self, route: Route, start_ns: int, arrival: Arrival) -> Observer:
@@ -129,7 +143,7 @@ class _Observers:
         if tracing is not None:  # what a span needs of the request: made only for one
             meta = RequestMeta(arrival.method, arrival.path, arrival.headers, time.time_ns())
             trace = tracing.start(route, start_ns, meta)
-        return Observer(self._sink, self._config, route, start_ns, trace)
+        return Observer(self._sink, self._config, route, start_ns, trace, self._consumers)
 
 
 def tracing_for(settings: Settings, telemetry: Telemetry) -> Tracing | None:
@@ -171,6 +185,9 @@ class Proxy:
             telemetry.registry, settings.max_models, on_request, push=telemetry.push_meter,
             objectives=settings.objectives(),
         )  # fmt: skip
+        # What takes each finished request's record after the sink (which counts it first):
+        # a new consumer is a class with ``consume(record)`` and one line here.
+        self.consumers: list[RequestConsumer] = []
         self.tracing: Tracing | None = None
         self.relay: Relay | None = None
         self._upstream: Upstream | None = None
@@ -184,7 +201,9 @@ class Proxy:
         )
         self.tracing = tracing_for(settings, self.telemetry)
         factory = (
-            observer_factory(settings, self.sink, self.tracing) if settings.instrument else None
+            observer_factory(settings, self.sink, self.tracing, self.consumers)
+            if settings.instrument
+            else None
         )
         self.relay = Relay(settings, self._upstream, factory)
         self._server = ProxyServer(

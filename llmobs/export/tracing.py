@@ -28,7 +28,7 @@ from opentelemetry.trace import Span, SpanKind, Status, StatusCode, Tracer
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 from llmobs.observe.dialects import Route
-from llmobs.observe.slo import Verdict
+from llmobs.observe.record import RequestDetails
 from llmobs.observe.stats import FloatArray, TokenWindow
 from llmobs.observe.timing import Outcome, StreamStats
 
@@ -90,16 +90,6 @@ class RequestMeta(NamedTuple):
     path: str  # without the query string, which may carry keys
     headers: Mapping[str, str]  # read for trace context only
     wall_ns: int  # time.time_ns() at arrival, to put monotonic stamps on the wall clock
-
-
-class RequestDetails(NamedTuple):
-    """Request parameters spans may show: the body's sampling settings, optional content."""
-
-    max_tokens: int | None = None
-    temperature: float | None = None
-    prompt: str | None = None  # only with --capture-content, truncated
-    completion: str | None = None  # only with --capture-content, truncated
-    verdict: Verdict | None = None  # against the request's objectives (None: not judged)
 
 
 class Tracing:

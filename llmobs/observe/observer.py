@@ -11,17 +11,24 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import Callable, MutableMapping
-from dataclasses import dataclass
+from collections.abc import Callable, MutableMapping, Sequence
+from dataclasses import dataclass, field
 
-from llmobs.export.metrics.sink import MetricsSink, TraceRef
-from llmobs.export.tracing import RequestDetails, RequestTrace
+from llmobs.config.objectives import Objectives, ObjectiveSet
 from llmobs.observe.dialects import UNKNOWN, Route, detect_stream
 from llmobs.observe.dialects.base import ABORTED, ERROR, NONE, loads
 from llmobs.observe.dialects.openai import PLAIN, OpenAIStream, Template, WholeEvent
 from llmobs.observe.dialects.request import NO_BODY, parse_request, truncate
 from llmobs.observe.framing import Framing, NdjsonDecoder, SseDecoder
-from llmobs.observe.slo import Verdict
+from llmobs.observe.record import (
+    RequestConsumer,
+    RequestDetails,
+    RequestRecord,
+    RequestSink,
+    TraceHandle,
+    TraceRef,
+)
+from llmobs.observe.slo import Verdict, judge
 from llmobs.observe.stats import TokenWindow
 from llmobs.observe.timing import Outcome, StreamStats, StreamTimer, TokenSource, finish_request
 
@@ -39,6 +46,8 @@ class ObserveConfig:
     stall_min_gap: float = 0.05
     max_line_bytes: int = 1 << 20
     capture_content: bool = False
+    # what each request is judged by (the sink's: the app passes the same object)
+    objectives: Objectives = field(default_factory=lambda: Objectives(ObjectiveSet()))
 
 
 class Observer:
@@ -51,6 +60,7 @@ class Observer:
         "_body_size",
         "_choices",
         "_config",
+        "_consumers",
         "_decoder",
         "_dialect",
         "_failed",
@@ -79,13 +89,17 @@ class Observer:
 
     def __init__(
         self,
-        sink: MetricsSink,
+        sink: RequestSink,
         config: ObserveConfig,
         route: Route,
         start_ns: int,
-        trace: RequestTrace | None = None,
+        trace: TraceHandle | None = None,
+        consumers: Sequence[RequestConsumer] = (),
     ) -> None:
+        """``sink`` counts the request live and is the record's first consumer; ``consumers``
+        take the record after it, in order."""
         self._sink = sink
+        self._consumers = consumers
         self._trace = trace
         self._forwarded_ns: int | None = None
         self._config = config
@@ -321,9 +335,9 @@ class Observer:
     def finish(self, t_ns: int, outcome: Outcome) -> StreamStats | None:
         """Close the request with ``outcome``; only the first call has any effect.
 
-        Each sink call is guarded on its own, and the request record (with its last ITL
-        windows, which the sink records after the request's series) goes first: whatever else
-        fails, the request is counted once, with its outcome.
+        The request's record (with its last ITL windows and its verdict, judged here once)
+        goes to the sink first, then to each consumer, each call guarded on its own: whatever
+        else fails, the request is counted once, with its outcome.
         """
         if self._finished:
             return None
@@ -345,9 +359,17 @@ class Observer:
             )  # fmt: skip
         verdict: Verdict | None = None
         try:  # the guards of _guard, inline: once per request
-            verdict = sink.record_request(record, windows, self._trace_ref())
+            objectives = self._config.objectives.for_request(record.operation, record.model)
+            verdict = judge(objectives, record)
         except Exception:
             self._fail("finish")
+        finished = RequestRecord(record, tuple(windows), verdict, self._trace_ref())
+        try:
+            sink.consume(finished)
+        except Exception:
+            self._fail("finish")
+        for consumer in self._consumers:
+            self._guard("finish", consumer.consume, finished)
         if malformed:
             self._guard("finish", sink.malformed, malformed)
         try:
@@ -367,7 +389,7 @@ class Observer:
 
     def _finish_trace(
         self,
-        trace: RequestTrace,
+        trace: TraceHandle,
         record: StreamStats,
         windows: list[TokenWindow],
         t_ns: int,

@@ -17,10 +17,11 @@ from llmobs.export.metrics.exposition import (
     openmetrics_async,
     protobuf_async,
 )
-from llmobs.export.metrics.sink import MetricsSink, TraceRef
+from llmobs.export.metrics.sink import MetricsSink
 from llmobs.export.telemetry import Telemetry, build_telemetry
 from llmobs.observe.dialects import OLLAMA_GENERATE, OPENAI_CHAT, Route
 from llmobs.observe.observer import ObserveConfig, Observer
+from llmobs.observe.record import TraceRef
 from llmobs.observe.timing import Outcome, StreamTimer
 from tests.support import FIXTURES, ROOT
 from tests.support.scripted import chat_chunk, sse

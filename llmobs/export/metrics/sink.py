@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from typing import Any, NamedTuple
+from typing import Any
 
 from opentelemetry.metrics import Meter
 from prometheus_client import CollectorRegistry
@@ -65,6 +65,7 @@ from llmobs.export.metrics.series import (
     TokenHistogram,
 )
 from llmobs.observe.labels import UNKNOWN, BoundedLabel
+from llmobs.observe.record import RequestRecord, TraceRef
 from llmobs.observe.slo import Verdict, judge
 from llmobs.observe.stats import TokenWindow
 from llmobs.observe.timing import StreamStats
@@ -74,16 +75,6 @@ _STATUS_CLASSES = {status: status_class(status) for status in range(600)}
 # (the token usage histogram twice: input, then output tokens)
 _OBSERVED = (DURATION, TTFT, TPOT, SMOOTHNESS, ENGINE_PROMPT_EVAL, ENGINE_LOAD)
 _USAGE_TYPES = {"input": 0, "output": 1}  # their place after _OBSERVED's
-
-
-class TraceRef(NamedTuple):
-    """The trace of a request, for its exemplars: its ids (hex, as W3C writes them) and
-    whether the trace is kept when the request is good (tail sampling keeps a bad one
-    always): an exemplar only ever points at a trace that is kept."""
-
-    trace_id: str
-    span_id: str
-    kept_if_good: bool = True
 
 
 class _LabelSet:
@@ -262,20 +253,27 @@ class MetricsSink:
     def record_request(
         self, s: StreamStats, windows: Sequence[TokenWindow] = (), trace: TraceRef | None = None
     ) -> Verdict | None:
-        """A finished request into every request series, and its last ``windows`` of ITLs
+        """A request no observer saw to its end (one the server refused unparsed), or one a
+        test or benchmark makes: judged here against the sink's objectives, then consumed;
+        returns its verdict."""
+        verdict = judge(self.objectives.for_request(s.operation, s.model), s)
+        self.consume(RequestRecord(s, tuple(windows), verdict, trace))
+        return verdict
+
+    def consume(self, record: RequestRecord) -> None:
+        """A finished request into every request series, and its last windows of ITLs
         (those ``record_tokens`` did not take mid-stream) under the same labels, all under
-        one lock; returns its verdict against its objectives (None: judged in no SLO series).
-        With the request's ``trace``, its observations are their buckets' exemplars (if the
-        trace is kept).
+        one lock, its verdict into the SLO series. With the request's trace, its
+        observations are their buckets' exemplars (if the trace is kept).
         A window that fails to record is raised after everything else about the request (its
         series, OTLP, the per-request hook) is recorded."""
+        s, windows, verdict, trace = record
         labels = self._sets.get((s.operation, s.model))
         if labels is None:
             labels = self._label_set(s.operation, s.model, 200 <= s.status < 400)
         key = labels.key
         op, model = key
         status = _STATUS_CLASSES.get(s.status) or status_class(s.status)
-        verdict = judge(self.objectives.for_request(s.operation, s.model), s)
         exemplar = None
         if trace is not None and (trace.kept_if_good or (verdict is not None and not verdict.good)):
             exemplar = (trace.trace_id, trace.span_id, self._clock())
@@ -308,7 +306,6 @@ class MetricsSink:
             self._on_request(model, s)
         if failed is not None:
             raise failed
-        return verdict
 
     def live_totals(self) -> tuple[dict[str, ModelTotals], float, float]:
         """Each model's totals, every operation together, and the queue depth and active

@@ -23,8 +23,9 @@ from llmobs.config.objectives import Objective
 from llmobs.config.options import ConfigError
 from llmobs.config.otel import otel_settings
 from llmobs.export.telemetry import BoundedSpanProcessor, Telemetry, build_telemetry
-from llmobs.export.tracing import RequestDetails, RequestMeta, Tracing
+from llmobs.export.tracing import RequestMeta, Tracing
 from llmobs.observe.dialects import OPENAI_CHAT
+from llmobs.observe.record import RequestDetails
 from llmobs.observe.slo import GOOD, Verdict
 from llmobs.observe.timing import Outcome, StreamStats, TokenSource
 from tests.support.otlp import OtlpReceiver

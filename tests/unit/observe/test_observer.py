@@ -8,6 +8,7 @@ from collections.abc import Callable
 import pytest
 from prometheus_client import CollectorRegistry
 
+from llmobs.config.objectives import Objective, Objectives, ObjectiveSet
 from llmobs.export.metrics.catalogue import (
     ITL,
     ITL_SQUARES,
@@ -27,6 +28,8 @@ from llmobs.observe.dialects import (
     Route,
 )
 from llmobs.observe.observer import ObserveConfig, Observer
+from llmobs.observe.record import RequestRecord
+from llmobs.observe.slo import Verdict
 from llmobs.observe.stats import TokenWindow
 from llmobs.observe.timing import Outcome, StreamStats
 from tests.support.metrics import (
@@ -163,3 +166,44 @@ def test_a_good_stream_keeps_its_own_finish_reason() -> None:
     last = b'data: {"choices":[{"index":0,"delta":{},"finish_reason":"length"}]}\n\n'
     telemetry = observe([*sse(chat_chunk(" a")), last, b"data: [DONE]\n\n"])
     assert sample(telemetry, "llmobs_requests_total", finish_reason="length") == 1
+
+
+class Kept:
+    """A consumer that keeps every record it is given."""
+
+    def __init__(self) -> None:
+        self.records: list[RequestRecord] = []
+
+    def consume(self, record: RequestRecord) -> None:
+        self.records.append(record)
+
+
+class Broken:
+    """A consumer that cannot take a record."""
+
+    def consume(self, record: RequestRecord) -> None:
+        raise RuntimeError("boom")
+
+
+def test_every_consumer_gets_one_record_judged_once_and_a_broken_one_is_counted() -> None:
+    """After the sink, each consumer the app assembles gets the same record (statistics, last
+    windows, the verdict against the observer's objectives); one that raises is counted as
+    an observation error, and the ones after it still get the record."""
+    sink, telemetry = sink_and_telemetry()
+    first, last = Kept(), Kept()
+    objectives = Objectives(ObjectiveSet(ttft=0.001))  # 1 ms: this request misses it
+    config = ObserveConfig(objectives=objectives)
+    obs = Observer(sink, config, OPENAI_CHAT, 0, consumers=(first, Broken(), last))
+    obs.response(200, "text/event-stream")
+    for i, word in enumerate((" a", " b", " c"), start=1):
+        obs.chunk(i * 5 * MS, sse(chat_chunk(word))[0])
+    stats = obs.finish(20 * MS, Outcome.OK)
+    assert stats is not None
+    assert first.records == last.records and len(first.records) == 1
+    record = first.records[0]
+    assert record.stats == stats
+    assert record.verdict == Verdict(False, (Objective.TTFT,))
+    assert sum(w.size for w in record.windows) == 2  # two gaps after the first token
+    assert record.trace is None
+    assert sample(telemetry, "llmobs_observer_errors_total") == 1
+    assert sample(telemetry, "llmobs_requests_total", outcome="ok") == 1

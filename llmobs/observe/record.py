@@ -1,0 +1,94 @@
+"""What observation hands over: one record per finished request, and the shapes of those it
+hands it to.
+
+A request ends in one ``RequestRecord``: its statistics, the ITL windows not handed over
+mid-stream, its verdict against its objectives (judged once, here in observation) and its
+trace's ids (for exemplars). Every consumer (the Prometheus series, and whatever the app
+assembles beside them) takes that record through one method, ``consume``, as vLLM's stat
+loggers take their stats: adding a consumer is one class and one line of assembly.
+
+The other two shapes are what the observer calls while a request runs: the sink's live counts
+(``LiveCounts``: in flight, queued, the windows of a long stream) and the request's trace
+(``TraceHandle``, when it is traced). Observation names them as protocols so that it imports
+nothing of export (import-linter checks it).
+"""
+
+from __future__ import annotations
+
+from collections.abc import MutableMapping, Sequence
+from typing import NamedTuple, Protocol
+
+from llmobs.observe.slo import Verdict
+from llmobs.observe.stats import TokenWindow
+from llmobs.observe.timing import StreamStats
+
+
+class TraceRef(NamedTuple):
+    """The trace of a request, for its exemplars: its ids (hex, as W3C writes them) and
+    whether the trace is kept when the request is good (tail sampling keeps a bad one
+    always): an exemplar only ever points at a trace that is kept."""
+
+    trace_id: str
+    span_id: str
+    kept_if_good: bool = True
+
+
+class RequestRecord(NamedTuple):
+    """One finished request, as every consumer receives it."""
+
+    stats: StreamStats
+    windows: tuple[TokenWindow, ...]  # the ITL windows not handed over mid-stream
+    verdict: Verdict | None  # None: the request counts in no SLO series
+    trace: TraceRef | None  # None: not traced
+
+
+class RequestDetails(NamedTuple):
+    """Request parameters spans may show: the body's sampling settings, optional content."""
+
+    max_tokens: int | None = None
+    temperature: float | None = None
+    prompt: str | None = None  # only with --capture-content, truncated
+    completion: str | None = None  # only with --capture-content, truncated
+    verdict: Verdict | None = None  # against the request's objectives (None: not judged)
+
+
+class RequestConsumer(Protocol):
+    """Takes each finished request's record; a consumer that raises is counted as an
+    observation error and the others still get the record."""
+
+    def consume(self, record: RequestRecord) -> None: ...
+
+
+class LiveCounts(Protocol):
+    """What the observer tells the metrics sink while a request runs."""
+
+    def request_started(self) -> None: ...
+    def request_ended(self) -> None: ...
+    def queue_enter(self) -> None: ...
+    def queue_leave(self) -> None: ...
+    def observer_error(self) -> None: ...
+    def malformed(self, count: int) -> None: ...
+    def record_tokens(
+        self, operation: str, model: str | None, window: TokenWindow, admit: bool
+    ) -> None: ...
+
+
+class RequestSink(LiveCounts, RequestConsumer, Protocol):
+    """The metrics sink as the observer sees it: live counts, and the first consumer of the
+    record (so that a request is counted before anything else is done with it)."""
+
+
+class TraceHandle(Protocol):
+    """A traced request's trace: its context goes upstream, its spans are written at the end."""
+
+    keep: bool
+
+    def ids(self) -> tuple[str, str] | None: ...
+    def inject(self, headers: MutableMapping[str, str]) -> None: ...
+    def finish(
+        self,
+        record: StreamStats,
+        windows: Sequence[TokenWindow],
+        times: tuple[int | None, int | None, int | None, int],
+        details: RequestDetails,
+    ) -> None: ...
