@@ -44,7 +44,7 @@ from llmobs.export.metrics.sink import MetricsSink  # noqa: E402
 from llmobs.export.telemetry import build_telemetry  # noqa: E402
 from llmobs.export.tracing import RequestMeta  # noqa: E402
 from llmobs.observe.dialects import OPENAI_CHAT, OPENAI_COMPLETIONS, UNKNOWN  # noqa: E402
-from llmobs.observe.observer import ObserveConfig, Observer  # noqa: E402
+from llmobs.observe.observer import Observer, ObserveSettings  # noqa: E402
 from llmobs.observe.timing import Outcome  # noqa: E402
 
 CHUNK = (
@@ -112,7 +112,7 @@ def scrape_lag(models: int, operations: int, interval: float) -> dict[str, float
     for m in range(models):
         for op in (OPENAI_CHAT, OPENAI_COMPLETIONS, UNKNOWN)[:operations]:
             for status in (200, 404, 500):
-                obs = Observer(sink, ObserveConfig(), op, 0)
+                obs = Observer(sink, ObserveSettings(), op, 0)
                 obs.request_body(b'{"model":"model-%d","stream":true}' % m)
                 obs.response(status, "text/event-stream")
                 for i in range(5):

@@ -36,7 +36,7 @@ from llmobs.export.telemetry import Telemetry
 from llmobs.export.tracing import Arrival, RequestMeta, Tracing
 from llmobs.export.ui import LivePage, add_routes
 from llmobs.observe.dialects import Route
-from llmobs.observe.observer import ObserveConfig, Observer
+from llmobs.observe.observer import Observer, ObserveSettings
 from llmobs.observe.record import RequestConsumer
 from llmobs.observe.timing import StreamStats, unparsed
 from llmobs.relay.proxy import ObserverFactory, Relay
@@ -107,7 +107,7 @@ def observer_factory(
     """New ``Observer`` per request, sharing the sink (the first consumer of each request's
     record, and the keeper of the objectives it is judged by), the tracer, the consumers
     after the sink, and the settings' knobs."""
-    config = ObserveConfig(
+    config = ObserveSettings(
         stall_factor=settings.stall_factor,
         stall_min_gap=settings.stall_min_gap,
         max_line_bytes=settings.max_line_bytes,
@@ -127,7 +127,7 @@ class _Observers:
     def __init__(
         self,
         sink: MetricsSink,
-        config: ObserveConfig,
+        config: ObserveSettings,
         tracing: Tracing | None,
         consumers: tuple[RequestConsumer, ...],
     ) -> None:

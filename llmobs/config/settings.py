@@ -399,7 +399,7 @@ def _validate_collectors(s: Settings) -> None:
                  "model_kv_heads", "model_head_dim"):  # fmt: skip
         if getattr(s, name) < 0:
             raise ConfigError(f"{_source(name)}: must be >= 0, got {getattr(s, name)}")
-    if not 10 <= s.ui_history <= 3600:  # an hour: a page opened renders it in ~25 ms
+    if not 10 <= s.ui_history <= 3600:  # an hour at most: what a page opened renders at once
         raise ConfigError(
             f"{_source('ui_history')}: must be 10 to 3600 seconds, got {s.ui_history}"
         )

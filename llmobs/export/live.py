@@ -190,8 +190,8 @@ class LiveRing:
         start = next((i for i, t in enumerate(times) if t > since), len(times))
         rows = points[start:]
         width = len(GLOBAL) + MODEL_SLOTS * len(PER_MODEL)
-        # one matrix, rounded at once: a whole ring (600 x 115) in ~2 ms, not ~17 ms a value
-        # at a time; None where a value is NaN
+        # one matrix, rounded at once (a value at a time took several times as long on a whole
+        # ring: docs/benchmarks.md, "The live page"); None where a value is NaN
         matrix = np.round(np.frombuffer(b"".join(rows), dtype=np.float64), 6)
         matrix = matrix.reshape(len(rows), width).T.astype(object)
         matrix[matrix != matrix] = None  # noqa: PLR0124 - NaN is the value not equal to itself

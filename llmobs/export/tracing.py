@@ -84,7 +84,7 @@ class Arrival(Protocol):
 
 class RequestMeta(NamedTuple):
     """What the relay knows of a request when it arrives (no body, no header values kept).
-    A named tuple: one per request, cheaper to make than a frozen dataclass."""
+    A named tuple (docs/architecture.md, "Records are named tuples")."""
 
     method: str
     path: str  # without the query string, which may carry keys

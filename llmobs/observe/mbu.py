@@ -101,8 +101,8 @@ def mfu(params: float, prompt_tokens: float, prefill_s: float, peak_flops: float
 
 
 class Decode(NamedTuple):
-    """The decode phase of one finished request (a named tuple: made once per request, on the
-    event loop, in a fraction of a frozen dataclass's cost)."""
+    """The decode phase of one finished request (a named tuple: docs/architecture.md, "Records
+    are named tuples")."""
 
     end: float  # when the request was recorded (the tracker's clock)
     seconds: float  # tpot x steps

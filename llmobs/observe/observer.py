@@ -39,8 +39,8 @@ MAX_CHOICES = 16  # n > 1: choices timed separately, beyond this pooled into the
 
 
 @dataclass(frozen=True, slots=True)
-class ObserveConfig:
-    """The observation knobs, taken from Settings once."""
+class ObserveSettings:
+    """The observation knobs, taken from the sidecar's Settings once."""
 
     stall_factor: float = 3.0
     stall_min_gap: float = 0.05
@@ -90,7 +90,7 @@ class Observer:
     def __init__(
         self,
         sink: RequestSink,
-        config: ObserveConfig,
+        config: ObserveSettings,
         route: Route,
         start_ns: int,
         trace: TraceHandle | None = None,

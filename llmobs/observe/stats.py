@@ -53,8 +53,7 @@ class TokenWindow(NamedTuple):
     window (``small_window``) keeps plain lists, which the metrics sink bins without numpy;
     ``itl``, ``weights``, ``gaps`` and ``times_ns`` are numpy arrays whichever way the window
     was made (converted on each access from lists: only the tracing sink asks, once or twice).
-    A named tuple rather than a frozen dataclass: as immutable, and made in a fraction of the
-    time (``timing.StreamStats`` says why that matters).
+    A named tuple (docs/architecture.md, "Records are named tuples").
     """
 
     values: Floats  # per-token ITL of each chunk

@@ -47,10 +47,8 @@ class TokenSource(enum.StrEnum):
 class StreamStats(NamedTuple):
     """The finished record of one request, handed to every sink.
 
-    Immutable, like the frozen dataclass it was, but a named tuple: one is made per request on
-    the event loop, and a frozen dataclass sets each of its 28 fields through
-    ``object.__setattr__``, several times slower (docs/architecture.md). Nothing relies on it
-    being a tuple; compare records field by field.
+    A named tuple, for the reason docs/architecture.md gives ("Records are named tuples").
+    Nothing relies on it being a tuple; compare records field by field.
     """
 
     operation: str

@@ -20,7 +20,7 @@ from llmobs.export.metrics.exposition import (
 from llmobs.export.metrics.sink import MetricsSink
 from llmobs.export.telemetry import Telemetry, build_telemetry
 from llmobs.observe.dialects import OLLAMA_GENERATE, OPENAI_CHAT, Route
-from llmobs.observe.observer import ObserveConfig, Observer
+from llmobs.observe.observer import Observer, ObserveSettings
 from llmobs.observe.record import TraceRef
 from llmobs.observe.timing import Outcome, StreamTimer
 from tests.support import FIXTURES, ROOT
@@ -43,7 +43,7 @@ def sink_and_telemetry(
 
 def replay(sink: MetricsSink, model: str, gaps_ms: list[float], start_ms: float = 150) -> None:
     """One streaming chat request with a first token at ``start_ms`` and then ``gaps_ms``."""
-    obs = Observer(sink, ObserveConfig(), OPENAI_CHAT, 0)
+    obs = Observer(sink, ObserveSettings(), OPENAI_CHAT, 0)
     obs.request_body(b'{"model": "%s", "stream": true}' % model.encode())
     obs.forwarded(0)
     obs.response(200, "text/event-stream; charset=utf-8")
@@ -78,7 +78,7 @@ REASONING_CHUNKS = [
 
 def feed(sink: MetricsSink, route: Route, body: bytes, ctype: str, chunks: list[bytes]) -> None:
     """One request of ``route`` whose response is ``chunks``, 20 ms apart."""
-    obs = Observer(sink, ObserveConfig(), route, 0)
+    obs = Observer(sink, ObserveSettings(), route, 0)
     obs.request_body(body)
     obs.forwarded(0)
     obs.response(200, ctype)

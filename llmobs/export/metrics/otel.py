@@ -1,7 +1,8 @@
 """The request-level metrics as OpenTelemetry instruments, for an OTLP push.
 
 Built only when metrics are pushed over OTLP (``Telemetry.push_meter``): every request then
-pays the SDK's ~9 us per record on top of the Prometheus series (``sink``). The instruments
+pays the SDK's cost per record (docs/benchmarks.md) on top of the Prometheus series
+(``sink``). The instruments
 are made from the catalogue, one per request-level metric (the per-token ITL histogram is
 Prometheus only: its windows are binned in bulk, which the SDK cannot take).
 """

@@ -1,7 +1,8 @@
 """The sink: finished requests and token windows into the catalogue's series.
 
-Recording does not go through the OpenTelemetry SDK: a ``Histogram.record`` costs ~9 us and a
-request needs ten, and the SDK's Prometheus exporter rebuilds every family at each scrape.
+Recording does not go through the OpenTelemetry SDK: its ``Histogram.record`` costs more than
+a whole request's plain-Python recording, a request needs ten, and the SDK's Prometheus
+exporter rebuilds every family at each scrape (docs/benchmarks.md has the figures).
 Each series is a plain-Python accumulator (``series``) exposed by one prometheus_client
 collector on the registry /metrics renders, with the exposition the exporter produced (names,
 types, labels, buckets): a request costs a few microseconds. A request's series are bound

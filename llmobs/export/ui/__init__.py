@@ -29,8 +29,8 @@ from llmobs.export.metrics.catalogue import ITL, TTFT
 from llmobs.export.metrics.sink import MetricsSink
 
 log = logging.getLogger(__name__)
-# A poll for this many points or fewer is answered on the event loop (~0.5 ms for a few); more
-# (a page opened on a full ring: 600 points, ~17 ms) in a worker thread (docs/benchmarks.md)
+# A poll for this many points or fewer is answered on the event loop; more (a page opened on a
+# full ring) in a worker thread, so a render never holds the relay's loop (docs/benchmarks.md)
 INLINE_POINTS = 10
 STATIC = Path(__file__).parent / "static"
 _TYPES = {
@@ -50,8 +50,8 @@ _SECURITY = {
 
 
 def _json_encoder() -> Callable[[Any], bytes]:
-    """orjson where it is installed (a default dependency on CPython): a full ring's JSON in
-    ~2 ms, where json takes ~6 ms."""
+    """orjson where it is installed (a default dependency on CPython): a full ring's JSON in a
+    third of json's time (docs/benchmarks.md, "The live page")."""
     try:
         import orjson  # noqa: PLC0415 - optional dependency
     except ImportError:  # pragma: no cover - depends on the environment

@@ -21,8 +21,8 @@ def truncate(text: str) -> str:
 
 
 class RequestInfo(NamedTuple):
-    """What the request body says that telemetry may use (no prompt text). A named tuple,
-    immutable as a frozen dataclass and cheaper to make: one per request."""
+    """What the request body says that telemetry may use (no prompt text). A named tuple
+    (docs/architecture.md, "Records are named tuples")."""
 
     model: str | None = None
     stream: bool = False

@@ -18,11 +18,12 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from llmobs.export.metrics import text
 from llmobs.export.metrics.sink import MetricsSink
 from llmobs.observe.dialects import OPENAI_CHAT
 from llmobs.observe.dialects.openai import OpenAIStream, json_string_body
 from llmobs.observe.framing import SseDecoder
-from llmobs.observe.observer import ObserveConfig, Observer
+from llmobs.observe.observer import Observer, ObserveSettings
 from llmobs.observe.timing import Outcome
 from tests.support.strategies import FAST, PIECES, cut_lists, json_values, payloads, split_at
 
@@ -209,7 +210,7 @@ def observe(
     ``whole`` False: the reference, with none of the shortcuts (neither the observer's nor the
     dialect's), so that a shortcut wrong in both places is still found."""
     sink = MetricsSink(None, 8)
-    obs = Observer(sink, ObserveConfig(max_line_bytes=max_line), OPENAI_CHAT, 0)
+    obs = Observer(sink, ObserveSettings(max_line_bytes=max_line), OPENAI_CHAT, 0)
     if not whole:  # every read through decoder and the dialect's full parse
         obs._openai = None  # never builds a WholeEvent
         dialect = obs._dialect
@@ -225,7 +226,8 @@ def observe(
     assert isinstance(dialect, OpenAIStream)
     decoder = obs._sse
     assert decoder is not None
-    return record, state(dialect), (decoder.malformed, decoder.comments), sink.collector.render()
+    series = text.render(sink.collector.frames()).decode()
+    return record, state(dialect), (decoder.malformed, decoder.comments), series
 
 
 plain_words = st.text(
@@ -311,7 +313,7 @@ def test_plain_token_reads_skip_decoder_and_dialect() -> None:
     head = b'data: {"id":"c","object":"chat.completion.chunk","model":"m","choices":[{"index":0,'
     tail = b'"},"finish_reason":null}]}\n\n'
     sink = MetricsSink(None, 8)
-    obs = Observer(sink, ObserveConfig(), OPENAI_CHAT, 0)
+    obs = Observer(sink, ObserveSettings(), OPENAI_CHAT, 0)
     obs.response(200, "text/event-stream")
     calls = []
     on_data = obs._on_data
@@ -340,14 +342,14 @@ def test_a_request_forwarded_after_its_first_token_leaves_the_queue_on_the_next(
     head = b'data: {"id":"c","object":"chat.completion.chunk","model":"m","choices":[{"index":0,'
     tail = b'"},"finish_reason":null}]}\n\n'
     sink = MetricsSink(None, 8)
-    obs = Observer(sink, ObserveConfig(), OPENAI_CHAT, 0)
+    obs = Observer(sink, ObserveSettings(), OPENAI_CHAT, 0)
     obs.request_body(b'{"model": "m", "stream": true}')
     obs.response(200, "text/event-stream")
     obs.chunk(1, head + b'"delta":{"content":"a' + tail)  # the template: the fast path armed
     obs.forwarded(2)
 
     def depth() -> str:
-        render = sink.collector.render().splitlines()
+        render = text.render(sink.collector.frames()).decode().splitlines()
         return next(line for line in render if line.startswith("llmobs_prefill_queue_depth"))
 
     assert depth().endswith(" 1.0")
@@ -360,7 +362,7 @@ def test_a_request_forwarded_after_its_first_token_leaves_the_queue_on_the_next(
 def itl_counts(sink: MetricsSink) -> list[float]:
     return [
         float(line.rsplit(" ", 1)[1])
-        for line in sink.collector.render().splitlines()
+        for line in text.render(sink.collector.frames()).decode().splitlines()
         if line.startswith("llmobs_inter_token_latency_seconds_count{")
     ]
 
@@ -374,7 +376,7 @@ def test_whole_reads_past_a_window_are_all_timed(per_read: int) -> None:
     head = b'data: {"id":"c","object":"chat.completion.chunk","model":"m","choices":[{"index":0,'
     tail = b'"},"finish_reason":null}]}\n\n'
     sink = MetricsSink(None, 8)
-    obs = Observer(sink, ObserveConfig(), OPENAI_CHAT, 0)
+    obs = Observer(sink, ObserveSettings(), OPENAI_CHAT, 0)
     obs.request_body(b'{"model": "m", "stream": true}')
     obs.forwarded(0)
     obs.response(200, "text/event-stream")

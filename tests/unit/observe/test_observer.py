@@ -27,7 +27,7 @@ from llmobs.observe.dialects import (
     TGI_STREAM,
     Route,
 )
-from llmobs.observe.observer import ObserveConfig, Observer
+from llmobs.observe.observer import Observer, ObserveSettings
 from llmobs.observe.record import RequestRecord
 from llmobs.observe.slo import Verdict
 from llmobs.observe.stats import TokenWindow
@@ -64,7 +64,7 @@ def test_an_observer_error_is_counted_and_never_raised() -> None:
     telemetry = build_telemetry()
     hooked: list[str] = []
     sink = BrokenSink(telemetry.registry, 8, lambda model, s: hooked.append(model))
-    obs = Observer(sink, ObserveConfig(), OPENAI_CHAT, 0)
+    obs = Observer(sink, ObserveSettings(), OPENAI_CHAT, 0)
     obs.response(200, "text/event-stream")
     obs.chunk(1, sse(chat_chunk(" x"))[0])
     obs.chunk(2, sse(chat_chunk(" y"))[0])
@@ -86,7 +86,7 @@ def test_an_observer_error_is_counted_and_never_raised() -> None:
 def observe(chunks: list[bytes], gap_ms: float = 20.0, status: int = 200) -> Telemetry:
     """Feed one chat stream, one chunk per ``gap_ms``; return its telemetry."""
     sink, telemetry = sink_and_telemetry()
-    obs = Observer(sink, ObserveConfig(), OPENAI_CHAT, 0)
+    obs = Observer(sink, ObserveSettings(), OPENAI_CHAT, 0)
     obs.request_body(b'{"model": "m", "stream": true}')
     obs.forwarded(0)
     obs.response(status, "text/event-stream")
@@ -149,7 +149,7 @@ def test_a_4xx_finishes_with_error_on_every_api(route: Route, body: bytes) -> No
     """One rule for the finish-reason label of a refused request, whatever the API (Ollama's
     said ``error``, the others ``none``)."""
     sink, telemetry = sink_and_telemetry()
-    obs = Observer(sink, ObserveConfig(), route, 0)
+    obs = Observer(sink, ObserveSettings(), route, 0)
     obs.request_body(b'{"model": "m", "stream": true, "inputs": "x", "prompt": "x"}')
     obs.forwarded(0)
     obs.response(400, "application/json")
@@ -192,7 +192,7 @@ def test_every_consumer_gets_one_record_judged_once_and_a_broken_one_is_counted(
     sink, telemetry = sink_and_telemetry()
     first, last = Kept(), Kept()
     objectives = Objectives(ObjectiveSet(ttft=0.001))  # 1 ms: this request misses it
-    config = ObserveConfig(objectives=objectives)
+    config = ObserveSettings(objectives=objectives)
     obs = Observer(sink, config, OPENAI_CHAT, 0, consumers=(first, Broken(), last))
     obs.response(200, "text/event-stream")
     for i, word in enumerate((" a", " b", " c"), start=1):

@@ -18,7 +18,7 @@ from llmobs.export.metrics.series import TokenHistogram
 from llmobs.export.metrics.sink import MetricsSink
 from llmobs.observe.dialects import OPENAI_CHAT
 from llmobs.observe.labels import OTHER, BoundedLabel
-from llmobs.observe.observer import ObserveConfig, Observer
+from llmobs.observe.observer import Observer, ObserveSettings
 from llmobs.observe.slo import GOOD, Verdict
 from llmobs.observe.stats import SMALL, TokenWindow
 from llmobs.observe.timing import Outcome, StreamStats, StreamTimer, TokenSource
@@ -65,7 +65,7 @@ def test_a_model_name_that_is_not_unicode_is_other() -> None:
 def test_models_of_failed_requests_do_not_take_label_slots() -> None:
     sink, telemetry = sink_and_telemetry(max_models=2)
     for i in range(10):  # a client probing unknown models: the engine answers 404
-        obs = Observer(sink, ObserveConfig(), OPENAI_CHAT, 0)
+        obs = Observer(sink, ObserveSettings(), OPENAI_CHAT, 0)
         obs.request_body(b'{"model": "probe-%d"}' % i)
         obs.response(404, "application/json")
         obs.finish(MS, Outcome.OK)
