@@ -2,8 +2,11 @@
 
 - ``catalogue``: every metric's name, unit, buckets and labels (the one source; dashboards and
   alert rules take names from it);
-- ``series``: the families, the only code that knows a series' layout;
-- ``exposition``: /metrics as bytes;
+- ``series``: the families, the only code that knows a series' layout; they hold the values
+  and give them at a scrape as frames (``frames``: the neutral family model);
+- ``text``, ``openmetrics``, ``protobuf``: the encoders, frames into each format's bytes
+  (``client_model``: the protobuf messages);
+- ``exposition``: /metrics as bytes, in the format negotiated;
 - ``sink``: a finished request into the series (``MetricsSink``);
 - ``otel``: the same into OpenTelemetry instruments, when metrics are pushed over OTLP.
 """

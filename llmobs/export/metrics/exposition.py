@@ -1,19 +1,20 @@
-"""/metrics as bytes: a registry that knows the order of its collectors, and its rendering.
+"""/metrics as bytes: a registry that knows the order of its collectors, the format a scraper
+asks for (``negotiate``), and the rendering in it (``render``).
 
 ``generate_latest`` would collect every family into prometheus_client's objects and format
-them; the request series render themselves much faster (``series.SeriesCollector.render``),
-so a registry is rendered collector by collector, each in the order it was registered (the
-order ``generate_latest`` follows), the series by their own renderer and the rest by
+them; the request series' frames are written much faster by an encoder of their own
+(``text``), so a registry is rendered collector by collector, each in the order it was
+registered (the order ``generate_latest`` follows), the series by the encoder and the rest by
 ``generate_latest``. The order comes from ``Registry``, which notes each collector as it is
 registered through prometheus_client's public ``register``: no private state of the client is
 read. A registry of another class, or one with target info, is rendered by
 ``generate_latest`` whole.
 
-The same holds for OpenMetrics (``openmetrics_async``), which a scraper gets when it asks for
-it (``negotiate``): the series render it themselves, with their exemplars, and the other
-collectors go to prometheus_client's OpenMetrics writer. And for Prometheus' protobuf format
-(``protobuf_async``), which prometheus_client cannot write: the series encode themselves, with
-their native buckets, and the other collectors' families are encoded by ``protobuf``.
+The same holds for OpenMetrics (``openmetrics_async``): the series' frames, with their
+exemplars, go to ``openmetrics``, the other collectors to prometheus_client's OpenMetrics
+writer. And for Prometheus' protobuf format (``protobuf_async``), which prometheus_client
+cannot write: the series' frames, with their native buckets, and the other collectors'
+families are encoded by ``protobuf``.
 """
 
 from __future__ import annotations
@@ -28,11 +29,10 @@ from prometheus_client.openmetrics.exposition import CONTENT_TYPE_LATEST as OPEN
 from prometheus_client.openmetrics.exposition import generate_latest as openmetrics_latest
 from prometheus_client.registry import Collector
 
-from llmobs.export.metrics import protobuf
+from llmobs.export.metrics import openmetrics, protobuf, text
 from llmobs.export.metrics.series import SeriesCollector
 
 _OPENMETRICS = "application/openmetrics-text"
-_EOF = b"# EOF\n"
 
 
 class Registry(CollectorRegistry):
@@ -77,8 +77,8 @@ async def exposition_async(registry: CollectorRegistry, executor: Executor) -> b
     parts: list[bytes] = []
     for collector in members:
         if isinstance(collector, SeriesCollector):
-            for part in collector.render_parts():
-                parts.append(part.encode())
+            for part in text.parts(collector.frames()):
+                parts.append(part)
                 await asyncio.sleep(0)
         else:
             parts.append(await loop.run_in_executor(executor, generate_latest, collector))
@@ -86,15 +86,15 @@ async def exposition_async(registry: CollectorRegistry, executor: Executor) -> b
 
 
 def exposition(registry: CollectorRegistry) -> bytes:
-    """The bytes ``generate_latest(registry)`` gives, every ``SeriesCollector`` rendered by its
-    own ``render``, in the registry's order."""
+    """The bytes ``generate_latest(registry)`` gives, every ``SeriesCollector``'s frames
+    written by ``text``, in the registry's order."""
     members = _members(registry)
     if members is None:
         return generate_latest(registry)
     parts: list[bytes] = []
     for collector in members:
         if isinstance(collector, SeriesCollector):
-            parts.append(collector.render().encode())
+            parts.append(text.render(collector.frames()))
         else:
             parts.append(generate_latest(collector))
     return b"".join(parts)
@@ -163,7 +163,7 @@ async def protobuf_async(registry: CollectorRegistry, executor: Executor) -> byt
     parts: list[bytes] = []
     for collector in members:
         if isinstance(collector, SeriesCollector):
-            for part in collector.proto_parts():
+            for part in protobuf.parts(collector.frames(exemplars=True, natives=True)):
                 parts.append(part)
                 await asyncio.sleep(0)
         else:
@@ -186,9 +186,9 @@ async def render(fmt: Format, registry: CollectorRegistry, executor: Executor) -
 
 async def openmetrics_async(registry: CollectorRegistry, executor: Executor) -> bytes:
     """The bytes prometheus_client's OpenMetrics writer gives for ``registry``, the series
-    (with their exemplars) rendered on the event loop a part at a time, as for the text
-    format: the writer would build every family's objects first (150 ms and a 15 ms pause
-    of the loop at the label cap, docs/benchmarks.md)."""
+    (with their exemplars) written on the event loop a part at a time, as for the text
+    format: the writer would build every family's objects first, and hold the loop for it
+    at the label cap (docs/benchmarks.md)."""
     loop = asyncio.get_running_loop()
     members = _members(registry)
     if members is None:
@@ -196,11 +196,11 @@ async def openmetrics_async(registry: CollectorRegistry, executor: Executor) -> 
     parts: list[bytes] = []
     for collector in members:
         if isinstance(collector, SeriesCollector):
-            for part in collector.render_parts(openmetrics=True):
-                parts.append(part.encode())
+            for part in openmetrics.parts(collector.frames(exemplars=True)):
+                parts.append(part)
                 await asyncio.sleep(0)
         else:
-            text = await loop.run_in_executor(executor, openmetrics_latest, collector)
-            parts.append(text.removesuffix(_EOF))
-    parts.append(_EOF)
+            written = await loop.run_in_executor(executor, openmetrics_latest, collector)
+            parts.append(written.removesuffix(openmetrics.EOF))
+    parts.append(openmetrics.EOF)
     return b"".join(parts)

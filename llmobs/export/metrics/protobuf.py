@@ -1,159 +1,43 @@
-"""Prometheus' protobuf exposition: ``io.prometheus.client.MetricFamily`` messages, each
-length-delimited, the only format that carries native histograms.
+"""Prometheus' protobuf exposition: ``io.prometheus.client.MetricFamily`` messages
+(``client_model``), each length-delimited, the only format that carries native histograms.
 
 prometheus_client for Python cannot write it (client_python #918), so this module does, with
-the protobuf runtime that the OTLP exporters already depend on doing the encoding. The message
-classes are built at import from ``_SCHEMA``, a transcription of client_model's
-``io/prometheus/client/metrics.proto`` (proto2): generated ``_pb2`` code pins the protobuf
-runtime to the version that generated it, and a descriptor built here works with any runtime
-from 5.x on. ``tests/unit/export/metrics/test_protobuf.py`` compiles the real ``metrics.proto`` and
-checks every message, field number and type against this one.
-
-``family_bytes`` turns a prometheus_client family (the collectors other than the request
-series) into a message; the request series write theirs (``series``), in parts that are
-concatenated: protobuf merges concatenated messages of a type, appending repeated fields.
+the protobuf runtime that the OTLP exporters already depend on doing the encoding. ``parts``
+encodes the request series' frames (``frames.Frame``), native buckets and exemplars included,
+a few series at a time in parts that are concatenated: protobuf merges concatenated messages
+of a type, appending repeated fields. ``family_bytes`` encodes a prometheus_client family (the
+collectors other than the request series).
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
+from math import inf
 from typing import Any
 
-from google.protobuf import descriptor_pb2, descriptor_pool, message_factory, timestamp_pb2
 from prometheus_client.core import Metric
 from prometheus_client.samples import Exemplar as ClientExemplar
 from prometheus_client.samples import Sample
+
+from llmobs.export.metrics import native
+from llmobs.export.metrics.client_model import (
+    COUNTER,
+    GAUGE,
+    GAUGE_HISTOGRAM,
+    HISTOGRAM,
+    SUMMARY,
+    UNTYPED,
+    LabelPair,
+    MetricFamily,
+)
+from llmobs.export.metrics.frames import Exemplar, Frame, Number, Type
 
 CONTENT_TYPE = (
     "application/vnd.google.protobuf; proto=io.prometheus.client.MetricFamily; encoding=delimited"
 )
 MEDIA_TYPE = "application/vnd.google.protobuf"
 PROTO = "io.prometheus.client.MetricFamily"
-
-_F = descriptor_pb2.FieldDescriptorProto
-_OPT, _REP = _F.LABEL_OPTIONAL, _F.LABEL_REPEATED
-_TS = ".google.protobuf.Timestamp"
-# message -> its fields: (name, number, label, type, message type name or None)
-_SCHEMA: dict[str, tuple[tuple[str, int, int, int, str | None], ...]] = {
-    "LabelPair": (
-        ("name", 1, _OPT, _F.TYPE_STRING, None),
-        ("value", 2, _OPT, _F.TYPE_STRING, None),
-    ),
-    "Gauge": (("value", 1, _OPT, _F.TYPE_DOUBLE, None),),
-    "Counter": (
-        ("value", 1, _OPT, _F.TYPE_DOUBLE, None),
-        ("exemplar", 2, _OPT, _F.TYPE_MESSAGE, "Exemplar"),
-        ("created_timestamp", 3, _OPT, _F.TYPE_MESSAGE, _TS),
-    ),
-    "Quantile": (
-        ("quantile", 1, _OPT, _F.TYPE_DOUBLE, None),
-        ("value", 2, _OPT, _F.TYPE_DOUBLE, None),
-    ),
-    "Summary": (
-        ("sample_count", 1, _OPT, _F.TYPE_UINT64, None),
-        ("sample_sum", 2, _OPT, _F.TYPE_DOUBLE, None),
-        ("quantile", 3, _REP, _F.TYPE_MESSAGE, "Quantile"),
-        ("created_timestamp", 4, _OPT, _F.TYPE_MESSAGE, _TS),
-    ),
-    "Untyped": (("value", 1, _OPT, _F.TYPE_DOUBLE, None),),
-    "Histogram": (
-        ("sample_count", 1, _OPT, _F.TYPE_UINT64, None),
-        ("sample_count_float", 4, _OPT, _F.TYPE_DOUBLE, None),
-        ("sample_sum", 2, _OPT, _F.TYPE_DOUBLE, None),
-        ("bucket", 3, _REP, _F.TYPE_MESSAGE, "Bucket"),
-        ("created_timestamp", 15, _OPT, _F.TYPE_MESSAGE, _TS),
-        ("schema", 5, _OPT, _F.TYPE_SINT32, None),
-        ("zero_threshold", 6, _OPT, _F.TYPE_DOUBLE, None),
-        ("zero_count", 7, _OPT, _F.TYPE_UINT64, None),
-        ("zero_count_float", 8, _OPT, _F.TYPE_DOUBLE, None),
-        ("negative_span", 9, _REP, _F.TYPE_MESSAGE, "BucketSpan"),
-        ("negative_delta", 10, _REP, _F.TYPE_SINT64, None),
-        ("negative_count", 11, _REP, _F.TYPE_DOUBLE, None),
-        ("positive_span", 12, _REP, _F.TYPE_MESSAGE, "BucketSpan"),
-        ("positive_delta", 13, _REP, _F.TYPE_SINT64, None),
-        ("positive_count", 14, _REP, _F.TYPE_DOUBLE, None),
-        ("exemplars", 16, _REP, _F.TYPE_MESSAGE, "Exemplar"),
-    ),
-    "Bucket": (
-        ("cumulative_count", 1, _OPT, _F.TYPE_UINT64, None),
-        ("cumulative_count_float", 4, _OPT, _F.TYPE_DOUBLE, None),
-        ("upper_bound", 2, _OPT, _F.TYPE_DOUBLE, None),
-        ("exemplar", 3, _OPT, _F.TYPE_MESSAGE, "Exemplar"),
-    ),
-    "BucketSpan": (
-        ("offset", 1, _OPT, _F.TYPE_SINT32, None),
-        ("length", 2, _OPT, _F.TYPE_UINT32, None),
-    ),
-    "Exemplar": (
-        ("label", 1, _REP, _F.TYPE_MESSAGE, "LabelPair"),
-        ("value", 2, _OPT, _F.TYPE_DOUBLE, None),
-        ("timestamp", 3, _OPT, _F.TYPE_MESSAGE, _TS),
-    ),
-    "Metric": (
-        ("label", 1, _REP, _F.TYPE_MESSAGE, "LabelPair"),
-        ("gauge", 2, _OPT, _F.TYPE_MESSAGE, "Gauge"),
-        ("counter", 3, _OPT, _F.TYPE_MESSAGE, "Counter"),
-        ("summary", 4, _OPT, _F.TYPE_MESSAGE, "Summary"),
-        ("untyped", 5, _OPT, _F.TYPE_MESSAGE, "Untyped"),
-        ("histogram", 7, _OPT, _F.TYPE_MESSAGE, "Histogram"),
-        ("timestamp_ms", 6, _OPT, _F.TYPE_INT64, None),
-    ),
-    "MetricFamily": (
-        ("name", 1, _OPT, _F.TYPE_STRING, None),
-        ("help", 2, _OPT, _F.TYPE_STRING, None),
-        ("type", 3, _OPT, _F.TYPE_ENUM, "MetricType"),
-        ("metric", 4, _REP, _F.TYPE_MESSAGE, "Metric"),
-        ("unit", 5, _OPT, _F.TYPE_STRING, None),
-    ),
-}
-# MetricType's values, in metrics.proto's order
-TYPES = ("COUNTER", "GAUGE", "SUMMARY", "UNTYPED", "HISTOGRAM", "GAUGE_HISTOGRAM")
-COUNTER, GAUGE, SUMMARY, UNTYPED, HISTOGRAM, GAUGE_HISTOGRAM = range(len(TYPES))
-
-
-def file_descriptor() -> descriptor_pb2.FileDescriptorProto:
-    """``metrics.proto`` as a descriptor, from ``_SCHEMA``."""
-    package = "io.prometheus.client"
-    out = descriptor_pb2.FileDescriptorProto(
-        name="io/prometheus/client/metrics.proto",
-        package=package,
-        syntax="proto2",
-        dependency=["google/protobuf/timestamp.proto"],
-    )
-    kind = out.enum_type.add(name="MetricType")
-    for number, name in enumerate(TYPES):
-        kind.value.add(name=name, number=number)
-    for message, fields in _SCHEMA.items():
-        found = out.message_type.add(name=message)
-        for name, number, label, type_, type_name in fields:
-            field = found.field.add(name=name, number=number, label=label, type=type_)
-            if type_name is not None:
-                field.type_name = (
-                    type_name if type_name.startswith(".") else (f".{package}.{type_name}")
-                )
-    return out
-
-
-def _classes() -> dict[str, Any]:
-    """The message classes, from a pool of their own (another library may have put a
-    different ``metrics.proto`` in the default one)."""
-    pool = descriptor_pool.DescriptorPool()
-    timestamp = descriptor_pb2.FileDescriptorProto()
-    timestamp_pb2.DESCRIPTOR.CopyToProto(timestamp)
-    pool.Add(timestamp)
-    pool.Add(file_descriptor())
-    return {
-        name: message_factory.GetMessageClass(
-            pool.FindMessageTypeByName(f"io.prometheus.client.{name}")
-        )
-        for name in _SCHEMA
-    }
-
-
-_MESSAGES = _classes()
-LabelPair: Any = _MESSAGES["LabelPair"]
-MetricFamily: Any = _MESSAGES["MetricFamily"]
 
 
 def varint(value: int) -> bytes:
@@ -203,14 +87,117 @@ def labels_of(metric: Any, names: Sequence[str], values: Sequence[str]) -> None:
         metric.label.add(name=name, value=value)
 
 
-# --- prometheus_client's families (every collector but the request series) ---
+# --- the request series' frames ---
 
-_SUFFIXES = {
-    "counter": ("_total",),
-    "histogram": ("_bucket", "_count", "_sum"),
-    "gaugehistogram": ("_bucket", "_gcount", "_gsum"),
-    "summary": ("_count", "_sum"),
-}
+
+def parts(frames: Iterable[Frame], series: int = 25) -> Iterator[bytes]:
+    """Every family with a series as a delimited ``MetricFamily``, encoded ``series`` series
+    at a time (frames made with their exemplars and native buckets); between two parts it
+    yields b"" (a caller on the event loop lets other tasks run there)."""
+    for frame in frames:
+        encode = _histogram_part if frame.shape.type is Type.HISTOGRAM else _sample_part
+        found: list[bytes] = []
+        for start in range(0, len(frame.keys), series):
+            found.append(encode(frame, start, start + series))
+            yield b""
+        if found:
+            yield delimited(found)
+
+
+def _sample_part(frame: Frame, start: int, stop: int) -> bytes:
+    """A counter's or gauge's series ``start`` to ``stop`` as a serialized ``MetricFamily``
+    (the family's name, help and type with the first)."""
+    shape, keys, values = frame.shape, frame.keys, frame.values
+    gauge = shape.type is Type.GAUGE
+    out = part(shape.name, shape.help, GAUGE if gauge else COUNTER, first=start == 0)
+    names = shape.labels
+    end = len(keys) if stop < 0 else stop
+    for key, value in zip(keys[start:end], values[start:end], strict=True):
+        metric = out.metric.add()
+        labels_of(metric, names, key)
+        if gauge:
+            metric.gauge.value = value
+        else:
+            metric.counter.value = value
+    return bytes(out.SerializeToString())
+
+
+def _histogram_part(frame: Frame, start: int, stop: int) -> bytes:
+    """A histogram's series ``start`` to ``stop`` as a serialized ``MetricFamily`` (the
+    family's name, help and type with the first): classic buckets (the +Inf one only to carry
+    an exemplar, as client_golang writes it), with their exemplars, and the native buckets
+    next to them, whose exemplars also go in the histogram's own list."""
+    shape, keys, values = frame.shape, frame.keys, frame.values
+    exemplars, natives = frame.exemplars, frame.natives
+    out = part(shape.name, shape.help, HISTOGRAM, first=start == 0)
+    names, size = shape.labels, shape.size
+    j = start * (size + 1)
+    for key in keys[start:stop] if stop >= 0 else keys[start:]:
+        metric = out.metric.add()
+        labels_of(metric, names, key)
+        h = metric.histogram
+        slots = exemplars.get(key) if exemplars else None
+        h.sample_count = _classic(h, shape.bounds, values, j, slots)
+        h.sample_sum = values[j + size]
+        state = natives.get(key) if natives else None
+        if state is not None:
+            _native_fields(h, state, slots)
+        j += size + 1
+    return bytes(out.SerializeToString())
+
+
+def _classic(
+    h: Any,
+    bounds: Sequence[float],
+    values: Sequence[Number],
+    j: int,
+    slots: Sequence[Exemplar | None] | None,
+) -> int:
+    """The classic buckets of the series whose counts start at ``values[j]`` into ``h``, with
+    their exemplars; returns its count."""
+    total: Number = 0
+    for i, bound in enumerate(bounds):
+        total += values[j + i]
+        bucket = h.bucket.add(cumulative_count=int(total), upper_bound=bound)
+        if slots is not None and (found := slots[i]) is not None:
+            _exemplar(found, bucket.exemplar)
+    last = len(bounds)
+    total += values[j + last]
+    if slots is not None and (found := slots[last]) is not None:
+        _exemplar(found, h.bucket.add(cumulative_count=int(total), upper_bound=inf).exemplar)
+    return int(total)
+
+
+def _native_fields(h: Any, state: native.Snapshot, slots: Sequence[Exemplar | None] | None) -> None:
+    """A histogram message's native buckets (always with the zero threshold, which is what
+    marks it native to Prometheus 2.x), and the exemplars of its classic buckets in its own
+    list (where Prometheus 3 looks for a native histogram's)."""
+    h.schema = state.schema
+    h.zero_threshold = native.ZERO_THRESHOLD
+    h.zero_count = state.zero
+    for buckets, spans_field, deltas_field in (
+        (state.positive, h.positive_span, h.positive_delta),
+        (state.negative, h.negative_span, h.negative_delta),
+    ):
+        if buckets:
+            found_spans, deltas = native.spans(buckets)
+            for offset, length in found_spans:
+                spans_field.add(offset=offset, length=length)
+            deltas_field.extend(deltas)
+    if not state.positive and not state.negative and not state.zero:
+        h.positive_span.add(offset=0, length=0)  # client_golang's mark of an empty one
+    for found in slots or ():
+        if found is not None:
+            _exemplar(found, h.exemplars.add())
+
+
+def _exemplar(found: Exemplar, out: Any) -> None:
+    """A bucket's exemplar into ``out``, a protobuf ``Exemplar`` field."""
+    trace_id, span_id, value, at = found
+    exemplar({"trace_id": trace_id, "span_id": span_id}, value, at, out)
+
+
+# --- prometheus_client's families (every collector but the request series) ---
 
 
 def _client_exemplar(found: ClientExemplar | None, out: Any) -> None:

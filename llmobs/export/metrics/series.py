@@ -2,8 +2,8 @@
 
 The only code that knows a series' layout (a histogram's bucket counts, then its sum): the
 sink records through a handle bound once per label set (``HistogramRow``, as
-prometheus_client's ``.labels()`` child, for a request's several histograms at once), the
-renderer reads snapshots.
+prometheus_client's ``.labels()`` child, for a request's several histograms at once); a
+scrape reads frames of them (``frames``), which the encoders write.
 
 Why not the OpenTelemetry SDK on this path: one ``Histogram.record()`` or ``Counter.add()``
 costs ~9 us (attribute-set hashing, a lock and an aggregation object per call), and a request
@@ -11,112 +11,49 @@ makes ten of them; its Prometheus exporter then rebuilds every family from data 
 scrape. Here a series is a list (bucket counts, then the sum) found by one dict lookup on a
 tuple of label values; an observation is a ``bisect`` and two additions.
 
-The exposition is what the OpenTelemetry Prometheus exporter wrote for the same instruments:
-same family names and types, label names and values, ``le`` bounds (``repr`` of the float),
-samples in the order their series first appeared, integer sums kept integers until rendered,
-no ``_created`` samples. ``tests/unit/export/metrics/test_exposition.py`` compares the two
-renderings byte for byte, and ``tests/unit/export/metrics/test_sink.py`` holds a golden exposition.
+What the families hold is what the OpenTelemetry Prometheus exporter showed for the same
+instruments: same family names and types, label names and values, bucket bounds, series in the
+order they first appeared, integer sums kept integers, no ``_created`` samples. A scrape takes
+every family's series at once as frames (``frames.Frame``) and an encoder writes them
+(``text``, ``openmetrics``, ``protobuf``); ``tests/unit/export/metrics/test_exposition.py``
+compares the bytes to prometheus_client's writers, and ``test_sink.py`` holds a golden
+exposition.
 
-/metrics does not go through ``collect``: at the label cap (32 models x 3 operations, ~1.3 MiB)
-building prometheus_client's families and samples and formatting them with ``generate_latest``
-takes 100-200 ms and allocates hundreds of thousands of tracked objects (dicts, tuples), whose
-garbage collections pause the relay's event loop for tens of ms. ``SeriesCollector.render``
-writes the same bytes directly: each series' text up to the value (name, ``{labels}`` escaped
-and sorted, ``le``) is built once, the first time the series is rendered, and kept (series live
-as long as the process); a scrape then only formats the values (``exposition`` puts a whole
-registry together). ``tests/unit/export/metrics/test_exposition.py`` checks both give the bytes
-``generate_latest`` gives.
-
-Thread safety: observations happen on the event loop, ``collect`` and ``render`` in the
-/metrics rendering thread. Writers hold the owner's lock (``SeriesCollector.lock``) for a whole
-request's updates, and a scrape copies every series under it (the lists only: counter values
-are immutable numbers), so it never sees half a request. A label-less series (a gauge's one
-number, its key there from the start) is written by the loop alone without the lock: a scrape
-reads its old value or its new one.
+Thread safety: observations happen on the event loop, scrapes (``frames``, ``collect``) there
+or in the /metrics rendering thread. Writers hold the owner's lock (``SeriesCollector.lock``)
+for a whole request's updates, and a scrape copies every series under it (the lists only:
+counter values are immutable numbers), so it never sees half a request. A label-less series (a
+gauge's one number, its key there from the start) is written by the loop alone without the
+lock: a scrape reads its old value or its new one.
 """
 
 from __future__ import annotations
 
 import threading
 from bisect import bisect_left, bisect_right
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from itertools import chain
 from math import frexp, inf
-from typing import Any, cast
 
 import numpy as np
-from prometheus_client.core import (
-    CounterMetricFamily,
-    GaugeMetricFamily,
-    HistogramMetricFamily,
-    Metric,
-)
-from prometheus_client.openmetrics.exposition import escape_label_name, escape_metric_name
-from prometheus_client.openmetrics.exposition import generate_latest as openmetrics_latest
+from prometheus_client.core import Metric
 from prometheus_client.registry import Collector
-from prometheus_client.samples import Exemplar as ClientExemplar
-from prometheus_client.utils import floatToGoString as _untyped_go
 
-from llmobs.export.metrics import native, protobuf
 from llmobs.export.metrics.catalogue import MetricDef
+from llmobs.export.metrics.frames import (
+    Exemplar,
+    Exemplars,
+    Frame,
+    Key,
+    Natives,
+    Number,
+    Shape,
+    Snapshot,
+    Type,
+    client_family,
+)
 from llmobs.export.metrics.native import ZERO_THRESHOLD, NativeBuckets
 from llmobs.observe.stats import TokenWindow
-
-Number = int | float
-Key = tuple[str, ...]
-# A family's series at a scrape: their label values, and their numbers (a histogram's buckets
-# and sum, series after series).
-Snapshot = tuple[list[Key], list[Number]]
-# A bucket's exemplar: the trace and span of a request that fell into it, the value observed,
-# and when (unix seconds). At most one per bucket, the latest (OpenMetrics keeps one per line).
-Exemplar = tuple[str, str, float, float]
-Exemplars = dict[Key, list[Exemplar | None]]
-
-# A sample's value as ``generate_latest`` writes it (Go's float formatting).
-_go = cast(Callable[[Number], str], _untyped_go)
-_openmetrics = cast(Callable[[Collector], bytes], openmetrics_latest)
-
-
-def _label_value(value: str) -> str:
-    """A label value as ``generate_latest`` escapes it (backslash, newline, double quote)."""
-    return value.replace("\\", r"\\").replace("\n", r"\n").replace('"', r"\"")
-
-
-def _help(name: str, description: str, kind: str) -> str:
-    """The ``# HELP`` and ``# TYPE`` lines of a family, as ``generate_latest`` writes them."""
-    doc = description.replace("\\", r"\\").replace("\n", r"\n")
-    name = escape_metric_name(name)
-    return f"# HELP {name} {doc}\n# TYPE {name} {kind}\n"
-
-
-class _Empty(Collector):
-    """One family with no samples: what the OpenMetrics writer gives for it is its header."""
-
-    def __init__(self, family: Metric) -> None:
-        self._family = family
-
-    def collect(self) -> Iterable[Metric]:
-        return (self._family,)
-
-
-def _openmetrics_head(family: Metric) -> str:
-    """The ``# HELP`` and ``# TYPE`` lines of ``family`` as the OpenMetrics writer of
-    prometheus_client writes them (a counter is named without ``_total`` there)."""
-    return _openmetrics(_Empty(family)).decode().removesuffix("# EOF\n")
-
-
-def _exemplar_text(found: Exemplar) -> str:
-    """A bucket line's exemplar, as prometheus_client's OpenMetrics writer writes one."""
-    trace_id, span_id, value, at = found
-    return f' # {{span_id="{span_id}",trace_id="{trace_id}"}} {_go(value)} {at}'
-
-
-def _prefix(name: str, labels: Iterable[tuple[str, str]]) -> str:
-    """A sample line up to its value: ``name{a="x",b="y"} `` (labels sorted by name)."""
-    text = ",".join(f'{escape_label_name(k)}="{_label_value(v)}"' for k, v in sorted(labels))
-    if not text:
-        return f"{escape_metric_name(name)} "
-    return f"{escape_metric_name(name)}{{{text}}} "
 
 
 class HistogramRow:
@@ -186,16 +123,13 @@ class HistogramRow:
 class HistogramFamily:
     """One histogram family: label values -> [count per bucket ..., +Inf count, sum]."""
 
-    __slots__ = (
-        "_edges", "_head", "_om_head", "_text", "bounds", "exemplars", "layout", "metric",
-        "natives", "series", "size",
-    )  # fmt: skip
+    __slots__ = ("bounds", "exemplars", "layout", "metric", "natives", "series", "shape", "size")
 
     def __init__(self, metric: MetricDef) -> None:
         self.metric = metric
-        self.bounds = tuple(float(b) for b in metric.buckets)
-        self.size = len(self.bounds) + 1  # index of the sum in a series
-        self._edges = [repr(b) for b in self.bounds] + ["+Inf"]
+        self.shape = Shape.of(metric, Type.HISTOGRAM)
+        self.bounds = self.shape.bounds
+        self.size = self.shape.size  # index of the sum in a series
         self.series: dict[tuple[str, ...], list[Number]] = {}
         # label values -> the series' native buckets, kept next to the classic ones (same
         # observations; count and sum are the classic series'), if the metric has a layout
@@ -204,10 +138,6 @@ class HistogramFamily:
         # label values -> one exemplar slot per bucket: made for a series at its first traced
         # observation (an untraced sidecar keeps none)
         self.exemplars: Exemplars = {}
-        self._head = _help(metric.prometheus, metric.description, "histogram")
-        self._om_head = _openmetrics_head(self.family(([], [])))
-        # label values -> the text of each bucket line, then _count and _sum, up to the value
-        self._text: dict[Key, tuple[str, ...]] = {}
 
     def _empty(self) -> list[Number]:
         return [0] * (self.size + 1)
@@ -222,7 +152,7 @@ class HistogramFamily:
                 self.natives[key] = NativeBuckets(self.layout)
         return series
 
-    def natives_snapshot(self) -> dict[Key, native.Snapshot]:
+    def natives_snapshot(self) -> Natives:
         """A copy of every series' native buckets (hold the lock)."""
         return {key: buckets.copy() for key, buckets in self.natives.items()}
 
@@ -253,179 +183,24 @@ class HistogramFamily:
         Two lists whatever the number of series: few objects for the garbage collector."""
         return list(self.series), list(chain.from_iterable(self.series.values()))
 
-    def family(self, snapshot: Snapshot, exemplars: Exemplars | None = None) -> Metric:
-        """prometheus_client's family of ``snapshot``, each bucket with its exemplar (if
-        ``exemplars`` has one: the OpenMetrics exposition shows them)."""
-        metric = self.metric
-        out = HistogramMetricFamily(
-            metric.prometheus, metric.description, labels=metric.prometheus_labels, unit=""
-        )
-        edges = self._edges
-        size = self.size
-        keys, values = snapshot
-        for n, key in enumerate(keys):
-            series = values[n * (size + 1) : (n + 1) * (size + 1)]
-            slots = exemplars.get(key) if exemplars else None
-            buckets: list[Any] = []
-            total: Number = 0
-            for i in range(size):
-                total += series[i]
-                found = slots[i] if slots is not None else None
-                if found is None:
-                    buckets.append((edges[i], total))
-                else:
-                    trace_id, span_id, value, at = found
-                    labels = {"trace_id": trace_id, "span_id": span_id}
-                    buckets.append((edges[i], total, ClientExemplar(labels, value, at)))
-            out.add_metric(key, buckets, series[size])
-        return out
-
-    def _series_text(self, key: Key) -> tuple[str, ...]:
-        """Each bucket line up to its value, then the _count and _sum lines (if any)."""
-        name = escape_metric_name(self.metric.prometheus)
-        labels = dict(zip(self.metric.prometheus_labels, key, strict=False))
-        if "le" in labels:  # generate_latest's le replaces it
-            text = [_prefix(f"{name}_bucket", {**labels, "le": e}.items()) for e in self._edges]
-        else:  # the labels sorted by name, le among them
-            pairs = [(k, f'{escape_label_name(k)}="{_label_value(v)}"') for k, v in labels.items()]
-            pairs.sort()
-            head = "".join(f"{text}," for k, text in pairs if k < "le")
-            tail = "".join(f",{text}" for k, text in pairs if k > "le")
-            text = [f'{name}_bucket{{{head}le="{e}"{tail}}} ' for e in self._edges]
-        if self.bounds and self.bounds[0] < 0:  # no _count, _sum with negative buckets
-            return tuple(text)
-        pairs_ = labels.items()
-        return (*text, _prefix(f"{name}_count", pairs_), _prefix(f"{name}_sum", pairs_))
-
-    def render(
-        self,
-        snapshot: Snapshot,
-        out: list[str],
-        start: int = 0,
-        stop: int = -1,
-        exemplars: Exemplars | None = None,
-    ) -> None:
-        """Append the family's lines, as ``generate_latest(family(snapshot))`` writes them
-        (series ``start`` to ``stop`` only, with the family's header if ``start`` is 0); with
-        ``exemplars`` (a dict, maybe empty), as the OpenMetrics writer writes
-        ``family(snapshot, exemplars)``: the lines are the same but for the header and the
-        exemplars after the bucket lines that have one."""
-        keys, values = snapshot
-        if not keys:
-            return
-        if start == 0:
-            out.append(self._head if exemplars is None else self._om_head)
-        cache = self._text
-        size = self.size
-        go: dict[Number, str] = {}  # cumulative count -> text (counts repeat across buckets)
-        j = start * (size + 1)
-        for key in keys[start:stop] if stop >= 0 else keys[start:]:
-            text = cache.get(key)
-            if text is None:
-                text = cache[key] = self._series_text(key)
-            slots = exemplars.get(key) if exemplars else None
-            total: Number = 0
-            for i in range(size):
-                total += values[j]
-                j += 1
-                value = go.get(total)
-                if value is None:
-                    value = go[total] = _go(total)
-                if slots is not None and (found := slots[i]) is not None:
-                    out.append(f"{text[i]}{value}{_exemplar_text(found)}\n")
-                else:
-                    out.append(f"{text[i]}{value}\n")
-            if len(text) > size:
-                out.append(f"{text[size]}{value}\n{text[size + 1]}{_go(values[j])}\n")
-            j += 1
-
-    def proto(
-        self,
-        snapshot: Snapshot,
-        start: int,
-        stop: int,
-        exemplars: Exemplars | None = None,
-        natives: dict[Key, native.Snapshot] | None = None,
-    ) -> bytes:
-        """Series ``start`` to ``stop`` as a serialized ``MetricFamily`` (the family's name,
-        help and type with the first): classic buckets (the +Inf one only to carry an
-        exemplar, as client_golang writes it), with their exemplars, and the native buckets
-        next to them (``natives``), whose exemplars also go in the histogram's own list."""
-        keys, values = snapshot
-        out = protobuf.part(self.metric.prometheus, self.metric.description, protobuf.HISTOGRAM,
-                            first=start == 0)  # fmt: skip
-        names = self.metric.prometheus_labels
-        bounds, size = self.bounds, self.size
-        j = start * (size + 1)
-        for key in keys[start:stop] if stop >= 0 else keys[start:]:
-            metric = out.metric.add()
-            protobuf.labels_of(metric, names, key)
-            h = metric.histogram
-            slots = exemplars.get(key) if exemplars else None
-            total: Number = 0
-            for i in range(size):
-                total += values[j + i]
-                found = slots[i] if slots is not None else None
-                if i < size - 1:
-                    bucket = h.bucket.add(cumulative_count=int(total), upper_bound=bounds[i])
-                elif found is not None:
-                    bucket = h.bucket.add(cumulative_count=int(total), upper_bound=inf)
-                if found is not None:
-                    _proto_exemplar(found, bucket.exemplar)
-            h.sample_count = int(total)
-            h.sample_sum = values[j + size]
-            state = natives.get(key) if natives else None
-            if state is not None:
-                _native_fields(h, state, slots)
-            j += size + 1
-        return bytes(out.SerializeToString())
-
-
-def _native_fields(h: Any, state: native.Snapshot, slots: list[Exemplar | None] | None) -> None:
-    """A histogram message's native buckets (always with the zero threshold, which is what
-    marks it native to Prometheus 2.x), and the exemplars of its classic buckets in its own
-    list (where Prometheus 3 looks for a native histogram's)."""
-    h.schema = state.schema
-    h.zero_threshold = native.ZERO_THRESHOLD
-    h.zero_count = state.zero
-    for buckets, spans_field, deltas_field in (
-        (state.positive, h.positive_span, h.positive_delta),
-        (state.negative, h.negative_span, h.negative_delta),
-    ):
-        if buckets:
-            found_spans, deltas = native.spans(buckets)
-            for offset, length in found_spans:
-                spans_field.add(offset=offset, length=length)
-            deltas_field.extend(deltas)
-    if not state.positive and not state.negative and not state.zero:
-        h.positive_span.add(offset=0, length=0)  # client_golang's mark of an empty one
-    for found in slots or ():
-        if found is not None:
-            _proto_exemplar(found, h.exemplars.add())
-
-
-def _proto_exemplar(found: Exemplar, out: Any) -> None:
-    """A bucket's exemplar into ``out``, a protobuf ``Exemplar`` field."""
-    trace_id, span_id, value, at = found
-    protobuf.exemplar({"trace_id": trace_id, "span_id": span_id}, value, at, out)
+    def frame(self, exemplars: bool = False, natives: bool = False) -> Frame:
+        """The family's series as a frame (hold the lock), with copies of their exemplars and
+        native buckets if asked for."""
+        keys, values = self.snapshot()
+        found = self.exemplars_snapshot() if exemplars else None
+        return Frame(self.shape, keys, values, found, self.natives_snapshot() if natives else None)
 
 
 class CounterFamily:
     """A counter family (or a gauge: ``gauge=True``): label values -> value."""
 
-    __slots__ = ("_head", "_name", "_om_head", "_text", "gauge", "metric", "series")
+    __slots__ = ("gauge", "metric", "series", "shape")
 
     def __init__(self, metric: MetricDef, *, gauge: bool = False) -> None:
         self.metric = metric
         self.gauge = gauge
+        self.shape = Shape.of(metric, Type.GAUGE if gauge else Type.COUNTER)
         self.series: dict[tuple[str, ...], Number] = {}
-        # The sample name: a counter family is named without _total, its sample with it.
-        self._name = metric.prometheus
-        if not gauge:
-            self._name = metric.prometheus.removesuffix("_total") + "_total"
-        self._head = _help(self._name, metric.description, "gauge" if gauge else "counter")
-        self._om_head = _openmetrics_head(self.family(([], [])))
-        self._text: dict[Key, str] = {}  # label values -> the sample's line up to the value
 
     def add(self, key: tuple[str, ...], value: Number) -> None:
         series = self.series
@@ -435,68 +210,11 @@ class CounterFamily:
         """The label values of every series and their values (hold the lock)."""
         return list(self.series), list(self.series.values())
 
-    def family(self, snapshot: Snapshot) -> Metric:
-        metric = self.metric
-        out: CounterMetricFamily | GaugeMetricFamily
-        if self.gauge:
-            out = GaugeMetricFamily(
-                metric.prometheus, metric.description, labels=metric.prometheus_labels
-            )
-        else:
-            name = metric.prometheus.removesuffix("_total")
-            out = CounterMetricFamily(name, metric.description, labels=metric.prometheus_labels)
-        for key, value in zip(*snapshot, strict=True):
-            out.add_metric(key, value)
-        return out
-
-    def render(
-        self,
-        snapshot: Snapshot,
-        out: list[str],
-        start: int = 0,
-        stop: int = -1,
-        exemplars: Exemplars | None = None,
-    ) -> None:
-        """Append the family's lines, as ``generate_latest(family(snapshot))`` writes them
-        (series ``start`` to ``stop`` only, with the family's header if ``start`` is 0); with
-        ``exemplars`` (counters carry none), as the OpenMetrics writer does: another header."""
-        keys, values = snapshot
-        if not keys:
-            return
-        if start == 0:
-            out.append(self._head if exemplars is None else self._om_head)
-        cache = self._text
-        end = len(keys) if stop < 0 else stop
-        for key, value in zip(keys[start:end], values[start:end], strict=True):
-            text = cache.get(key)
-            if text is None:
-                labels = zip(self.metric.prometheus_labels, key, strict=False)
-                text = cache[key] = _prefix(self._name, dict(labels).items())
-            out.append(f"{text}{_go(value)}\n")
-
-    def proto(
-        self,
-        snapshot: Snapshot,
-        start: int,
-        stop: int,
-        exemplars: Exemplars | None = None,
-        natives: dict[Key, native.Snapshot] | None = None,
-    ) -> bytes:
-        """Series ``start`` to ``stop`` as a serialized ``MetricFamily`` (the family's name,
-        help and type with the first)."""
-        keys, values = snapshot
-        kind = protobuf.GAUGE if self.gauge else protobuf.COUNTER
-        out = protobuf.part(self._name, self.metric.description, kind, first=start == 0)
-        names = self.metric.prometheus_labels
-        end = len(keys) if stop < 0 else stop
-        for key, value in zip(keys[start:end], values[start:end], strict=True):
-            metric = out.metric.add()
-            protobuf.labels_of(metric, names, key)
-            if self.gauge:
-                metric.gauge.value = value
-            else:
-                metric.counter.value = value
-        return bytes(out.SerializeToString())
+    def frame(self, exemplars: bool = False, natives: bool = False) -> Frame:
+        """The family's series as a frame (hold the lock): counters carry no exemplars and
+        no native buckets, whatever is asked."""
+        keys, values = self.snapshot()
+        return Frame(self.shape, keys, values)
 
 
 class TokenHistogram:
@@ -612,12 +330,10 @@ def _native_window(buckets: NativeBuckets, window: TokenWindow) -> None:
 Family = HistogramFamily | CounterFamily
 
 
-def _exemplars_of(family: Family) -> Exemplars | None:
-    return family.exemplars_snapshot() if isinstance(family, HistogramFamily) else None
-
-
 class SeriesCollector(Collector):
-    """Exposes ``families`` (in this order) from a prometheus_client registry.
+    """Exposes ``families`` (in this order) from a prometheus_client registry: /metrics takes
+    their frames (``frames``) for an encoder; ``collect`` gives prometheus_client's families,
+    for readers of the registry.
 
     A family with no series yet is left out, as the OpenTelemetry exporter leaves out an
     instrument nothing was recorded into.
@@ -627,80 +343,18 @@ class SeriesCollector(Collector):
         self.families = tuple(families)
         self.lock = threading.Lock()
 
-    def _snapshot(self) -> list[tuple[Family, Snapshot]]:
+    def frames(self, exemplars: bool = False, natives: bool = False) -> list[Frame]:
+        """Every family's series at once, under the lock (a scrape never sees half a
+        request), with the histograms' exemplars and native buckets if asked for."""
         with self.lock:
-            return [(f, f.snapshot()) for f in self.families]
+            return [f.frame(exemplars, natives) for f in self.families]
 
     def collect(self) -> Iterator[Metric]:
         """prometheus_client's families, histogram buckets with their exemplars (which only
         the OpenMetrics exposition writes)."""
-        with self.lock:
-            taken = [
-                (
-                    f,
-                    f.snapshot(),
-                    _exemplars_of(f),
-                )
-                for f in self.families
-            ]
-        for family, snapshot, exemplars in taken:
-            if not snapshot[0]:
-                continue
-            if isinstance(family, HistogramFamily):
-                yield family.family(snapshot, exemplars)
-            else:
-                yield family.family(snapshot)
+        for frame in self.frames(exemplars=True):
+            if frame.keys:
+                yield client_family(frame)
 
     def describe(self) -> Iterable[Metric]:
         return ()
-
-    def render(self) -> str:
-        """The families in the Prometheus text format: ``generate_latest(self)``, decoded."""
-        out: list[str] = []
-        for family, snapshot in self._snapshot():
-            family.render(snapshot, out)
-        return "".join(out)
-
-    def proto_parts(self, series: int = 25) -> Iterator[bytes]:
-        """Every family as a delimited ``MetricFamily``, from one snapshot, a family made
-        ``series`` series at a time; between two parts it yields b"" (a caller on the event
-        loop lets other tasks run there)."""
-        with self.lock:
-            taken = [
-                (
-                    f,
-                    f.snapshot(),
-                    _exemplars_of(f) or {},
-                    f.natives_snapshot() if isinstance(f, HistogramFamily) else None,
-                )
-                for f in self.families
-            ]
-        for family, snapshot, exemplars, natives in taken:
-            parts: list[bytes] = []
-            for start in range(0, len(snapshot[0]), series):
-                parts.append(family.proto(snapshot, start, start + series, exemplars, natives))
-                yield b""
-            if parts:
-                yield protobuf.delimited(parts)
-
-    def render_parts(self, lines: int = 1000, openmetrics: bool = False) -> Iterator[str]:
-        """``render()`` in parts of about ``lines`` lines, from one snapshot taken at the
-        first part: a caller on the event loop can let other tasks run between parts. With
-        ``openmetrics``, the families as the OpenMetrics writer writes ``collect()``'s, with
-        their exemplars (without the closing ``# EOF``)."""
-        out: list[str] = []
-        with self.lock:
-            taken = [
-                (f, f.snapshot(), (_exemplars_of(f) or {}) if openmetrics else None)
-                for f in self.families
-            ]
-        for family, snapshot, exemplars in taken:
-            per_series = family.size + 3 if isinstance(family, HistogramFamily) else 1
-            step = max(1, lines // per_series)
-            for start in range(0, len(snapshot[0]), step):
-                family.render(snapshot, out, start, start + step, exemplars)
-                if len(out) >= lines:
-                    yield "".join(out)
-                    out.clear()
-        if out:
-            yield "".join(out)

@@ -1,17 +1,21 @@
-"""The fast /metrics renderer (``SeriesCollector.render``, ``exposition.exposition``) writes the
-bytes prometheus_client's ``generate_latest`` writes for the same data."""
+"""The encoders of the request series' frames (``text``, ``openmetrics``) and the /metrics
+renderer that uses them (``exposition``) write the bytes prometheus_client's writers write for
+the same data."""
 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import Metric
 from prometheus_client.openmetrics.exposition import generate_latest as openmetrics_latest
 from prometheus_client.openmetrics.parser import text_string_to_metric_families
 
+from llmobs.export.metrics import openmetrics, text
 from llmobs.export.metrics.catalogue import ITL, ITL_SQUARES, REQUESTS, TTFT, Kind, MetricDef
 from llmobs.export.metrics.exposition import (
     Registry,
@@ -19,13 +23,14 @@ from llmobs.export.metrics.exposition import (
     exposition_async,
     openmetrics_async,
 )
+from llmobs.export.metrics.frames import Frame
 from llmobs.export.metrics.series import (
     CounterFamily,
     HistogramFamily,
     SeriesCollector,
     TokenHistogram,
 )
-from llmobs.export.metrics.sink import TraceRef
+from llmobs.observe.record import TraceRef
 from llmobs.observe.stats import TokenWindow
 from llmobs.observe.timing import Outcome, StreamStats, TokenSource
 from tests.support.metrics import exposition as golden_text
@@ -85,7 +90,7 @@ def odd_collector() -> tuple[SeriesCollector, list[HistogramFamily | CounterFami
 
 def test_render_matches_generate_latest_with_odd_labels_and_values() -> None:
     collector, families = odd_collector()
-    assert collector.render().encode() == generate_latest(collector)
+    assert text.render(collector.frames()) == generate_latest(collector)
     # Cached label text is reused; new series and new values render like the rest.
     ttft, requests = families[0], families[2]
     assert isinstance(ttft, HistogramFamily)
@@ -93,15 +98,15 @@ def test_render_matches_generate_latest_with_odd_labels_and_values() -> None:
     ttft.observe(("new", 'series "x"'), 7.0)
     ttft.observe(("plain", "x" * 300), 1e30)
     requests.add(("a", "b", "c", "d", "e"), 2**70)
-    text = collector.render().encode()
-    assert text == generate_latest(collector)
-    assert b'gen_ai_request_model="quo\\"te"' in text
-    assert b"\\n" in text and "模型".encode() in text
+    written = text.render(collector.frames())
+    assert written == generate_latest(collector)
+    assert b'gen_ai_request_model="quo\\"te"' in written
+    assert b"\\n" in written and "模型".encode() in written
 
 
 def test_render_of_nothing_recorded_is_empty() -> None:
     collector = SeriesCollector([HistogramFamily(TTFT), CounterFamily(REQUESTS)])
-    assert collector.render() == "" == generate_latest(collector).decode()
+    assert text.render(collector.frames()) == b"" == generate_latest(collector)
 
 
 def test_float_counts_and_sums_match() -> None:
@@ -112,7 +117,7 @@ def test_float_counts_and_sums_match() -> None:
         gaps = rng.exponential(0.03, 20).tolist()
         weights = rng.integers(1, 4, 20).tolist()
         itl.record(("chat", "m"), window(gaps, weights))
-    assert collector.render().encode() == generate_latest(collector)
+    assert text.render(collector.frames()) == generate_latest(collector)
 
 
 def test_exposition_of_the_sidecar_registry_is_generate_latest() -> None:
@@ -156,21 +161,26 @@ def test_the_registry_lists_its_collectors_as_generate_latest_walks_them() -> No
     assert walked == _family_names(generate_latest(registry))
     counted = CountedSeries(odd_collector()[0].families)
     registry.register(counted)
-    assert exposition(registry) == generate_latest(registry)
-    assert counted.renders == 1  # rendered by itself, not collected by prometheus_client
+    written = exposition(registry)
+    assert (counted.framed, counted.collected) == (1, 0)  # its frames encoded, not collected
+    assert written == generate_latest(registry)
     registry.unregister(sink.collector)
     assert sink.collector not in registry.members()
     telemetry.shutdown()
 
 
 class CountedSeries(SeriesCollector):
-    """Series that count their renders."""
+    """Series that count the frames taken of them and their collections."""
 
-    renders = 0
+    framed = collected = 0
 
-    def render(self) -> str:
-        self.renders += 1
-        return super().render()
+    def frames(self, exemplars: bool = False, natives: bool = False) -> list[Frame]:
+        self.framed += 1
+        return super().frames(exemplars, natives)
+
+    def collect(self) -> Iterator[Metric]:
+        self.collected += 1
+        return super().collect()
 
 
 def _family_names(text: bytes) -> list[str]:
@@ -187,7 +197,22 @@ def test_exposition_falls_back_for_other_registries() -> None:
 @pytest.mark.parametrize("lines", [1, 7, 50, 1000, 10**6])
 def test_render_in_parts_is_render(lines: int) -> None:
     collector, _ = odd_collector()
-    assert "".join(collector.render_parts(lines)) == collector.render()
+    assert b"".join(text.parts(collector.frames(), lines)) == text.render(collector.frames())
+
+
+@pytest.mark.parametrize("lines", [1, 7, 1000])
+def test_openmetrics_of_the_series_is_the_writers(lines: int) -> None:
+    """The OpenMetrics encoder alone, on odd labels, values and exemplars: what
+    prometheus_client's writer makes of ``collect()``, in parts of any size."""
+    collector, families = odd_collector()
+    ttft = families[0]
+    assert isinstance(ttft, HistogramFamily)
+    for i, value in enumerate(ODD[:3]):
+        slots = ttft.exemplars_for((value, ODD[-1 - i]))
+        slots[i] = (f"{i + 1:032x}", f"{i + 1:016x}", 0.01 * i, 1700000000.25 + i)
+    written = b"".join(openmetrics.parts(collector.frames(exemplars=True), lines))
+    assert written + openmetrics.EOF == openmetrics_latest(collector)  # type: ignore[no-untyped-call]
+    assert written.count(b" # {span_id=") == 3
 
 
 def test_exposition_async_is_generate_latest() -> None:

@@ -17,7 +17,7 @@ from google.protobuf import descriptor_pb2
 from prometheus_client import Counter, Enum, Gauge, Histogram, Info, Summary
 from prometheus_client.parser import text_string_to_metric_families
 
-from llmobs.export.metrics import protobuf
+from llmobs.export.metrics import client_model, protobuf
 from llmobs.export.metrics.catalogue import SMOOTHNESS, TTFT
 from llmobs.export.metrics.exposition import Format, negotiate, protobuf_async
 from llmobs.export.metrics.native import ZERO_THRESHOLD, key
@@ -60,7 +60,7 @@ def test_the_messages_are_client_models_metrics_proto(tmp_path: Path) -> None:
         check=True,
     )  # fmt: skip
     theirs = descriptor_pb2.FileDescriptorSet.FromString(out.read_bytes()).file[0]
-    ours = protobuf.file_descriptor()
+    ours = client_model.file_descriptor()
     assert theirs.package == ours.package
     assert [m.name for m in theirs.message_type] == [m.name for m in ours.message_type]
     for a, b in zip(theirs.message_type, ours.message_type, strict=True):
@@ -137,13 +137,16 @@ def proto_samples(data: bytes) -> Samples:
         for metric in family.metric:
             labels = {pair.name: pair.value for pair in metric.label}
             kind = family.type
-            if kind == protobuf.HISTOGRAM:
+            if kind == client_model.HISTOGRAM:
                 _histogram_samples(name, labels, metric.histogram, out)
-            elif kind == protobuf.SUMMARY:
+            elif kind == client_model.SUMMARY:
                 out[(f"{name}_count", _label_set(labels))] = metric.summary.sample_count
                 out[(f"{name}_sum", _label_set(labels))] = metric.summary.sample_sum
             else:
-                value = {protobuf.COUNTER: metric.counter.value, protobuf.GAUGE: metric.gauge.value}
+                value = {
+                    client_model.COUNTER: metric.counter.value,
+                    client_model.GAUGE: metric.gauge.value,
+                }
                 out[(name, _label_set(labels))] = value.get(kind, metric.untyped.value)
     return out
 
@@ -195,7 +198,7 @@ def test_native_buckets_hold_each_observation_under_its_key() -> None:
         (SMOOTHNESS, None),
     ):
         family = families[metric.prometheus]
-        assert family.type == protobuf.HISTOGRAM
+        assert family.type == client_model.HISTOGRAM
         for m in family.metric:
             h = m.histogram
             assert metric.native is not None
@@ -252,7 +255,7 @@ def test_exemplars_are_the_openmetrics_ones() -> None:
 
 def test_delimited_framing() -> None:
     assert protobuf.varint(0) == b"\x00" and protobuf.varint(300) == b"\xac\x02"
-    family = protobuf.MetricFamily(name="x", type=protobuf.GAUGE)
+    family = client_model.MetricFamily(name="x", type=client_model.GAUGE)
     family.metric.add().gauge.value = 1.0
     body = family.SerializeToString()
     stream = protobuf.delimited([body]) * 3
