@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 
 import pytest
 
@@ -19,6 +20,7 @@ from tests.support.protocol_server import (
 )
 from tests.support.rawhttp import (
     WAIT,
+    chunked,
     closed,
     get,
     post,
@@ -189,6 +191,54 @@ async def test_shutdown_cancels_a_handler_that_outlasts_the_grace(serve: ServeFa
     await asyncio.wait_for(seen.cancelled.wait(), WAIT)
     assert await closed(client.reader)
     assert not served.server.connections
+
+
+def _ours(obj: object) -> bool:
+    """Whether ``obj`` is the server's: an instance of, or a function from, ``llmobs``."""
+    module = getattr(obj, "__module__", None) if callable(obj) else type(obj).__module__
+    return isinstance(module, str) and module.startswith("llmobs")
+
+
+async def test_a_closed_connection_leaves_no_reference_cycles(serve: ServeFactory) -> None:
+    """Every object of a connection is freed by reference counting once it closes, its
+    reading deferred and held on the way (a body of tiny chunks, decoded a share per loop
+    turn; requests pipelined behind it): cyclic garbage waits for the collector, whose passes
+    stall the loop (docs/benchmarks.md)."""
+
+    async def handle(request: Request) -> None:
+        body = await request.read_body(WAIT)
+        request.respond(200, b"%d" % len(body), "text/plain")
+
+    served = await serve(handle, max_body=1 << 20)
+    tiny = b"POST /tiny HTTP/1.1\r\nHost: test\r\nTransfer-Encoding: chunked\r\n\r\n" + chunked(
+        *[b"x"] * 2000
+    )
+    pipelined = b"".join(get(f"/{i}", "X-Pad: " + "p" * 2000) for i in range(200))
+
+    async def once() -> None:
+        client = await served.connect()
+        await client.send(tiny + pipelined + get("/last", "Connection: close"))
+        assert (await read_response(client.reader)).body == b"2000"
+        for _ in range(201):
+            assert (await read_response(client.reader)).status == 200
+        assert await closed(client.reader)
+        served.clients.remove(client)
+        client.writer.close()
+
+    await once()  # warm
+    await eventually(lambda: not served.server.connections)
+    gc.collect()
+    gc.set_debug(gc.DEBUG_SAVEALL)
+    try:
+        for _ in range(3):
+            await once()
+        await eventually(lambda: not served.server.connections)
+        gc.collect()
+        cyclic = [o for o in gc.garbage if _ours(o)]
+    finally:
+        gc.set_debug(0)
+        gc.garbage.clear()
+    assert cyclic == []
 
 
 test_on_uvloop = on_uvloop(__name__)
