@@ -358,12 +358,14 @@ class Observer:
                 status=self.status, stream=False, input_tokens=None, output_tokens=None,
             )  # fmt: skip
         verdict: Verdict | None = None
+        trace_ref: TraceRef | None = None
         try:  # the guards of _guard, inline: once per request
             objectives = self._config.objectives.for_request(record.operation, record.model)
             verdict = judge(objectives, record)
+            trace_ref = self._trace_ref()
         except Exception:
             self._fail("finish")
-        finished = RequestRecord(record, tuple(windows), verdict, self._trace_ref())
+        finished = RequestRecord(record, tuple(windows), verdict, trace_ref)
         try:
             sink.consume(finished)
         except Exception:

@@ -35,7 +35,6 @@ from llmobs.wire.http1 import (
 )
 from llmobs.wire.states import (
     ENGINE,
-    ILLEGAL,
     EngineEvent,
     EngineState,
     IllegalTransition,
@@ -202,13 +201,12 @@ class Connection(asyncio.Protocol):
 
     # -- states -----------------------------------------------------------------------------
     def _go(self, event: EngineEvent) -> bool:
-        """Move by ``event`` (``states.ENGINE``); an illegal one is a bug: counted, logged,
+        """Move by ``event`` (``states.ENGINE``); an illegal one is a bug: logged as an error,
         and the exchange failed with it (its stream's alone), the connection aborted."""
         after = _NEXT[self.state][event]
         if after is not None:
             self.state = after
             return True
-        ILLEGAL["engine"] += 1
         error = IllegalTransition("engine", self.state, event)
         log.error("%s is not a transition (a bug): closing the connection", error)
         self._fail(error)

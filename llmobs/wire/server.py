@@ -41,7 +41,7 @@ from llmobs.wire.http1 import (
     request_body_decoder,
 )
 from llmobs.wire.request import BodyTooLarge, BodyTooSlow, Request, error_body, refusal
-from llmobs.wire.states import CLIENT, CLIENT_BUSY, ILLEGAL, ClientEvent, ClientState, compiled
+from llmobs.wire.states import CLIENT, CLIENT_BUSY, ClientEvent, ClientState, compiled
 
 # the handler's side of a request is re-exported: the relay and its tests take it from here
 __all__ = [
@@ -217,13 +217,12 @@ class ServerConnection(asyncio.Protocol):
 
     # -- states -----------------------------------------------------------------------------
     def _go(self, event: ClientEvent) -> bool:
-        """Move by ``event`` (``states.CLIENT``); an illegal one is a bug: counted, logged,
+        """Move by ``event`` (``states.CLIENT``); an illegal one is a bug: logged as an error,
         the connection closed (its handler cancelled, no one else's)."""
         after = _NEXT[self.state][event]
         if after is not None:
             self.state = after
             return True
-        ILLEGAL["client"] += 1
         log.error(
             "client connection: %s in state %s is not a transition (a bug): closing it",
             event.name,

@@ -4,13 +4,12 @@ Pure, as h11's ``_state`` is: the states, the events and which event takes which
 with no I/O. The connection classes (``server.ServerConnection``, ``upstream.Connection``)
 dispatch on their state and move through the table by named events; an event the table does
 not list for the current state is a bug of ours, never the peer's (what a peer sends is an
-event only once the connection accepted it). The connections catch it: ``ILLEGAL`` counts it,
+event only once the connection accepted it). The connections catch it: it is logged as an error,
 the connection is closed, and no exception reaches the relay's other streams.
 """
 
 from __future__ import annotations
 
-from collections import Counter
 from collections.abc import Mapping
 from enum import IntEnum
 from typing import TypeVar
@@ -136,8 +135,3 @@ def compiled(
     assert [int(s) for s in states] == list(range(len(states)))
     assert [int(e) for e in events] == list(range(len(events)))
     return tuple(tuple(table[s].get(e) for e in events) for s in states)
-
-
-# The one mutable thing here: illegal transitions met, per leg ("client", "engine"). Each is a
-# bug; the tests hold it at zero.
-ILLEGAL: Counter[str] = Counter()

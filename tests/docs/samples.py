@@ -18,7 +18,6 @@ import asyncio
 import json
 import os
 import re
-import socket
 import subprocess
 import sys
 import time
@@ -30,15 +29,9 @@ from contextlib import contextmanager
 from typing import Any
 
 from tests.docs.blocks import DOCUMENTS, ROOT, Block, blocks
+from tests.support.prom import free_port
 
 LLMOBS = [sys.executable, "-m", "llmobs"]
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 def sample_blocks() -> dict[str, Block]:

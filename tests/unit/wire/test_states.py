@@ -1,5 +1,5 @@
 """The legs' transition tables (``wire/states.py``): every legal transition, every illegal one
-refused; and an illegal transition in a live connection caught: counted, logged, that
+refused; and an illegal transition in a live connection caught: logged as an error, that
 connection closed, the others served."""
 
 from __future__ import annotations
@@ -102,7 +102,7 @@ async def test_an_illegal_client_transition_closes_that_connection_only(
     monkeypatch: pytest.MonkeyPatch, illegal: Callable[[str], int], caplog: pytest.LogCaptureFixture
 ) -> None:
     """A table with a bug (a head whose body is still to come has nowhere to go): the
-    connection that meets it is counted, logged and closed, its handler never run; a whole
+    connection that meets it is logged and closed, its handler never run; a whole
     request on another connection is served as ever."""
     rows = [list(row) for row in server._NEXT]
     rows[ClientState.IDLE][ClientEvent.HEAD] = None
