@@ -1,7 +1,8 @@
 """Fairness under attack: how much one hostile party delays everyone else's stream.
 
-Not a test (``tests/e2e/test_fairness.py`` runs a short version of it): run it by hand and
-record the figures in docs/benchmarks.md with the machine they came from.
+Not a test (``tests/e2e/test_hostile.py`` runs a short version of it and asserts on its JSON
+report): run it by hand and record the figures in docs/benchmarks.md with the machine they
+came from.
 
 Four processes: a paced engine (raw asyncio), the sidecar (``llmobs serve``), one hostile
 party, and this driver, which holds ``--victims`` steady streams through the sidecar. The

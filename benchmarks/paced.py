@@ -22,7 +22,6 @@ import tempfile
 from pathlib import Path
 
 from llmobs.bench import procfs
-from llmobs.bench.loadgen import LoadSpec, run_load, session_for
 from llmobs.bench.runner import (
     BenchOptions,
     sim_flags,
@@ -31,6 +30,7 @@ from llmobs.bench.runner import (
     wait_ready,
     warm_up,
 )
+from llmobs.bench.stamped_load import LoadSpec, run_load, session_for
 from llmobs.bench.targets import Launcher, affinity, plan_pinning
 
 

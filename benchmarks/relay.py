@@ -57,16 +57,16 @@ USAGE = b'data: {"choices":[],"usage":{"prompt_tokens":100,"completion_tokens":%
 
 def micro(tokens: int, requests: int, tracing: bool = False) -> dict[str, float]:
     """Observation as ``llmobs serve`` wires it (``app.observer_factory``, the collectors'
-    MBU/MFU hook on the sink, a model shape so that the hook does its work), per request:
+    MBU/MFU consumer after the sink, a model shape so that the hook does its work), per request:
     start (factory, request body, forwarded, response headers), ``tokens`` chunks, finish.
     With ``tracing`` the spans go to memory; their writing thread runs meanwhile, as in the
     sidecar, and is drained after each run (not timed)."""
     telemetry = build_telemetry(span_exporter=InMemorySpanExporter() if tracing else None)
     settings = Settings(model_params=8e9, gpu_sample_interval=0, engine_scrape_interval=0)
     collectors = Collectors(settings, telemetry.meter)
-    sink = MetricsSink(telemetry.registry, settings.max_models, collectors.on_request)
+    sink = MetricsSink(telemetry.registry, settings.max_models)
     tracer = tracing_for(settings, telemetry)
-    new = observer_factory(settings, sink, tracer)
+    new = observer_factory(settings, sink, tracer, [collectors])
     body = b'{"model":"m","stream":true,"messages":[]}'
     meta = RequestMeta("POST", "/v1/chat/completions", {}, 0)
     start_ns = chunk_ns = finish_ns = 0

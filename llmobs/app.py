@@ -1,55 +1,43 @@
-"""Assembly: the proxy (the relay on its own HTTP/1.1 server), the admin (metrics/health)
-application, and serving them.
+"""Assembly: the proxy (the relay on its own HTTP/1.1 server), the observers it makes, and
+serving it beside the admin application (``admin``: metrics, health, the live page).
 
-Dependencies go in through the builders (settings, telemetry); the admin app's state lives
-under ``web.AppKey`` and its lifecycles in ``cleanup_ctx``, the proxy's in ``Proxy.start`` and
-``stop``, so tests build as many independent sidecars as they like.
-
-The sidecar's own metrics are on the admin port only; the proxy port forwards every path,
-``/metrics`` included, to the engine. Rendering /metrics runs in a worker thread so that a
-scrape (tens of ms for a large exposition) does not hold up the relay's event loop.
+Dependencies go in through the builders (settings, telemetry); the proxy's lifecycle is in
+``Proxy.start`` and ``stop``, the admin app's in its ``cleanup_ctx``, so tests build as many
+independent sidecars as they like.
 """
 
 from __future__ import annotations
 
 import asyncio
-import base64
-import binascii
 import gc
-import hmac
 import logging
 import sys
 import time
-from collections.abc import AsyncIterator, Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
 from urllib.parse import urlsplit
 
-import aiohttp
 from aiohttp import web
 
+from llmobs.admin import Lifecycle, build_admin_app
 from llmobs.collectors import Collectors, NvmlBackend
 from llmobs.config.settings import ConfigError, Settings
-from llmobs.export.metrics.exposition import negotiate, render
+from llmobs.export.metrics.otel import OtelMetrics
 from llmobs.export.metrics.sink import MetricsSink
 from llmobs.export.telemetry import Telemetry
 from llmobs.export.tracing import Arrival, RequestMeta, Tracing
-from llmobs.export.ui import LivePage, add_routes
+from llmobs.export.ui import LivePage
 from llmobs.observe.dialects import Route
 from llmobs.observe.observer import Observer, ObserveSettings
 from llmobs.observe.record import RequestConsumer
-from llmobs.observe.timing import StreamStats, unparsed
-from llmobs.relay.proxy import ObserverFactory, Relay
+from llmobs.observe.timing import unparsed
+from llmobs.relay.observing import ObserverFactory
+from llmobs.relay.proxy import Relay
 from llmobs.wire.listen import ListenError, listening
 from llmobs.wire.server import ProxyServer
 from llmobs.wire.upstream import Upstream
 
 log = logging.getLogger("llmobs")
 
-SESSION = web.AppKey("session", aiohttp.ClientSession)
-COLLECTORS = web.AppKey("collectors", Collectors)
-
-READY_TIMEOUT = 2.0
 SWITCH_INTERVAL = 0.001
 
 
@@ -85,17 +73,6 @@ def loop_factory(choice: str) -> Callable[[], asyncio.AbstractEventLoop] | None:
         return None
     factory: Callable[[], asyncio.AbstractEventLoop] = uvloop.new_event_loop
     return factory
-
-
-def _client_session(limit: int = 0) -> aiohttp.ClientSession:
-    """A pooled session that never rewrites bodies (no decompression, no cookies)."""
-    connector = aiohttp.TCPConnector(limit=limit, enable_cleanup_closed=False)
-    return aiohttp.ClientSession(
-        connector=connector,
-        auto_decompress=False,
-        cookie_jar=aiohttp.DummyCookieJar(),
-        skip_auto_headers=("User-Agent",),
-    )
 
 
 def observer_factory(
@@ -177,17 +154,20 @@ class Proxy:
         self,
         settings: Settings,
         telemetry: Telemetry,
-        on_request: Callable[[str, StreamStats], None] | None = None,
+        consumers: Sequence[RequestConsumer] = (),
     ) -> None:
+        """``consumers`` take each finished request's record after the sink."""
         self.settings = settings
         self.telemetry = telemetry
         self.sink = MetricsSink(
-            telemetry.registry, settings.max_models, on_request, push=telemetry.push_meter,
-            objectives=settings.objectives(),
-        )  # fmt: skip
+            telemetry.registry, settings.max_models, objectives=self.settings.objectives()
+        )
         # What takes each finished request's record after the sink (which counts it first):
         # a new consumer is a class with ``consume(record)`` and one line here.
-        self.consumers: list[RequestConsumer] = []
+        self.consumers: list[RequestConsumer] = [*consumers]
+        push = telemetry.push_meter
+        if push is not None:  # request metrics pushed over OTLP too
+            self.consumers.append(OtelMetrics(push, self.sink.objectives, self.sink.live))
         self.tracing: Tracing | None = None
         self.relay: Relay | None = None
         self._upstream: Upstream | None = None
@@ -215,8 +195,16 @@ class Proxy:
         return await self._server.listen(host, port)
 
     def _rejected(self, status: int, duration_s: float) -> None:
-        """A request the server refused unparsed still ends in an outcome (``rejected``)."""
-        self.sink.record_request(unparsed(status, duration_s))
+        """A request the server refused unparsed still ends in an outcome (``rejected``),
+        in a record the sink and each consumer take, as an observer's."""
+        record = self.sink.judged(unparsed(status, duration_s))
+        self.sink.consume(record)
+        for consumer in self.consumers:
+            try:
+                consumer.consume(record)
+            except Exception:  # counted as an observer's would be, never raised
+                log.exception("a consumer failed on a rejected request")
+                self.sink.observer_error()
 
     async def stop(self, grace: float) -> None:
         """Stop accepting; wait up to ``grace`` seconds for requests in flight; close the
@@ -234,111 +222,6 @@ class Proxy:
             await asyncio.to_thread(tracing.close)
 
 
-def _authorized(given: str, token: str) -> bool:
-    """Whether an ``Authorization`` value carries the token: ``Bearer <token>`` (scrapers,
-    scripts), or HTTP Basic with it as the password (what a browser sends once it has asked:
-    the live page). aiohttp keeps bytes that are not UTF-8 as surrogates; such a value is no
-    token of ours (401, not a 500)."""
-    try:
-        raw = given.encode("utf-8")
-    except UnicodeEncodeError:
-        return False
-    expected = token.encode("utf-8")
-    scheme, _, credentials = raw.partition(b" ")
-    if scheme.lower() == b"basic":
-        try:
-            decoded = base64.b64decode(credentials.strip(), validate=True)
-        except (ValueError, binascii.Error):
-            return False
-        return hmac.compare_digest(decoded.partition(b":")[2], expected)
-    return hmac.compare_digest(raw, b"Bearer " + expected)
-
-
-@dataclass
-class Lifecycle:
-    """State both applications share: whether the sidecar is shutting down."""
-
-    draining: bool = False
-
-
-def build_admin_app(
-    settings: Settings,
-    telemetry: Telemetry,
-    collectors: Collectors | None = None,
-    lifecycle: Lifecycle | None = None,
-    live: LivePage | None = None,
-) -> web.Application:
-    """/metrics (Prometheus text, or OpenMetrics with exemplars when the scraper asks for
-    it), /healthz (the sidecar), /readyz (the upstream answers), and the live page (/ui)."""
-    app = web.Application()
-    lifecycle = lifecycle or Lifecycle()
-    registry = telemetry.registry
-    # One rendering thread: concurrent scrapes queue instead of collecting in parallel (the
-    # OpenTelemetry exporter's collector is not safe to run twice at once).
-    pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="llmobs-metrics")
-
-    token = settings.metrics_token
-
-    def allowed(request: web.Request) -> bool:
-        return not token or _authorized(request.headers.get("Authorization", ""), token)
-
-    async def metrics(request: web.Request) -> web.Response:
-        if not allowed(request):
-            return web.json_response(
-                {"error": "a bearer token is required for /metrics"},
-                status=401,
-                headers={"WWW-Authenticate": 'Bearer realm="llmobs"'},
-            )
-        # The Prometheus text format unless the scraper asks for OpenMetrics (exemplars) or
-        # protobuf (native histograms). The request series are written by their own renderer
-        # on the event loop a part at a time (no GIL contention with a thread, no garbage to
-        # collect: docs/benchmarks.md); other collectors render in the thread.
-        fmt = negotiate(request.headers.get("Accept", ""))
-        body = await render(fmt, registry, pool)
-        content_type = fmt.value
-        resp = web.Response(body=body)
-        resp.headers["Content-Type"] = content_type
-        resp.headers["Vary"] = "Accept"
-        return resp
-
-    async def healthz(request: web.Request) -> web.Response:
-        return web.json_response({"status": "ok"})
-
-    async def readyz(request: web.Request) -> web.Response:
-        if lifecycle.draining:  # shutting down: take this pod out of the Service's endpoints
-            return web.json_response({"status": "unready", "detail": "draining"}, status=503)
-        session = request.app[SESSION]
-        url = settings.upstream_base + "/health"
-        try:
-            async with session.get(url, timeout=aiohttp.ClientTimeout(total=READY_TIMEOUT)) as r:
-                ready = r.status < 500
-                detail = f"upstream answered {r.status}"
-        except (aiohttp.ClientError, OSError, TimeoutError) as exc:
-            ready, detail = False, f"upstream unreachable: {type(exc).__name__}"
-        return web.json_response(
-            {"status": "ready" if ready else "unready", "detail": detail},
-            status=200 if ready else 503,
-        )
-
-    async def session_ctx(app: web.Application) -> AsyncIterator[None]:
-        async with _client_session(limit=4) as session:
-            app[SESSION] = session
-            yield
-        pool.shutdown(wait=True)
-
-    app.cleanup_ctx.append(session_ctx)
-    if collectors is not None:  # polled in the background while the admin app runs
-        app[COLLECTORS] = collectors
-        app.cleanup_ctx.append(collectors.lifecycle)
-    app.router.add_get("/metrics", metrics)
-    app.router.add_get("/healthz", healthz)
-    app.router.add_get("/readyz", readyz)
-    if live is not None:
-        app.cleanup_ctx.append(live.lifecycle)
-        add_routes(app, live, allowed)
-    return app
-
-
 class Sidecar:
     """Both applications running on their sockets; ``await start()``, ``await stop()``."""
 
@@ -349,7 +232,7 @@ class Sidecar:
         self.telemetry = telemetry
         self.collectors = Collectors(settings, telemetry.meter, nvml)
         self.lifecycle = Lifecycle()
-        self.proxy = Proxy(settings, telemetry, self.collectors.on_request)
+        self.proxy = Proxy(settings, telemetry, [self.collectors])  # MBU/MFU
         self.live: LivePage | None = None
         if settings.ui:
             self.live = LivePage(self.proxy.sink, self.collectors, settings.ui_history)

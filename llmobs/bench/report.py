@@ -17,8 +17,8 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+from llmobs.bench.figures import median, ratio
 from llmobs.bench.runner import BenchResult
-from llmobs.bench.stats import median, ratio
 
 # Figures a target adds to direct's, per round: (output name, cell field).
 ADDED = (

@@ -32,7 +32,8 @@ from typing import Any
 import aiohttp
 
 from llmobs.bench import procfs
-from llmobs.bench.loadgen import (
+from llmobs.bench.figures import cpu_split, latency, per_stream_kib, per_unit_us, scrape_effect
+from llmobs.bench.stamped_load import (
     LoadSpec,
     one_request,
     open_streams,
@@ -41,7 +42,6 @@ from llmobs.bench.loadgen import (
     scrape_loop,
     session_for,
 )
-from llmobs.bench.stats import cpu_split, latency, per_stream_kib, per_unit_us, scrape_effect
 from llmobs.bench.targets import (
     START_TIMEOUT,
     TARGETS,

@@ -23,7 +23,7 @@ from llmobs.collectors.gpu import GpuCollector, register_gpu
 from llmobs.collectors.nvml import NvmlBackend, NvmlError, PynvmlBackend
 from llmobs.config.settings import Settings
 from llmobs.observe.mbu import EfficiencyTracker, ModelShape
-from llmobs.observe.timing import StreamStats
+from llmobs.observe.record import RequestRecord
 
 __all__ = [
     "Collectors",
@@ -37,7 +37,7 @@ __all__ = [
 
 
 class Collectors:
-    """The sidecar's collectors and gauges; ``on_request`` feeds the MBU/MFU estimate."""
+    """The sidecar's collectors and gauges; ``consume`` takes each request (MBU/MFU)."""
 
     def __init__(
         self,
@@ -101,9 +101,10 @@ class Collectors:
             out["gpu_bandwidth"] = sum(b for b in bandwidth if b is not None) / len(bandwidth)
         return out
 
-    def on_request(self, model: str, stats: StreamStats) -> None:
-        """A finished request (its model label bounded): kept for MBU/MFU. Once per request."""
-        self.tracker.record(model, stats, self._clock())
+    def consume(self, record: RequestRecord) -> None:
+        """A finished request, kept under its model's label for MBU/MFU (a consumer of the
+        request records, ``observe.record``)."""
+        self.tracker.record(record.label, record.stats, self._clock())
 
     async def lifecycle(self, app: web.Application) -> AsyncIterator[None]:
         """``cleanup_ctx``: start polling with the application, stop (and close) with it."""

@@ -29,8 +29,8 @@ from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapProp
 
 from llmobs.observe.dialects import Route
 from llmobs.observe.record import RequestDetails
-from llmobs.observe.stats import FloatArray, TokenWindow
-from llmobs.observe.timing import Outcome, StreamStats
+from llmobs.observe.timing import Outcome, RequestStats
+from llmobs.observe.window import FloatArray, TokenWindow
 
 log = logging.getLogger("llmobs.tracing")
 
@@ -236,7 +236,7 @@ class RequestTrace:
 
     def finish(
         self,
-        record: StreamStats,
+        record: RequestStats,
         windows: Sequence[TokenWindow],
         times: tuple[int | None, int | None, int | None, int],
         details: RequestDetails,
@@ -254,7 +254,7 @@ class RequestTrace:
 
     def _write(
         self,
-        record: StreamStats,
+        record: RequestStats,
         windows: Sequence[TokenWindow],
         times: tuple[int | None, int | None, int | None, int],
         details: RequestDetails,
@@ -319,7 +319,7 @@ class RequestTrace:
 
 
 def _attributes(
-    record: StreamStats, windows: Sequence[TokenWindow], details: RequestDetails
+    record: RequestStats, windows: Sequence[TokenWindow], details: RequestDetails
 ) -> dict[str, str | bool | int | float | Sequence[str]]:
     attrs: dict[str, str | bool | int | float | Sequence[str]] = {
         REQUEST_STREAM: record.stream,

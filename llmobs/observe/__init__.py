@@ -1,10 +1,11 @@
 """Observation: what a response's bytes say, and when, as pure code with time passed in.
 
-``framing`` turns bytes into SSE/NDJSON frames, ``dialects`` frames into token events per API,
-``timing`` timestamps into a request's windows and ``StreamStats``, ``stats`` the arithmetic
-of gaps, stalls and smoothness, ``labels`` bounded label values, ``slo`` an objective's verdict,
-``mbu`` bandwidth and compute use from a request's timing, and ``observer`` the per-request
-reader the relay feeds. Observation imports no telemetry library (import-linter checks it);
-the observer's hand-over to the metrics sink and the tracer is the one import of ``export``
-left, listed in the contracts until the request record replaces it.
+``observer`` is the per-request object the relay feeds: its ``reader`` takes each read of the
+body through ``framing`` (bytes into SSE/NDJSON frames) and ``dialects`` (frames into token
+events per API) to the ``clock`` (when each choice's output came; a ``timing.StreamTimer``
+each), and at the end it makes one ``record.RequestRecord``: ``RequestStats`` and the last
+``window``s (``stats``: the arithmetic of gaps, stalls and smoothness), the ``slo`` verdict,
+the model's bounded label (``labels``). ``mbu`` is the bandwidth and compute arithmetic of
+finished requests. Observation imports no telemetry library and nothing of export or the
+collectors: it knows its consumers only as the shapes in ``record`` (import-linter checks it).
 """

@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, NamedTuple, TypeVar
 from llmobs.config.model import DTYPE_BYTES
 
 if TYPE_CHECKING:
-    from llmobs.observe.timing import StreamStats
+    from llmobs.observe.timing import RequestStats
 
 WINDOW_S = 60.0  # requests that ended this long ago still count
 MAX_RECORDS = 4096  # per model and phase: bounds memory and the scrape's work
@@ -186,7 +186,7 @@ class EfficiencyTracker:
         self._prefill: dict[str, deque[Prefill]] = {}
         self._lock = threading.Lock()
 
-    def record(self, model: str, s: StreamStats, now: float) -> None:
+    def record(self, model: str, s: RequestStats, now: float) -> None:
         """Keep what MBU/MFU need of a finished request (labels already bounded)."""
         decode = prefill = None
         if s.tpot_s is not None and s.output_tokens >= 2:

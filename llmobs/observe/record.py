@@ -2,10 +2,12 @@
 hands it to.
 
 A request ends in one ``RequestRecord``: its statistics, the ITL windows not handed over
-mid-stream, its verdict against its objectives (judged once, here in observation) and its
-trace's ids (for exemplars). Every consumer (the Prometheus series, and whatever the app
-assembles beside them) takes that record through one method, ``consume``, as vLLM's stat
-loggers take their stats: adding a consumer is one class and one line of assembly.
+mid-stream, its verdict against its objectives (judged once, here in observation), its
+trace's ids (for exemplars) and its model's label (admitted once, here in observation, into
+the bounded set every consumer labels by). Every consumer (the Prometheus series, and
+whatever the app assembles beside them: OTLP metrics, the MBU estimate) takes that record
+through one method, ``consume``, as vLLM's stat loggers take their stats: adding a consumer
+is one class and one line of assembly.
 
 The other two shapes are what the observer calls while a request runs: the sink's live counts
 (``LiveCounts``: in flight, queued, the windows of a long stream) and the request's trace
@@ -18,9 +20,10 @@ from __future__ import annotations
 from collections.abc import MutableMapping, Sequence
 from typing import NamedTuple, Protocol
 
+from llmobs.observe.labels import BoundedLabel
 from llmobs.observe.slo import Verdict
-from llmobs.observe.stats import TokenWindow
-from llmobs.observe.timing import StreamStats
+from llmobs.observe.timing import RequestStats
+from llmobs.observe.window import TokenWindow
 
 
 class TraceRef(NamedTuple):
@@ -36,10 +39,11 @@ class TraceRef(NamedTuple):
 class RequestRecord(NamedTuple):
     """One finished request, as every consumer receives it."""
 
-    stats: StreamStats
+    stats: RequestStats
     windows: tuple[TokenWindow, ...]  # the ITL windows not handed over mid-stream
     verdict: Verdict | None  # None: the request counts in no SLO series
     trace: TraceRef | None  # None: not traced
+    label: str  # the model's label: the model as sent, or other/unknown (``labels``)
 
 
 class RequestDetails(NamedTuple):
@@ -60,7 +64,10 @@ class RequestConsumer(Protocol):
 
 
 class LiveCounts(Protocol):
-    """What the observer tells the metrics sink while a request runs."""
+    """What the observer tells the metrics sink while a request runs; ``models`` is the
+    bounded set of model labels that the sink's series are labelled by."""
+
+    models: BoundedLabel
 
     def request_started(self) -> None: ...
     def request_ended(self) -> None: ...
@@ -68,9 +75,7 @@ class LiveCounts(Protocol):
     def queue_leave(self) -> None: ...
     def observer_error(self) -> None: ...
     def malformed(self, count: int) -> None: ...
-    def record_tokens(
-        self, operation: str, model: str | None, window: TokenWindow, admit: bool
-    ) -> None: ...
+    def record_tokens(self, operation: str, label: str, window: TokenWindow) -> None: ...
 
 
 class RequestSink(LiveCounts, RequestConsumer, Protocol):
@@ -87,7 +92,7 @@ class TraceHandle(Protocol):
     def inject(self, headers: MutableMapping[str, str]) -> None: ...
     def finish(
         self,
-        record: StreamStats,
+        record: RequestStats,
         windows: Sequence[TokenWindow],
         times: tuple[int | None, int | None, int | None, int],
         details: RequestDetails,

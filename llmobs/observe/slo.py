@@ -8,7 +8,7 @@ lost. A request that fails in a way the user sees is *bad* (``error``): a 5xx, a
 or timeout, a stream cut short by a shutdown. One the user brought on themselves is neither: a
 client that went away, a 4xx, a request the sidecar refused (these count in no SLO series).
 
-Pure: the sink judges each finished ``StreamStats`` here (``judge``) and counts the
+Pure: the sink judges each finished ``RequestStats`` here (``judge``) and counts the
 verdict; the rules turn the counts into error-budget burn rates (docs/slo.md).
 
 The objectives themselves are declared in ``llmobs.config.objectives``.
@@ -19,7 +19,7 @@ from __future__ import annotations
 from typing import NamedTuple
 
 from llmobs.config.objectives import Objective, ObjectiveSet
-from llmobs.observe.timing import Outcome, StreamStats
+from llmobs.observe.timing import Outcome, RequestStats
 
 
 class Verdict(NamedTuple):
@@ -35,7 +35,7 @@ _FAILED = Verdict(False, (Objective.ERROR,))
 _FAILURES = frozenset({Outcome.UPSTREAM_ERROR, Outcome.UPSTREAM_TIMEOUT, Outcome.SHUTDOWN})
 
 
-def judge(objective_set: ObjectiveSet, s: StreamStats) -> Verdict | None:
+def judge(objective_set: ObjectiveSet, s: RequestStats) -> Verdict | None:
     """The verdict on one finished request; None when it counts in no SLO series."""
     outcome = s.outcome
     if outcome is not Outcome.OK:

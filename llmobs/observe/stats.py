@@ -28,10 +28,11 @@ from __future__ import annotations
 from bisect import bisect_left
 from itertools import repeat
 from operator import sub, truediv
-from typing import NamedTuple
 
 import numpy as np
 import numpy.typing as npt
+
+from llmobs.observe.window import ArrayWindow, FloatArray, IntArray, ListWindow, TokenWindow
 
 MIN_GAPS = 3
 # Windows with fewer gaps than this (most requests: one window of a few dozen chunks) are
@@ -39,68 +40,6 @@ MIN_GAPS = 3
 # a dozen calls per window, is most of the work. Where the two cost the same was measured
 # where it runs (``benchmarks/inproc.py time --probe``, docs/benchmarks.md).
 SMALL = 96  # at most 128: pairwise_sums follows numpy that far
-
-FloatArray = npt.NDArray[np.float64]
-IntArray = npt.NDArray[np.int64]
-Floats = FloatArray | list[float]
-Ints = IntArray | list[int]
-
-
-class TokenWindow(NamedTuple):
-    """Per-token ITLs of a run of chunks: ``values[i]`` is observed ``counts[i]`` times.
-
-    The sums are computed once, when the window is made, since every sink needs them. A small
-    window (``small_window``) keeps plain lists, which the metrics sink bins without numpy;
-    ``itl``, ``weights``, ``gaps`` and ``times_ns`` are numpy arrays whichever way the window
-    was made (converted on each access from lists: only the tracing sink asks, once or twice).
-    A named tuple (docs/architecture.md, "Records are named tuples").
-    """
-
-    values: Floats  # per-token ITL of each chunk
-    counts: Floats | None  # tokens each ITL is observed for; None: one each
-    stalls: int
-    median_gap: float | None
-    tokens: float = 0.0
-    itl_sum: float = 0.0
-    itl_sumsq: float = 0.0
-    itl_max: float = 0.0
-    # per chunk, for traces: arrival times (the previous chunk first), gaps, the stall line
-    chunk_times: Ints | None = None
-    chunk_gaps: Floats | None = None
-    stall_threshold: float | None = None
-    # ``values`` in ascending order when each is observed once: binned a bucket at a time
-    ordered: Floats | None = None
-
-    @property
-    def size(self) -> int:
-        """How many ITL values (chunks after the first) the window holds."""
-        return len(self.values)
-
-    @property
-    def itl(self) -> FloatArray:
-        return _floats(self.values)
-
-    @property
-    def weights(self) -> FloatArray:
-        if self.counts is None:
-            return np.ones(len(self.values))
-        return _floats(self.counts)
-
-    @property
-    def gaps(self) -> FloatArray:
-        return _floats(self.chunk_gaps if self.chunk_gaps is not None else [])
-
-    @property
-    def times_ns(self) -> IntArray:
-        times = self.chunk_times if self.chunk_times is not None else []
-        return times if isinstance(times, np.ndarray) else np.array(times, dtype=np.int64)
-
-
-def _floats(values: Floats) -> FloatArray:
-    return values if isinstance(values, np.ndarray) else np.array(values, dtype=np.float64)
-
-
-EMPTY_WINDOW = TokenWindow(np.zeros(0), None, 0, None)
 
 
 def spread_tokens(total: int, chunks: int) -> npt.NDArray[np.float64]:
@@ -141,7 +80,7 @@ def token_window(
     size): one sort gives the median, the largest gap and the stall count together.
     """
     if times_ns.size < 2:
-        return TokenWindow(np.zeros(0), None if tokens is None else np.zeros(0), 0, baseline_median)
+        return ArrayWindow(np.zeros(0), None if tokens is None else np.zeros(0), 0, baseline_median)
     gaps = (times_ns[1:] - times_ns[:-1]) / 1e9
     n = gaps.size
     ordered = np.sort(gaps)
@@ -162,7 +101,7 @@ def token_window(
         threshold = max(factor * median, min_gap)
         if threshold <= ordered[-1]:  # else none (the usual case, without a numpy call)
             stalls = n - int(np.searchsorted(ordered, threshold, side="left"))  # gaps >= it
-    return TokenWindow(
+    return ArrayWindow(
         itl,
         weights,
         stalls,
@@ -198,7 +137,7 @@ def small_window(
     """
     n = len(times_ns) - 1
     if n < 1:
-        return TokenWindow([], None if tokens is None else [], 0, baseline_median)
+        return ListWindow([], None if tokens is None else [], 0, baseline_median)
     # (b - a) / 1e9 for each pair, in C's loops: a comprehension's frame costs a quarter more
     gaps = list(map(truediv, map(sub, times_ns[1:], times_ns), repeat(1e9, n)))
     ordered = sorted(gaps)
@@ -220,7 +159,7 @@ def small_window(
     if median is not None:
         threshold = max(factor * median, min_gap)
         stalls = n - bisect_left(ordered, threshold)
-    return TokenWindow(
+    return ListWindow(
         itl,
         weights,
         stalls,

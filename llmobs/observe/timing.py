@@ -1,4 +1,4 @@
-"""Timing: output-chunk timestamps of one request -> windows of ITLs and a final StreamStats.
+"""Timing: output-chunk timestamps of one request -> windows of ITLs and a final RequestStats.
 
 Time is an argument: the proxy reads the clock once per chunk (``time.perf_counter_ns``) and
 passes it in; nothing here reads a clock, so tests drive it with literal timestamps.
@@ -23,7 +23,7 @@ import numpy as np
 import numpy.typing as npt
 
 from llmobs.observe import stats
-from llmobs.observe.stats import TokenWindow
+from llmobs.observe.window import EMPTY_WINDOW, TokenWindow
 
 
 class Outcome(enum.StrEnum):
@@ -44,7 +44,7 @@ class TokenSource(enum.StrEnum):
     COUNTED = "counted"  # one token per output chunk
 
 
-class StreamStats(NamedTuple):
+class RequestStats(NamedTuple):
     """The finished record of one request, handed to every sink.
 
     A named tuple, for the reason docs/architecture.md gives ("Records are named tuples").
@@ -81,10 +81,10 @@ class StreamStats(NamedTuple):
     dialect: str = "openai"
 
 
-def unparsed(status: int, duration_s: float) -> StreamStats:
+def unparsed(status: int, duration_s: float) -> RequestStats:
     """The record of a request the server refused before it could be parsed (a malformed
     head: 400, 431, 501, 505): no route, no model, nothing relayed; its outcome is ``rejected``."""
-    return StreamStats(
+    return RequestStats(
         "other", None, Outcome.REJECTED, status, False, duration_s, None, None, None, 0,
         TokenSource.COUNTED, 0, 0.0, 0.0, 0.0, 0.0, 0, None, dialect="none",
     )  # fmt: skip
@@ -118,9 +118,9 @@ class StreamTimer:
     def __init__(
         self,
         start_ns: int,
-        *,
         factor: float = 3.0,
         min_gap: float = 0.05,
+        *,
         window: int = 65536,
         small: int = stats.SMALL,
     ) -> None:
@@ -130,9 +130,10 @@ class StreamTimer:
         self.window = window
         self.small = small  # windows of fewer gaps go through ``stats.small_window``
         self.flushed_tokens = 0  # tokens of chunks already taken in windows
-        # Anchor (previous window's last chunk) + this window's chunks. Appending a time here
-        # is ``output(t, 1)`` (the observer's hot path does it directly): chunks of one token
-        # are counted by their times alone; ``_extra`` adds what other counts differ by.
+        # Anchor (previous window's last chunk) + this window's chunks, one array for the
+        # request's life. Appending a time here is ``output(t, 1)`` (the stream reader's hot
+        # path does it itself, ``RequestClock.tape``): chunks of one token are counted by
+        # their times alone; ``_extra`` adds what other counts differ by.
         # unsigned: array's signed setitem parses each int with a format string, which makes
         # an append a third dearer (times from perf_counter_ns are never negative)
         self.times = array("Q")
@@ -210,7 +211,7 @@ class StreamTimer:
         times = self.times
         chunks = len(times) - 1  # the first is the anchor (or the first chunk, not timed)
         if chunks < 1:
-            return stats.EMPTY_WINDOW
+            return EMPTY_WINDOW
         first_window = not self._taken
         if first_window:
             self._taken = True
@@ -243,7 +244,8 @@ class StreamTimer:
             )
         else:
             window = stats.token_window(
-                np.frombuffer(times, dtype=np.int64),  # the same bytes: times are < 2**63
+                # the same bytes (times are < 2**63), copied: ``times`` is kept and cut below
+                np.frombuffer(times, dtype=np.int64).copy(),
                 pending if isinstance(pending, np.ndarray) else None,
                 factor=self.factor,
                 min_gap=self.min_gap,
@@ -257,11 +259,11 @@ class StreamTimer:
         self._itl_max = max(self._itl_max, window.itl_max)
         self.flushed_tokens += spread + head
         self._base += chunks
-        self.times = array("Q", [times[-1]])
+        del times[:-1]  # in place: the array stays the one the reader appends to
         self._odd = None
         return window
 
-    def finish(self, end_ns: int, **meta: Any) -> StreamStats:
+    def finish(self, end_ns: int, **meta: Any) -> RequestStats:
         """The record of a one-choice request: ``finish_request([self], ...)``."""
         return finish_request([self], end_ns, **meta)
 
@@ -287,7 +289,7 @@ def finish_request(
     engine_prompt_eval_s: float | None = None,
     engine_load_s: float | None = None,
     dialect: str = "openai",
-) -> StreamStats:
+) -> RequestStats:
     """The request's record from its choices' timers (one, or one per choice for n > 1).
 
     Call after each timer's final ``take_window``. TTFT is the first token of any choice;
@@ -324,7 +326,7 @@ def finish_request(
         sumsq = sum(t._itl_sumsq for t in timers)
         itl_max = max(t._itl_max for t in timers)
         stalls = sum(t._stalls for t in timers)
-    return StreamStats(
+    return RequestStats(
         operation,
         model,
         outcome,

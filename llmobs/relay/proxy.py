@@ -3,13 +3,15 @@
 The only place that reads the clock on the data path: once per chunk, when the chunk arrives
 (the sockets are ``server``'s and ``upstream``'s). Each chunk is written to the client first
 and observed second, so telemetry can neither delay nor alter what the client receives. Each
-request is an ``_Exchange`` in small steps; how a failure ends one is a table (``FAILURES``).
+request is an ``_Exchange`` in small steps; its response goes back through a
+``response.ResponseRelay``; how a failure ends one is a table (``failures.FAILURES``).
 
 Semantics, as a user of a reverse proxy expects them:
 - every method and path is forwarded, the request body read whole (bounded, as nginx buffers
   it) and sent with its length, headers passed except hop-by-hop ones; ``X-Forwarded-For`` /
   ``-Proto`` added; no other header added (``upstream`` writes only ``Host`` and the length)
-  and no decompression, so the engine and the client see what they would see without it;
+  and no decompression, so the engine and the client see what they would see without it
+  (``headers``);
 - the response body is written to the client from the upstream socket's read callback
   (``upstream``), chunk by chunk as it comes;
 - the client going away closes the upstream connection at once (``server.Request.on_gone``,
@@ -25,289 +27,27 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Coroutine, Iterable, MutableMapping
+from collections.abc import Coroutine
 from time import perf_counter_ns
-from typing import NamedTuple, Protocol
 
 from llmobs.config.logs import method_label
 from llmobs.config.settings import Settings
-from llmobs.export.tracing import Arrival
-from llmobs.observe.dialects import Route, detect_stream, route_for_request
+from llmobs.observe.dialects import Route, route_for_request
 from llmobs.observe.dialects.base import Passthrough
 from llmobs.observe.dialects.openai import OpenAIStream
 from llmobs.observe.timing import Outcome
 from llmobs.relay.deferred import Deferred
+from llmobs.relay.failures import INTERNAL, ShutDown, connection_failed, failure_for
+from llmobs.relay.headers import upstream_headers, with_trace
 from llmobs.relay.inject import UsageStripper, inject_usage
-from llmobs.wire.http1 import BadRequest, ProtocolError, ResponseHead, content_length
-from llmobs.wire.server import BodyTooLarge, BodyTooSlow, Request
-from llmobs.wire.upstream import Connection, Sink, Upstream, UpstreamClosed
+from llmobs.relay.observing import NULL_OBSERVER, ObserverFactory, RequestObserver
+from llmobs.relay.response import ResponseRelay
+from llmobs.wire.server import Request
+from llmobs.wire.upstream import Connection, Upstream, UpstreamClosed
 
 log = logging.getLogger("llmobs.proxy")
 
-HOP_BY_HOP = frozenset(
-    {
-        "connection",
-        "keep-alive",
-        "proxy-authenticate",
-        "proxy-authorization",
-        "proxy-connection",
-        "te",
-        "trailer",
-        "trailers",
-        "transfer-encoding",
-        "upgrade",
-    }
-)
-
-
-class RequestObserver(Protocol):
-    """What the relay tells observation; implemented by ``observer.Observer``."""
-
-    def request_body(self, body: bytes) -> None: ...
-    def inject(self, headers: MutableMapping[str, str]) -> None: ...
-    def forwarded(self, t_ns: int) -> None: ...
-    def response(self, status: int, content_type: str) -> None: ...
-    def chunk(self, t_ns: int, data: bytes) -> None: ...
-    def finish(self, t_ns: int, outcome: Outcome) -> object: ...
-
-
-class ObserverFactory(Protocol):
-    """Makes a request's observer; ``traces``: its observers add a trace context upstream."""
-
-    @property
-    def traces(self) -> bool: ...
-    def __call__(self, route: Route, start_ns: int, arrival: Arrival) -> RequestObserver: ...
-
-
-class NullObserver:
-    """Observation switched off (``--no-instrument``): a bare relay, for comparison."""
-
-    __slots__ = ()
-
-    def request_body(self, body: bytes) -> None:
-        pass
-
-    def inject(self, headers: MutableMapping[str, str]) -> None:
-        pass
-
-    def forwarded(self, t_ns: int) -> None:
-        pass
-
-    def response(self, status: int, content_type: str) -> None:
-        pass
-
-    def chunk(self, t_ns: int, data: bytes) -> None:
-        pass
-
-    def finish(self, t_ns: int, outcome: Outcome) -> object:
-        return None
-
-
-NULL_OBSERVER = NullObserver()
-
-
-def filter_headers(
-    fields: Iterable[tuple[str, str]], drop: frozenset[str] = HOP_BY_HOP
-) -> list[tuple[str, str]]:
-    """``fields`` minus those named in ``drop`` (lower case; hop-by-hop ones at least) and
-    those the ``Connection`` header names. One pass over the list the parser kept."""
-    out: list[tuple[str, str]] = []
-    named: set[str] | None = None
-    for key, value in fields:
-        lower = key.lower()
-        if lower in drop:
-            if lower == "connection":
-                tokens = {token.strip().lower() for token in value.split(",")}
-                named = tokens if named is None else named | tokens
-            continue
-        out.append((key, value))
-    if named:
-        out = [(key, value) for key, value in out if key.lower() not in named]
-    return out
-
-
-# not forwarded upstream besides the hop-by-hop ones: ``Host`` and the framing (written anew),
-# ``Expect`` (the sidecar answered it), ``X-Forwarded-For`` (extended, below)
-_NOT_FORWARDED = HOP_BY_HOP | {"host", "content-length", "expect", "x-forwarded-for"}
-# not passed on to the client: the framing is the client's response's own
-_NOT_RETURNED = HOP_BY_HOP | {"content-length"}
-
-
-class _ShutDown(Exception):
-    """A request still waiting for its response head when a shutdown's grace ran out."""
-
-
 _IDEMPOTENT = frozenset({"GET", "HEAD", "OPTIONS", "TRACE", "PUT", "DELETE"})  # RFC 9110 9.2.2
-
-
-def upstream_headers(request: Request) -> list[tuple[str, str]]:
-    """Headers to send upstream: the client's, minus hop-by-hop ones, ``Host``, ``Expect``
-    (the sidecar answered it) and the framing, plus ``X-Forwarded-For``/``-Proto``."""
-    headers = request.headers
-    out = filter_headers(request.head.fields, _NOT_FORWARDED)
-    chain = [v for v in headers.getall("X-Forwarded-For", ()) if v.strip()]
-    if request.remote:
-        chain.append(request.remote)
-    if chain:
-        out.append(("X-Forwarded-For", ", ".join(chain)))
-    if "X-Forwarded-Proto" not in headers or not any(
-        k.lower() == "x-forwarded-proto" for k, _ in out
-    ):
-        out.append(("X-Forwarded-Proto", request.scheme))
-    return out
-
-
-def _with_trace(obs: RequestObserver, headers: list[tuple[str, str]]) -> list[tuple[str, str]]:
-    """``headers`` with the trace context the observer injects (``traceparent`` ...), which
-    replaces any the client sent under the same names."""
-    carrier: dict[str, str] = {}
-    obs.inject(carrier)
-    if not carrier:
-        return headers
-    names = {name.lower() for name in carrier}
-    return [(k, v) for k, v in headers if k.lower() not in names] + list(carrier.items())
-
-
-def _is_json(content_type: str) -> bool:
-    media = content_type.split(";", 1)[0].strip().lower()
-    return media == "application/json" or media.endswith("+json")
-
-
-class _ResponseRelay:
-    """One response on its way from the engine to the client, per read.
-
-    ``on_head`` runs inside the upstream connection's ``data_received`` when the response
-    head has come: it chooses the framing, writes the head to the client and returns ``feed``
-    as the sink for the body, so a first chunk that came with the head goes on in the same
-    read, with no loop iteration in between. ``feed`` writes each read to the client's
-    transport first (framed as the client's response needs), then observes it. When both legs
-    are chunked and the read was whole chunks, the read goes on as it came: one write, no
-    re-framing, and a last chunk that came with the last token goes in the same write (one
-    send fewer per request). A slow client pauses upstream reads until its buffer drains (the
-    client transport's write-buffer limits call back, see ``server``), at no cost per chunk;
-    a client that goes away closes the engine's connection (``client_gone``, called by the
-    server), so ``feed`` never checks for it.
-    """
-
-    __slots__ = (
-        "_chunked",
-        "_obs",
-        "_relayed",
-        "_request",
-        "_transport",
-        "conn",
-        "gone",
-        "on_sent",
-        "stripper",
-    )
-
-    def __init__(
-        self,
-        request: Request,
-        obs: RequestObserver,
-        stripper: UsageStripper | None,
-        relayed: set[Connection],
-    ) -> None:
-        self._request = request
-        self._transport = request.transport
-        self._chunked = False
-        self._obs = obs
-        self._relayed = relayed
-        self.stripper = stripper
-        self.conn: Connection | None = None  # the connection whose response this is
-        self.gone = False  # the client went away mid-stream
-        # called once the request has been handed to a connection (observation starts)
-        self.on_sent: Callable[[], None] | None = None
-
-    def observe(self, obs: RequestObserver) -> None:
-        """Observe the response with ``obs`` (made once the request went upstream)."""
-        self._obs = obs
-
-    def on_head(self, conn: Connection, head: ResponseHead) -> Sink:
-        """The response head came on ``conn``: pass it on; the body goes to ``feed``. A
-        client gone before it (the handler's cancellation not yet delivered) gets nothing:
-        the exchange fails at once, and no byte goes to a closed transport."""
-        self.conn = conn
-        self._relayed.add(conn)
-        request = self._request
-        if request.transport.is_closing():
-            self.gone = True
-            raise ConnectionResetError("the client went away before the response head")
-        response_headers = head.headers
-        content_type = response_headers.get("Content-Type", "")
-        if response_headers.get("Content-Encoding", "").lower() not in ("", "identity"):
-            content_type = ""  # compressed: relayed and timed, not parsed (not malformed)
-        self._obs.response(head.status, content_type)
-        if self.stripper is not None and detect_stream(content_type) != "sse":
-            self.stripper = None  # an error body, say: nothing to strip
-        fields = filter_headers(head.fields, _NOT_RETURNED)
-        request.begin(head.status, head.reason, fields, _length(head, self.stripper))
-        self._chunked = request.chunked
-        request.on_flow(conn.pause_reading, conn.resume_reading)
-        request.on_gone(self.client_gone)
-        return self.feed
-
-    def client_gone(self) -> None:
-        """The client went away mid-stream: close the engine's connection, so that it stops
-        generating for nobody and nothing more comes to ``feed`` (the handler, cancelled on
-        the loop's next round, records the outcome). If the response ended in this same
-        loop round, the client had all of it: the request stays ``ok`` and the connection
-        goes back to the pool, as when the client leaves after its handler is done."""
-        conn = self.conn
-        if conn is not None and conn.relaying:
-            self.gone = True
-            conn.close()
-
-    def feed(self, data: bytes, frame: bytes | None, last: bool) -> None:
-        now = perf_counter_ns()
-        if self.stripper is not None:
-            self._request.write(self.stripper.feed(data))
-        elif frame is not None and self._chunked:
-            self._transport.write(frame)  # the hot path: the engine's bytes, as they came
-            if last:
-                self._request.last_chunk_sent = True
-        else:
-            self._request.write(data)  # framed for the client
-        self._obs.chunk(now, data)
-
-
-class _Failure(NamedTuple):
-    """What a request that failed this way ends in."""
-
-    outcome: Outcome
-    status: int  # the sidecar's answer if the response has not begun (0: the error's own)
-    message: str  # its text: {limit}, {timeout}, {error} and {kind} are filled in
-    upstream: bool  # the engine's failure: a warning in the log (the answer says "llmobs:")
-    close: bool  # the client's connection is closed after the answer (its body unread)
-
-
-# An exception -> the request's end, the first entry that matches (BadRequest is a
-# ProtocolError, and both and TimeoutError are OSErrors: they come first).
-FAILURES: tuple[tuple[type[BaseException], _Failure], ...] = (
-    (_ShutDown, _Failure(Outcome.SHUTDOWN, 503, "llmobs: shutting down", False, True)),
-    (BodyTooLarge, _Failure(
-        Outcome.REJECTED, 413, "request body larger than {limit} bytes", False, True
-    )),
-    (BodyTooSlow, _Failure(
-        Outcome.REJECTED, 408, "request body not received within {timeout:g} s", False, True
-    )),
-    (BadRequest, _Failure(Outcome.REJECTED, 0, "{error}", False, True)),
-    (TimeoutError, _Failure(Outcome.UPSTREAM_TIMEOUT, 504, "upstream timed out", True, False)),
-    (ProtocolError, _Failure(
-        Outcome.UPSTREAM_ERROR, 502, "upstream sent an invalid response: {error}", True, False
-    )),
-    (OSError, _Failure(Outcome.UPSTREAM_ERROR, 502, "upstream unavailable: {kind}", True, False)),
-)  # fmt: skip
-_INTERNAL = _Failure(Outcome.UPSTREAM_ERROR, 502, "llmobs: internal error", False, False)
-
-
-def failure_for(exc: BaseException) -> _Failure:
-    """How a request that raised ``exc`` ends (``FAILURES``; anything else is the relay's
-    own bug: a 502, or a cut response)."""
-    for kind, failure in FAILURES:
-        if isinstance(exc, kind):
-            return failure
-    return _INTERNAL
 
 
 class Relay:
@@ -336,7 +76,7 @@ class Relay:
         # the exchange's own coroutine, not one more awaiting it: a frame fewer per request
         return _Exchange(self, request).run()
 
-    async def send(self, method: str, raw_head: bytes, body: bytes, stream: _ResponseRelay) -> None:
+    async def send(self, method: str, raw_head: bytes, body: bytes, stream: ResponseRelay) -> None:
         """Send the request and relay its response through ``stream``, to its end.
 
         A pooled connection the engine closed while it sat idle fails before any byte of a
@@ -350,7 +90,7 @@ class Relay:
             conn, reused = await self.upstream.acquire()
             if self._ending:  # the grace ran out while it connected (or before it was sent)
                 self.upstream.discard(conn)
-                raise _ShutDown()
+                raise ShutDown()
             self._pending.add(conn)
             try:
                 conn.send(method, raw_head, body, stream.on_head)
@@ -366,7 +106,7 @@ class Relay:
                 self.upstream.discard(conn)
                 if conn in self.aborted:  # no head by the end of a shutdown's grace
                     self.aborted.discard(conn)
-                    raise _ShutDown() from None
+                    raise ShutDown() from None
                 if not reused or attempt or conn.responded or method not in _IDEMPOTENT:
                     raise
             except BaseException:
@@ -422,9 +162,9 @@ class Relay:
 class _Exchange:
     """One request through the relay, in steps: refused at once if its declared length is
     over the limit (``_refuse_too_large``); the body read; ``_prepare`` (the upstream request
-    made); ``relay.send`` (sent, and its response relayed by a ``_ResponseRelay``); ``_end``.
-    A failure anywhere ends it as ``FAILURES`` says (``_failed``), and ``_finish`` records
-    exactly one outcome."""
+    made); ``relay.send`` (sent, and its response relayed by a ``ResponseRelay``); ``_end``.
+    A failure anywhere ends it as ``failures.FAILURES`` says (``_failed``), and ``_finish``
+    records exactly one outcome."""
 
     __slots__ = ("_obs", "observed", "outcome", "relay", "request", "route", "start", "stream")
 
@@ -434,7 +174,7 @@ class _Exchange:
         self.start = perf_counter_ns()
         self.route = route_for_request(request.method, request.path)
         self.outcome = Outcome.OK
-        self.stream: _ResponseRelay | None = None
+        self.stream: ResponseRelay | None = None
         self.observed: bytes | None = None  # the body, for the observer to parse
         # Observation starts once the request is on its way upstream (``_observe``), so that
         # the engine does not wait for it: the usual request, whose body came with its head.
@@ -482,14 +222,14 @@ class _Exchange:
         limit = self.relay.settings.max_body_bytes
         self._answer(413, f"request body larger than {limit} bytes", close=True)
 
-    def _prepare(self, body: bytes | None) -> tuple[str, bytes, bytes, _ResponseRelay]:
+    def _prepare(self, body: bytes | None) -> tuple[str, bytes, bytes, ResponseRelay]:
         """The request as it goes upstream, with its ``body`` (read; None: it has none) and
         ``--inject-usage`` applied: method, head, body, and the stream its response will
         take."""
         request, relay = self.request, self.relay
         headers = upstream_headers(request)
         if self._obs is not None:
-            headers = _with_trace(self._obs, headers)
+            headers = with_trace(self._obs, headers)
         stripper: UsageStripper | None = None
         if body is not None:
             if relay.new_observer is not None:
@@ -499,7 +239,7 @@ class _Exchange:
         elif request.method in ("POST", "PUT", "PATCH"):
             body = b""
         raw_head = relay.upstream.request_head(request.method, request.target, headers, body)
-        stream = self.stream = _ResponseRelay(request, NULL_OBSERVER, stripper, relay.streams)
+        stream = self.stream = ResponseRelay(request, NULL_OBSERVER, stripper, relay.streams)
         if relay.new_observer is not None:
             stream.on_sent = self._observe
         return request.method, raw_head, body or b"", stream
@@ -525,7 +265,7 @@ class _Exchange:
         assert self.stream is not None
         self.stream.observe(obs)
 
-    def _end(self, stream: _ResponseRelay) -> None:
+    def _end(self, stream: ResponseRelay) -> None:
         """The response came to its end (or the client went away during it)."""
         if stream.gone:
             self.outcome = Outcome.CLIENT_DISCONNECT
@@ -535,7 +275,7 @@ class _Exchange:
         if stream.conn in self.relay.aborted:
             self.outcome = Outcome.SHUTDOWN
 
-    def _flush(self, stream: _ResponseRelay | None) -> None:
+    def _flush(self, stream: ResponseRelay | None) -> None:
         """What ``--inject-usage``'s stripper still holds goes to the client, however the
         response ends: a finish chunk it held, an event cut short (the client would have had
         its bytes without the sidecar)."""
@@ -548,7 +288,7 @@ class _Exchange:
         """The exchange failed: one outcome, and the client told what it can be told."""
         request = self.request
         conn = self.stream.conn if self.stream is not None else None
-        if _connection_failed(exc) and request.started:
+        if connection_failed(exc) and request.started:
             if conn is not None and conn in self.relay.aborted:
                 self.outcome = Outcome.SHUTDOWN  # the shutdown grace ran out: a clean end
                 self._flush(self.stream)
@@ -564,7 +304,7 @@ class _Exchange:
             limit=settings.max_body_bytes, timeout=settings.client_timeout, error=exc,
             kind=type(exc).__name__,
         )  # fmt: skip
-        if failure is _INTERNAL:
+        if failure is INTERNAL:
             log.exception("%s %s: the relay failed", _method(request), self.route)
         elif failure.upstream:  # named by method and route, never by path: a client chose it
             outcome = failure.outcome.value
@@ -603,11 +343,6 @@ class _Exchange:
         relay.record(self._obs or self._observer(), perf_counter_ns(), self.outcome)
 
 
-def _connection_failed(exc: Exception) -> bool:
-    """A connection broke (either leg's): not a timeout, not a refused request."""
-    return isinstance(exc, OSError) and not isinstance(exc, TimeoutError | BadRequest)
-
-
 def _observable(route: Route, request: Request, body: bytes) -> bytes | None:
     """The body, if the observer can read anything of it (an API route's, or JSON)."""
     if route.dialect is not Passthrough or _is_json(request.headers.get("Content-Type", "")):
@@ -615,13 +350,9 @@ def _observable(route: Route, request: Request, body: bytes) -> bytes | None:
     return None
 
 
-def _length(head: ResponseHead, stripper: UsageStripper | None) -> int | None:
-    """The response's Content-Length to pass on: the engine's, unless the body is rewritten
-    or framed by a transfer coding, which overrides it (RFC 9112 section 6.3: the body read
-    is not that length, and a client counting on it would read the next response into it)."""
-    if stripper is not None or "Transfer-Encoding" in head.headers:
-        return None
-    return content_length(head.headers)
+def _is_json(content_type: str) -> bool:
+    media = content_type.split(";", 1)[0].strip().lower()
+    return media == "application/json" or media.endswith("+json")
 
 
 def _method(request: Request) -> str:

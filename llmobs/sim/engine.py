@@ -60,8 +60,9 @@ class _State(enum.Enum):
 
 
 @dataclass
-class SimStats:
-    """Counters of the engine, read by tests and by the /metrics collector."""
+class SimCounters:
+    """What the engine has counted, and its queue and batch sizes now: read by tests and by
+    the /metrics collector (``SimEngine.counters``)."""
 
     requests_received: int = 0
     completed: int = 0
@@ -151,7 +152,7 @@ class SimEngine:
 
     def __init__(self, settings: SimSettings) -> None:
         self.settings = settings
-        self.stats = SimStats()
+        self.counters = SimCounters()
         self._waiting: collections.deque[SimRequest] = collections.deque()
         # Keyed by the request itself: the choices of an ``n > 1`` request share one ``seq``.
         self._running: dict[SimRequest, None] = {}
@@ -161,8 +162,8 @@ class SimEngine:
 
     def receive(self, headers: Mapping[str, str]) -> int:
         """Count an incoming completion request and give it its sequence number."""
-        self.stats.requests_received += 1
-        self.stats.last_headers = {k.lower(): v for k, v in headers.items()}
+        self.counters.requests_received += 1
+        self.counters.last_headers = {k.lower(): v for k, v in headers.items()}
         seq = self._seq
         self._seq += 1
         return seq
@@ -174,7 +175,7 @@ class SimEngine:
 
     def record_error(self) -> None:
         """Count a request answered with an error status."""
-        self.stats.errors += 1
+        self.counters.errors += 1
 
     def submit(
         self,
@@ -196,7 +197,7 @@ class SimEngine:
         )
         request = SimRequest(seq, prompt_tokens, tokens, finish_reason)
         self._waiting.append(request)
-        self.stats.prompt_tokens += prompt_tokens
+        self.counters.prompt_tokens += prompt_tokens
         self._sync_counts()
         self._wake.set()
         return request
@@ -210,7 +211,7 @@ class SimEngine:
         else:
             return
         request.state = _State.CANCELLED
-        self.stats.cancelled += 1
+        self.counters.cancelled += 1
         self._sync_counts()
 
     def kv_cache_usage(self) -> float:
@@ -259,7 +260,7 @@ class SimEngine:
             self._running[request] = None
             admitted.append(request)
         self._sync_counts()
-        self.stats.prefill_steps += 1
+        self.counters.prefill_steps += 1
         clock += sum(s.prefill_base + s.prefill_per_token * r.prompt_tokens for r in admitted)
         await asyncio.sleep(max(0.0, clock - loop.time()))
         for request in admitted:
@@ -269,9 +270,9 @@ class SimEngine:
 
     async def _decode(self, loop: asyncio.AbstractEventLoop, clock: float) -> float:
         s = self.settings
-        self.stats.decode_steps += 1
+        self.counters.decode_steps += 1
         clock += s.decode_base + s.decode_per_seq * len(self._running)
-        if s.stall_every > 0 and self.stats.decode_steps % s.stall_every == 0:
+        if s.stall_every > 0 and self.counters.decode_steps % s.stall_every == 0:
             clock += s.stall_ms / 1000.0
         await asyncio.sleep(max(0.0, clock - loop.time()))
         # Only requests admitted before this step are in the batch: admission happens in this
@@ -286,11 +287,11 @@ class SimEngine:
         request.last_token_at = clock
         request._queue.put_nowait(request.tokens[request.generated])
         request.generated += 1
-        self.stats.generation_tokens += 1
+        self.counters.generation_tokens += 1
         if request.generated == len(request.tokens):
             request.state = _State.DONE
             del self._running[request]
-            self.stats.completed += 1
+            self.counters.completed += 1
             self._sync_counts()
 
     def _abort_all(self) -> None:
@@ -302,5 +303,5 @@ class SimEngine:
         self._sync_counts()
 
     def _sync_counts(self) -> None:
-        self.stats.waiting = len(self._waiting)
-        self.stats.running = len(self._running)
+        self.counters.waiting = len(self._waiting)
+        self.counters.running = len(self._running)

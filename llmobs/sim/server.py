@@ -43,11 +43,12 @@ class _EngineCollector(Collector):
         self._engine = engine
 
     def collect(self) -> Iterable[Metric]:
-        engine, stats = self._engine, self._engine.stats
+        engine = self._engine
+        counts = engine.counters
         model = [engine.settings.model]
         gauges = (
-            ("vllm:num_requests_waiting", "Requests waiting to be processed.", stats.waiting),
-            ("vllm:num_requests_running", "Requests in the model execution batch.", stats.running),
+            ("vllm:num_requests_waiting", "Requests waiting to be processed.", counts.waiting),
+            ("vllm:num_requests_running", "Requests in the model execution batch.", counts.running),
             ("vllm:kv_cache_usage_perc", "KV-cache usage, 1 means 100%.", engine.kv_cache_usage()),
         )
         for name, doc, value in gauges:
@@ -55,9 +56,9 @@ class _EngineCollector(Collector):
             gauge.add_metric(model, value)
             yield gauge
         counters = (
-            ("vllm:request_success", "Requests finished successfully.", stats.completed),
-            ("vllm:prompt_tokens", "Prefill tokens processed.", stats.prompt_tokens),
-            ("vllm:generation_tokens", "Generation tokens processed.", stats.generation_tokens),
+            ("vllm:request_success", "Requests finished successfully.", counts.completed),
+            ("vllm:prompt_tokens", "Prefill tokens processed.", counts.prompt_tokens),
+            ("vllm:generation_tokens", "Generation tokens processed.", counts.generation_tokens),
         )
         for name, doc, count in counters:
             counter = CounterMetricFamily(name, doc, labels=["model_name"])

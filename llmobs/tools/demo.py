@@ -26,7 +26,7 @@ from llmobs.config.settings import Settings
 from llmobs.export.metrics.query import buckets, quantile, total
 from llmobs.export.telemetry import build_telemetry
 from llmobs.sim import SimSettings, build_sim_app
-from llmobs.tools.load import DIALECTS, Result, Workload, run_load
+from llmobs.tools.traffic import DIALECTS, Result, Workload, run_load
 from llmobs.wire.listen import ListenError
 
 

@@ -7,8 +7,9 @@ coroutine calls per token, the larger part of a Python relay's cost per chunk. H
 response body is handed on inside ``data_received``: decoded (``http1``), written to the
 client's transport and given to the observer in the same callback, as a C proxy would. So is
 the response head: the handler's ``on_head`` callback runs in the read that completes it and
-returns the sink for the body, so the head and a first chunk that came with it go on to the
-client at once, not a loop iteration later. The request handler only waits for the end.
+returns the body's callback (``OnBody``), so the head and a first chunk that came with it go
+on to the client at once, not a loop iteration later. The request handler only waits for the
+end.
 
 The read timeout runs between reads, checked by one timer per connection rather than one per
 chunk, and not while reads are held for a slow client (``flow.Reading``); no header is added
@@ -41,13 +42,14 @@ from llmobs.wire.states import (
     compiled,
 )
 
-# A body's sink: the payload of a read; the read itself when it was whole chunks of a chunked
-# body (it can go on as it came, see ``http1.BodyDecoder.whole``), else None; and whether the
-# read ended the body (a whole read then holds the last chunk too).
-Sink = Callable[[bytes, bytes | None, bool], None]
+# Called with each read of a response body: the payload of the read; the read itself when it
+# was whole chunks of a chunked body (it can go on as it came, see
+# ``http1.BodyDecoder.whole``), else None; and whether the read ended the body (a whole read
+# then holds the last chunk too).
+OnBody = Callable[[bytes, bytes | None, bool], None]
 # Called with the connection and the response head as soon as the head has come (inside
-# ``data_received``); returns the sink for the body.
-OnHead = Callable[["Connection", ResponseHead], Sink]
+# ``data_received``); returns the body's callback.
+OnHead = Callable[["Connection", ResponseHead], OnBody]
 
 # A read this large ends the connection's share of a loop turn (``flow.Reading.defer``): the
 # observer's work grows with the payload, and uvloop reads a busy socket up to 32 times (of up
@@ -99,10 +101,10 @@ class Connection(asyncio.Protocol):
         "_keep",
         "_loop",
         "_method",
+        "_on_body",
         "_on_head",
         "_read_timeout",
         "_reading",
-        "_sink",
         "_timer",
         "_waiting",
         "idle_since",
@@ -123,7 +125,7 @@ class Connection(asyncio.Protocol):
         # the body's: set with the head (``RELAYING``), dropped when that state is left, so
         # that a read finds what it is for in one attribute
         self._decoder: BodyDecoder | None = None
-        self._sink: Sink | None = None
+        self._on_body: OnBody | None = None
         self._keep = False  # the response's head allows another request after it
         self._waiting = False  # the end of the response is awaited (under the read timeout)
         self.responded = False  # a byte of the response came (a retry would repeat the request)
@@ -170,9 +172,9 @@ class Connection(asyncio.Protocol):
                 self._fail(exc)
                 return
             if payload:
-                sink = self._sink
-                if sink is not None:
-                    sink(payload, data if decoder.whole else None, decoder.done)
+                on_body = self._on_body
+                if on_body is not None:
+                    on_body(payload, data if decoder.whole else None, decoder.done)
             if decoder.done:
                 self._finish(decoder)
             elif decoder.backlog or len(data) >= YIELD_BYTES:
@@ -228,9 +230,9 @@ class Connection(asyncio.Protocol):
             self._fail(exc)
             return False
         if payload:
-            sink = self._sink
-            if sink is not None:
-                sink(payload, None, decoder.done)
+            on_body = self._on_body
+            if on_body is not None:
+                on_body(payload, None, decoder.done)
         if decoder.done:
             self._finish(decoder)
         return self._decoder is decoder and decoder.backlog
@@ -279,7 +281,7 @@ class Connection(asyncio.Protocol):
         if not self._go(_HEAD):
             return
         try:
-            self._sink = on_head(self, head)
+            self._on_body = on_head(self, head)
         except Exception as exc:  # the handler's failure: it gets it back from wait()
             self._fail(exc)
             return
@@ -315,14 +317,14 @@ class Connection(asyncio.Protocol):
         """The exchange fails with ``exc`` (``wait`` raises it), if it has not ended: nothing
         more goes to the handler, whose stream and this connection then hold each other no
         longer (no cycle left behind)."""
-        self._on_head = self._sink = None
+        self._on_head = self._on_body = None
         future = self._done
         if future is not None and not future.done():
             _fail_future(future, exc)
 
     def send(self, method: str, head: bytes, body: bytes, on_head: OnHead) -> None:
         """Write a request. ``on_head`` gets its response head when it comes (it returns the
-        sink for the body); the end of the response is awaited with ``wait()``.
+        body's callback); the end of the response is awaited with ``wait()``.
 
         The body is in the transport's buffer at once (it is in memory already), and the wait
         for the response starts while it drains: an engine may answer before it has read the
@@ -337,7 +339,7 @@ class Connection(asyncio.Protocol):
         self._method = method
         self._on_head = on_head
         self._done = self._loop.create_future()
-        self._sink = None
+        self._on_body = None
         self.responded = False
         self.last_read = self._loop.time()
         if body:
@@ -370,7 +372,7 @@ class Connection(asyncio.Protocol):
             await future
         finally:
             self._waiting = False
-            self._sink = None  # the stream holds this connection: no cycle left behind
+            self._on_body = None  # the stream holds this connection: no cycle left behind
 
     def _check(self) -> None:
         """The read-timeout timer: fail the awaited future, or re-arm from the last read."""
@@ -408,7 +410,7 @@ class Connection(asyncio.Protocol):
         """Close the connection; at once if a request is not wholly sent (a graceful close
         would wait for an engine that may never read it, and hold the socket until then)."""
         self._retire()
-        self._on_head = self._sink = None  # nothing more is relayed; no cycle outlives it
+        self._on_head = self._on_body = None  # nothing more is relayed; no cycle outlives it
         self._reading.stop()
         if not self._waiting:  # else the read timeout still bounds the wait
             self._stop_timer()

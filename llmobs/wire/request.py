@@ -20,7 +20,7 @@ import logging
 from collections.abc import Callable, Iterable
 from email.utils import formatdate
 from http import HTTPStatus
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from llmobs.config.logs import method_label
 from llmobs.wire.http1 import (
@@ -37,10 +37,16 @@ from llmobs.wire.http1 import (
     response_framing,
 )
 
-if TYPE_CHECKING:
-    from llmobs.wire.server import ServerConnection
-
 log = logging.getLogger("llmobs.server")
+
+
+class Connection(Protocol):
+    """What a request reads of its client connection (``server.ServerConnection``)."""
+
+    transport: asyncio.Transport
+    remote: str  # the client's address
+    closing: bool  # the connection closes once the current response has ended
+    paused_writing: bool  # the client's buffer is over its high mark
 
 
 def reason_phrase(status: int) -> str:
@@ -136,7 +142,7 @@ class Request:
 
     def __init__(
         self,
-        conn: ServerConnection,
+        conn: Connection,
         head: RequestHead,
         decoder: BodyDecoder | None,
         limit: int,

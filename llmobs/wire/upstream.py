@@ -16,12 +16,18 @@ import ssl
 from collections.abc import Iterable
 from urllib.parse import urlsplit
 
-from llmobs.wire.connection import Connection, OnHead, Sink, UpstreamClosed, UpstreamTimeout
+from llmobs.wire.connection import (
+    Connection,
+    OnBody,
+    OnHead,
+    UpstreamClosed,
+    UpstreamTimeout,
+)
 from llmobs.wire.http1 import Frames
 from llmobs.wire.states import EngineState
 
 # the connection and its exchange's types are re-exported: the relay takes them from here
-__all__ = ["Connection", "OnHead", "Sink", "Upstream", "UpstreamClosed", "UpstreamTimeout"]
+__all__ = ["Connection", "OnBody", "OnHead", "Upstream", "UpstreamClosed", "UpstreamTimeout"]
 
 _IDLE = EngineState.IDLE  # a connection's state in which the pool keeps it
 

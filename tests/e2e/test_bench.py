@@ -21,17 +21,7 @@ import numpy as np
 import pytest
 
 from llmobs.bench import BenchOptions, procfs, run_bench
-from llmobs.bench.loadgen import (
-    LoadSpec,
-    Stream,
-    one_request,
-    parse_events,
-    request_body,
-    run_load,
-    session_for,
-)
-from llmobs.bench.report import plot, summarize, table, to_json
-from llmobs.bench.stats import (
+from llmobs.bench.figures import (
     cpu_split,
     in_windows,
     latency,
@@ -41,6 +31,16 @@ from llmobs.bench.stats import (
     ratio,
     scrape_effect,
     ttft_path_ns,
+)
+from llmobs.bench.report import plot, summarize, table, to_json
+from llmobs.bench.stamped_load import (
+    LoadSpec,
+    Stream,
+    one_request,
+    parse_events,
+    request_body,
+    run_load,
+    session_for,
 )
 from llmobs.bench.targets import plan_pinning
 from tests.support.servers import SimFactory
@@ -196,7 +196,7 @@ async def test_closed_loop_counts_every_chunk(start_sim: SimFactory) -> None:
                           decode_base=0.002, decode_per_seq=0.0)  # fmt: skip
     result = await run_load(LoadSpec(sim.url, 3, 0.2, 5))
     assert result.streams and all(s.ok for s in result.streams)
-    assert result.chunks == 5 * len(result.streams) == sim.engine.stats.generation_tokens
+    assert result.chunks == 5 * len(result.streams) == sim.engine.counters.generation_tokens
 
 
 async def test_the_collector_never_runs_during_a_cell(start_sim: SimFactory) -> None:

@@ -44,15 +44,15 @@ async def stream_until_cancelled(session: aiohttp.ClientSession, url: str) -> No
 
 
 def engine_idle(engine: SimEngine) -> bool:
-    return engine.stats.waiting == 0 and engine.stats.running == 0
+    return engine.counters.waiting == 0 and engine.counters.running == 0
 
 
 # phase: (sim settings, when the client leaves)
 PHASES: dict[str, tuple[dict[str, Any], Callable[[SimEngine], bool]]] = {
     "upload": ({}, lambda e: True),  # body still on its way: the sidecar holds the request
-    "queued": ({"max_batch": 1}, lambda e: e.stats.waiting == 1),  # behind a full batch
-    "prefill": ({"prefill_base": 2.0}, lambda e: e.stats.running == 1),  # no token yet
-    "decode": ({}, lambda e: e.stats.generation_tokens >= 3),  # tokens flowing
+    "queued": ({"max_batch": 1}, lambda e: e.counters.waiting == 1),  # behind a full batch
+    "prefill": ({"prefill_base": 2.0}, lambda e: e.counters.running == 1),  # no token yet
+    "decode": ({}, lambda e: e.counters.generation_tokens >= 3),  # tokens flowing
 }
 
 
@@ -68,7 +68,7 @@ async def test_disconnect_at_every_phase_reaches_the_engine(
     if phase == "queued":  # a direct request holds the only batch slot
         direct = aiohttp.ClientSession()
         blocker = asyncio.ensure_future(stream_until_cancelled(direct, sim.url))
-        await wait_for(lambda: sim.engine.stats.running == 1)
+        await wait_for(lambda: sim.engine.counters.running == 1)
     reader, writer = await asyncio.open_connection("127.0.0.1", port_of(side))
     body = json.dumps({**STREAM, "max_tokens": 500}).encode()
     length = len(body) + (100 if phase == "upload" else 0)  # "upload": never finished
@@ -83,8 +83,8 @@ async def test_disconnect_at_every_phase_reaches_the_engine(
 
     submitted = phase != "upload"
     if not submitted:  # the body is read whole before it goes upstream (as nginx buffers it)
-        assert sim.engine.stats.requests_received == 0
-    await wait_for(lambda: sim.engine.stats.cancelled == int(submitted))  # the engine knows
+        assert sim.engine.counters.requests_received == 0
+    await wait_for(lambda: sim.engine.counters.cancelled == int(submitted))  # the engine knows
     await wait_for(lambda: side.value("llmobs_requests_total") == 1)
     assert side.value("llmobs_requests_total", outcome="client_disconnect") == 1
     assert side.value("llmobs_requests_active") == 0
@@ -95,7 +95,7 @@ async def test_disconnect_at_every_phase_reaches_the_engine(
             await blocker
         await direct.close()
     await wait_for(lambda: engine_idle(sim.engine))
-    assert sim.engine.stats.completed == 0
+    assert sim.engine.counters.completed == 0
     del reader
     await back_to(baseline)
 
@@ -163,7 +163,7 @@ async def test_slowloris_body_gets_408_after_the_client_timeout(
     assert elapsed < 5.0
     await wait_for(lambda: side.value("llmobs_requests_total") == 1)
     assert side.value("llmobs_requests_total", outcome="rejected", status_class="4xx") == 1
-    assert sim.engine.stats.waiting == sim.engine.stats.running == 0  # never submitted
+    assert sim.engine.counters.waiting == sim.engine.counters.running == 0  # never submitted
     await back_to(baseline)
 
 
@@ -221,7 +221,7 @@ async def test_pipelined_and_keep_alive_requests_on_one_connection(
     assert answers[2].body.endswith(b"data: [DONE]\n\n")
     await wait_for(lambda: side.value("llmobs_requests_total") == 5)
     assert side.value("llmobs_requests_total", outcome="ok") == 5
-    assert sim.engine.stats.completed == 3
+    assert sim.engine.counters.completed == 3
     await back_to(baseline)
 
 
@@ -239,7 +239,7 @@ async def test_cancelling_300_streams_at_once_reaches_the_engine(
     streams = [
         asyncio.ensure_future(stream_until_cancelled(session, side.url)) for _ in range(count)
     ]
-    await wait_for(lambda: sim.engine.stats.waiting + sim.engine.stats.running == count, 30)
+    await wait_for(lambda: sim.engine.counters.waiting + sim.engine.counters.running == count, 30)
     await wait_for(lambda: side.value("llmobs_requests_active") == count, 30)
     assert side.value("llmobs_prefill_queue_depth") >= count - 64  # waiting for a first token
     for stream in streams:
@@ -247,9 +247,9 @@ async def test_cancelling_300_streams_at_once_reaches_the_engine(
     await asyncio.gather(*streams, return_exceptions=True)
     await session.close()
 
-    await wait_for(lambda: sim.engine.stats.cancelled == count, 30)  # every one reached it
+    await wait_for(lambda: sim.engine.counters.cancelled == count, 30)  # every one reached it
     assert engine_idle(sim.engine)
-    assert sim.engine.stats.completed == 0
+    assert sim.engine.counters.completed == 0
     await wait_for(lambda: side.value("llmobs_requests_total") == count, 30)
     assert side.value("llmobs_requests_total", outcome="client_disconnect") == count
     assert side.value("llmobs_requests_active") == 0

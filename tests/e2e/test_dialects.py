@@ -9,7 +9,7 @@ from typing import Any
 import aiohttp
 import pytest
 
-from llmobs.tools.load import Call, stream_call
+from llmobs.tools.traffic import Call, stream_call
 from tests.support.servers import SidecarFactory, SimFactory, eventually
 
 SCHEDULE: dict[str, Any] = {

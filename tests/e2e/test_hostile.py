@@ -5,8 +5,9 @@ The probe's findings, each as a test that fails without its fix: framing work bo
 loop turn (tiny chunks from either side), engine heads and chunk lines checked as nginx
 checks them (502), log lines that name the operation and never the path, a non-UTF-8 bearer
 token (401, not 500), dot segments above the root (400), CONNECT (405), and a request the
-engine's socket refused counted under its model. ``test_one_upload_does_not_stall_the_others``
-runs ``benchmarks/hostile.py``: the attack and the victims in processes of their own.
+engine's socket refused counted under its model.
+``test_one_hostile_party_does_not_stall_the_others`` runs ``benchmarks/hostile.py`` (the
+driver: the attack and the victims in processes of their own) and asserts on its report.
 """
 
 from __future__ import annotations

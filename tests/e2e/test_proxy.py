@@ -16,7 +16,9 @@ from aiohttp import web
 from yarl import URL
 
 from llmobs.config.settings import Settings
-from llmobs.relay.proxy import NULL_OBSERVER, NullObserver, Relay, _with_trace
+from llmobs.relay.headers import with_trace
+from llmobs.relay.observing import NULL_OBSERVER, NullObserver
+from llmobs.relay.proxy import Relay
 from llmobs.wire.server import ProxyServer
 from llmobs.wire.upstream import Upstream
 from tests.support.prom import free_port
@@ -351,12 +353,12 @@ def test_the_trace_context_replaces_the_clients_rather_than_adding_to_it() -> No
             headers["traceparent"] = "00-ours-01"
 
     sent = [("Accept", "*/*"), ("Traceparent", "00-theirs-01"), ("X-A", "1")]
-    assert _with_trace(Tracing(), sent) == [
+    assert with_trace(Tracing(), sent) == [
         ("Accept", "*/*"),
         ("X-A", "1"),
         ("traceparent", "00-ours-01"),
     ]
-    assert _with_trace(NULL_OBSERVER, sent) is sent  # not tracing: the list as it was
+    assert with_trace(NULL_OBSERVER, sent) is sent  # not tracing: the list as it was
 
 
 # -- when observation starts: after the request went upstream ----------------------------------

@@ -12,7 +12,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 
 from llmobs.export.metrics.sink import MetricsSink
 from llmobs.export.telemetry import build_telemetry
-from llmobs.observe.timing import Outcome, StreamStats, TokenSource
+from llmobs.observe.timing import Outcome, RequestStats, TokenSource
 from tests.support.scripted import ScriptedUpstream
 from tests.support.servers import AppFactory, SidecarFactory, SimFactory, eventually
 
@@ -126,8 +126,8 @@ async def test_no_secret_in_metrics_spans_or_logs(
         assert "SECRET-PROMPT" not in text
 
 
-def _stats(model: str) -> StreamStats:
-    return StreamStats(
+def _stats(model: str) -> RequestStats:
+    return RequestStats(
         operation="chat", model=model, outcome=Outcome.OK, status=200, stream=True,
         duration_s=0.1, ttft_s=0.05, tpot_s=0.01, input_tokens=3, output_tokens=5,
         token_source=TokenSource.USAGE, chunks=5, itl_count=4, itl_sum=0.04, itl_sumsq=0.0004,

@@ -61,7 +61,7 @@ async def test_streams_still_running_after_the_grace_end_cleanly_and_are_counted
     exporter = InMemorySpanExporter()
     side = await start_sidecar(sim.url, build_telemetry(span_exporter=exporter), shutdown_grace=0.3)
     streams = [asyncio.ensure_future(read_all(side.url)) for _ in range(3)]
-    await eventually(lambda: sim.engine.stats.running == 3)  # all three decoding
+    await eventually(lambda: sim.engine.counters.running == 3)  # all three decoding
     loop = asyncio.get_running_loop()
     started = loop.time()
     await side.sidecar.stop()
@@ -71,7 +71,7 @@ async def test_streams_still_running_after_the_grace_end_cleanly_and_are_counted
         assert b"data: {" in body
         assert not body.endswith(b"data: [DONE]\n\n")
     assert outcomes(exporter) == ["shutdown"] * 3
-    await eventually(lambda: sim.engine.stats.cancelled == 3)  # the engine stopped generating
+    await eventually(lambda: sim.engine.counters.cancelled == 3)  # the engine stopped generating
 
 
 async def test_requests_still_waiting_for_a_response_at_the_grace_get_a_503(
@@ -90,7 +90,7 @@ async def test_requests_still_waiting_for_a_response_at_the_grace_get_a_503(
             return r.status, await r.read()
 
     waiting = asyncio.ensure_future(whole(side.url))
-    await eventually(lambda: sim.engine.stats.running == 1)  # decoding, its answer not begun
+    await eventually(lambda: sim.engine.counters.running == 1)  # decoding, its answer not begun
     loop = asyncio.get_running_loop()
     started = loop.time()
     await side.sidecar.stop()
@@ -99,7 +99,7 @@ async def test_requests_still_waiting_for_a_response_at_the_grace_get_a_503(
     assert status == 503
     assert b"shutting down" in body
     assert outcomes(exporter) == ["shutdown"]
-    await eventually(lambda: sim.engine.stats.cancelled == 1)
+    await eventually(lambda: sim.engine.counters.cancelled == 1)
 
 
 async def test_a_request_that_reaches_the_relay_after_the_grace_gets_a_503(
@@ -127,7 +127,7 @@ async def test_a_request_that_reaches_the_relay_after_the_grace_gets_a_503(
     await stopping
     assert answer.startswith(b"HTTP/1.1 503 "), answer[:40]
     assert outcomes(exporter) == ["shutdown"]
-    assert sim.engine.stats.requests_received == 0  # never sent
+    assert sim.engine.counters.requests_received == 0  # never sent
 
 
 async def test_metrics_bearer_token(start_sim: SimFactory, start_sidecar: SidecarFactory) -> None:

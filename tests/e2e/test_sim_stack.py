@@ -137,11 +137,11 @@ async def test_client_disconnect_reaches_the_engine(
         for _ in range(3):
             await r.content.readline()
     for _ in range(100):
-        if sim.engine.stats.cancelled:
+        if sim.engine.counters.cancelled:
             break
         await asyncio.sleep(0.01)
-    assert sim.engine.stats.cancelled == 1
-    assert sim.engine.stats.running == 0
+    assert sim.engine.counters.cancelled == 1
+    assert sim.engine.counters.running == 0
     await eventually(lambda: side.value("llmobs_requests_total") == 1)
     assert side.value("llmobs_requests_total", outcome="client_disconnect") == 1
     assert side.value("llmobs_requests_active") == 0
@@ -207,7 +207,7 @@ async def test_disconnect_during_prefill_reaches_the_engine_and_empties_the_queu
         response = await s.post(side.url + CHAT, json=chat())  # headers come back at once
         await eventually(lambda: side.value("llmobs_prefill_queue_depth") == 1)
         response.close()  # the client gives up while the engine is still in prefill
-    await eventually(lambda: sim.engine.stats.cancelled == 1)
+    await eventually(lambda: sim.engine.counters.cancelled == 1)
     await eventually(lambda: side.value("llmobs_requests_total") == 1)
     assert side.value("llmobs_requests_total", outcome="client_disconnect") == 1
     assert side.value("llmobs_prefill_queue_depth") == 0

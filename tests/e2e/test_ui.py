@@ -12,7 +12,7 @@ import aiohttp
 import pytest
 from multidict import CIMultiDict
 
-from llmobs.tools.load import Call, stream_call
+from llmobs.tools.traffic import Call, stream_call
 from tests.support.fake_nvml import FakeGpu, FakeNvml
 from tests.support.servers import SidecarFactory, SidecarHandle, SimFactory
 

@@ -20,7 +20,7 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from llmobs.tools.load import Call, stream_call
+from llmobs.tools.traffic import Call, stream_call
 from tests.e2e.test_ui import ENGINE
 from tests.support.servers import SidecarFactory, SimFactory
 

@@ -25,7 +25,7 @@ import aiohttp
 import pytest
 import yaml
 
-from llmobs.tools.load import Workload, run_load
+from llmobs.tools.traffic import Workload, run_load
 
 ROOT = Path(__file__).resolve().parents[2]  # the repository
 PROMETHEUS_DIR = ROOT / "deploy" / "prometheus"

@@ -7,6 +7,8 @@
 - ``text``, ``openmetrics``, ``protobuf``: the encoders, frames into each format's bytes
   (``client_model``: the protobuf messages);
 - ``exposition``: /metrics as bytes, in the format negotiated;
-- ``sink``: a finished request into the series (``MetricsSink``);
-- ``otel``: the same into OpenTelemetry instruments, when metrics are pushed over OTLP.
+- ``sink``: a finished request's record into the series (``MetricsSink``, a consumer);
+- ``otel``: the same into OpenTelemetry instruments, when metrics are pushed over OTLP
+  (``OtelMetrics``, another consumer);
+- ``totals``: the series read for the live page; ``query``: a registry read as PromQL would.
 """

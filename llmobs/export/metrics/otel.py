@@ -1,16 +1,27 @@
 """The request-level metrics as OpenTelemetry instruments, for an OTLP push.
 
-Built only when metrics are pushed over OTLP (``Telemetry.push_meter``): every request then
-pays the SDK's cost per record (docs/benchmarks.md) on top of the Prometheus series
-(``sink``). The instruments
-are made from the catalogue, one per request-level metric (the per-token ITL histogram is
-Prometheus only: its windows are binned in bulk, which the SDK cannot take).
+A consumer of the request records (``OtelMetrics``), assembled only when metrics are pushed
+over OTLP (``Telemetry.push_meter``): every request then pays the SDK's cost per record
+(docs/benchmarks.md) on top of the Prometheus series (``sink``). The instruments are made from
+the catalogue, one per request-level metric (the per-token ITL histogram is Prometheus only:
+its windows are binned in bulk, which the SDK cannot take); the label-less series (requests
+active and queued, the sidecar's own error counts) are read from the sink at each export.
 """
 
 from __future__ import annotations
 
-from opentelemetry.metrics import Counter, Histogram, Meter, UpDownCounter
+from collections.abc import Callable, Iterable, Mapping
 
+from opentelemetry.metrics import (
+    CallbackOptions,
+    Counter,
+    Histogram,
+    Meter,
+    Observation,
+    UpDownCounter,
+)
+
+from llmobs.config.objectives import Objectives
 from llmobs.export.metrics.catalogue import (
     ACTIVE,
     DURATION,
@@ -31,6 +42,8 @@ from llmobs.export.metrics.catalogue import (
     SLO_MISSES,
     SLO_OUTPUT_TOKENS,
     SLO_REQUESTS,
+    SLO_TARGET,
+    SLO_WINDOW,
     SMOOTHNESS,
     STALLS,
     STATUS_CLASS,
@@ -43,16 +56,19 @@ from llmobs.export.metrics.catalogue import (
     VERDICT,
     Kind,
     MetricDef,
+    status_class,
 )
+from llmobs.observe.record import RequestRecord
 from llmobs.observe.slo import Verdict
-from llmobs.observe.timing import StreamStats, TokenSource
+from llmobs.observe.timing import RequestStats, TokenSource
 
 Instrument = Counter | Histogram | UpDownCounter
 
 _USAGE = TokenSource.USAGE.value
+_LIVE = (ACTIVE, QUEUE_DEPTH, OBSERVER_ERRORS, MALFORMED)  # the sink's label-less series
 
 
-def token_counts(s: StreamStats) -> list[tuple[str, str, int]]:
+def token_counts(s: RequestStats) -> list[tuple[str, str, int]]:
     """(token type, count source, tokens) of a request, in the order they are recorded."""
     # an enum's ``_value_`` is a plain attribute; ``.value`` is a Python-level property
     out = []
@@ -78,15 +94,50 @@ def _instrument(meter: Meter, m: MetricDef) -> Instrument:
     return meter.create_counter(m.name, m.unit, m.description)
 
 
-class OtelInstruments:
-    """One instrument per request-level metric of the catalogue, on ``meter``."""
+class OtelMetrics:
+    """Each request's record into one instrument per request-level metric on ``meter`` (whose
+    only reader pushes over OTLP); ``live`` gives the label-less series at each export, and
+    ``objectives`` each label set's target and window, added once per label set."""
 
-    def __init__(self, meter: Meter) -> None:
+    def __init__(
+        self,
+        meter: Meter,
+        objectives: Objectives,
+        live: Callable[[], Mapping[MetricDef, float]],
+    ) -> None:
         self._by_metric = {
-            m: _instrument(meter, m) for m in REQUEST_METRICS if m not in (ITL, ITL_SQUARES)
+            m: _instrument(meter, m) for m in REQUEST_METRICS if m not in (ITL, ITL_SQUARES, *_LIVE)
         }
-        for m in (ACTIVE, QUEUE_DEPTH, OBSERVER_ERRORS, MALFORMED):  # 0 from the start
-            self.add(m, 0)
+        self._live = live
+        for m in _LIVE:
+            make = (
+                meter.create_observable_up_down_counter
+                if m.kind is Kind.UPDOWN
+                else meter.create_observable_counter
+            )
+            make(m.name, [self._observe(m)], m.unit, m.description)
+        self._objectives = objectives
+        self._seen: set[tuple[str, str]] = set()  # label sets whose objective was added
+
+    def _observe(self, metric: MetricDef) -> Callable[[CallbackOptions], Iterable[Observation]]:
+        def observe(options: CallbackOptions) -> Iterable[Observation]:
+            return [Observation(self._live()[metric])]
+
+        return observe
+
+    def consume(self, record: RequestRecord) -> None:
+        """A finished request: its series, its verdict, its label set's objective once."""
+        s, _, verdict, _, label = record
+        op = s.operation
+        if (op, label) not in self._seen:
+            self._seen.add((op, label))
+            objective_set = self._objectives.for_request(op, label)
+            attrs = {OPERATION: op, MODEL: label}
+            self.add(SLO_TARGET, objective_set.target, attrs)
+            self.add(SLO_WINDOW, objective_set.window, attrs)
+        self.record_request(s, op, label, status_class(s.status))
+        if verdict is not None:
+            self.record_verdict(verdict, s.output_tokens, op, label)
 
     def add(
         self, metric: MetricDef, value: float, attributes: dict[str, str] | None = None
@@ -111,7 +162,7 @@ class OtelInstruments:
             self.add(SLO_MISSES, 1, {**attrs, OBJECTIVE: objective.value})
         self.add(SLO_OUTPUT_TOKENS, output_tokens, {**attrs, VERDICT: label})
 
-    def record_request(self, s: StreamStats, op: str, model: str, status: str) -> None:
+    def record_request(self, s: RequestStats, op: str, model: str, status: str) -> None:
         attrs = {OPERATION: op, MODEL: model}
         labels = {**attrs, OUTCOME: s.outcome.value, STATUS_CLASS: status}
         self.add(REQUESTS, 1, {**labels, FINISH_REASON: s.finish_reason})

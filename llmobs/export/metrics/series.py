@@ -30,7 +30,7 @@ lock: a scrape reads its old value or its new one.
 from __future__ import annotations
 
 import threading
-from bisect import bisect_left, bisect_right
+from bisect import bisect_left
 from collections.abc import Iterable, Iterator, Sequence
 from itertools import chain
 from math import frexp, inf
@@ -53,7 +53,7 @@ from llmobs.export.metrics.frames import (
     client_family,
 )
 from llmobs.export.metrics.native import ZERO_THRESHOLD, NativeBuckets
-from llmobs.observe.stats import TokenWindow
+from llmobs.observe.window import TokenWindow
 
 
 class HistogramRow:
@@ -221,10 +221,8 @@ class TokenHistogram:
     """Per-token ITL histogram recorded a window at a time, with its sum of squares.
 
     The counts of a window are added to the series like any other histogram's
-    (``SeriesCollector`` exposes both families). Whole numbers of tokens as floats, as numpy's
-    ``bincount`` gives them, whichever way they are binned: a large window with numpy in one
-    call; a window whose ITLs are sorted (one token per chunk) a bucket at a time, by bisection,
-    which is a few steps for a steady stream; a small unsorted one value by value.
+    (``SeriesCollector`` exposes both families); the window bins itself into the classic and
+    native buckets (``TokenWindow.fill_classic``, ``fill_native``).
     """
 
     __slots__ = ("_bounds", "histogram", "squares")
@@ -236,22 +234,16 @@ class TokenHistogram:
 
     def record(self, labels: tuple[str, ...], window: TokenWindow) -> None:
         """Add every ITL of ``window``, each ``weights[i]`` times (hold the collector's lock)."""
-        values = window.values
-        if len(values) == 0:
+        if not len(window.values):
             return
-        series = self.histogram.series_for(labels)
-        ordered = window.ordered
-        if ordered is None:
-            self._bin(series, window)
-        elif isinstance(ordered, list):
-            self._bin_sorted_list(series, ordered)
-        else:
-            self._bin_sorted_array(series, ordered)
+        histogram = self.histogram
+        series = histogram.series_for(labels)
+        window.fill_classic(histogram.bounds, self._bounds, series)
         series[-1] += window.itl_sum
         self.squares.add(labels, window.itl_sumsq)
-        found = self.histogram.natives.get(labels)
+        found = histogram.natives.get(labels)
         if found is not None:
-            _native_window(found, window)
+            window.fill_native(found)
 
     def exemplar(self, labels: Key, value: float, trace: tuple[str, str, float]) -> None:
         """``trace`` as the exemplar of ``value``'s bucket (hold the collector's lock)."""
@@ -259,72 +251,6 @@ class TokenHistogram:
         slots = histogram.exemplars_for(labels)
         trace_id, span_id, at = trace
         slots[bisect_left(histogram.bounds, value)] = (trace_id, span_id, float(value), at)
-
-    def _bin_sorted_list(self, series: list[Number], ordered: list[float]) -> None:
-        """Ascending ITLs of one token each, a run of values in one bucket at a time."""
-        bounds = self.histogram.bounds
-        top, n, i = len(bounds), len(ordered), 0
-        while i < n:
-            b = bisect_left(bounds, ordered[i])
-            j = bisect_right(ordered, bounds[b], i) if b < top else n
-            series[b] += float(j - i)
-            i = j
-
-    def _bin_sorted_array(self, series: list[Number], ordered: np.ndarray) -> None:
-        """Ascending ITLs of one token each (numpy): the values at or below each bound
-        between the first value's bucket and the last's."""
-        bounds = self.histogram.bounds
-        lo = bisect_left(bounds, float(ordered[0]))
-        hi = bisect_left(bounds, float(ordered[-1]))
-        done = 0
-        if hi > lo:
-            below = np.searchsorted(ordered, self._bounds[lo:hi], side="right").tolist()
-            for b, count in enumerate(below, lo):
-                if count != done:
-                    series[b] += float(count - done)
-                    done = count
-        if len(ordered) != done:
-            series[hi] += float(len(ordered) - done)
-
-    def _bin(self, series: list[Number], window: TokenWindow) -> None:
-        """ITLs in chunk order, weighted: value by value (plain Python), or numpy's bincount."""
-        values = window.values
-        bounds = self.histogram.bounds
-        if isinstance(values, list):
-            counts = window.counts
-            if counts is None:
-                for value in values:
-                    series[bisect_left(bounds, value)] += 1.0
-            else:
-                for value, count in zip(values, counts, strict=True):
-                    series[bisect_left(bounds, value)] += count
-            return
-        index = np.searchsorted(self._bounds, values, side="left")
-        binned = np.bincount(index, weights=window.weights, minlength=self._bounds.size + 1)
-        for i, count in enumerate(binned.tolist()):
-            if count:
-                series[i] += count
-
-
-def _native_window(buckets: NativeBuckets, window: TokenWindow) -> None:
-    """A window's ITLs into native buckets, the way its classic binning goes: sorted runs, a
-    list value by value, or numpy."""
-    ordered = window.ordered
-    if isinstance(ordered, list):
-        buckets.add_sorted(ordered)
-        return
-    if ordered is not None:
-        buckets.add_array(ordered)
-        return
-    values, counts = window.values, window.counts
-    if not isinstance(values, list):
-        buckets.add_array(values, window.weights if counts is not None else None)
-    elif counts is None:
-        for value in values:
-            buckets.add(value)
-    else:
-        for value, count in zip(values, counts, strict=True):
-            buckets.add(value, round(count))
 
 
 Family = HistogramFamily | CounterFamily

@@ -10,24 +10,21 @@ once per label set (``_LabelSet``, a ``HistogramRow``), so recording one is a fe
 under one lock. The
 per-token ITL histogram is binned a window at a time (``series.TokenHistogram``), with the
 sum of squares that makes ITL variance aggregable across pods. When metrics are also pushed
-over OTLP, request-level metrics are recorded into OpenTelemetry instruments as well
-(``otel.OtelInstruments``).
+over OTLP, another consumer of the same records does it (``otel.OtelMetrics``).
 
-Labels come from bounded sets: the model passes through ``BoundedLabel`` so a client cannot
-explode the series count, and a new model takes a slot only from a successful request.
+Labels come from bounded sets: the model's label is admitted once, in observation, from the
+sink's ``BoundedLabel`` (so a client cannot explode the series count, and a new model takes a
+slot only from a successful request); the sink labels by it.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
-from typing import Any
+from collections.abc import Callable, Mapping, Sequence
 
-from opentelemetry.metrics import Meter
 from prometheus_client import CollectorRegistry
 
 from llmobs.config.objectives import Objectives, ObjectiveSet
-from llmobs.export.live import ModelTotals
 from llmobs.export.metrics.catalogue import (
     ACTIVE,
     DURATION,
@@ -36,9 +33,7 @@ from llmobs.export.metrics.catalogue import (
     ITL,
     ITL_SQUARES,
     MALFORMED,
-    MODEL,
     OBSERVER_ERRORS,
-    OPERATION,
     QUEUE_DEPTH,
     REQUEST_METRICS,
     REQUESTS,
@@ -57,7 +52,7 @@ from llmobs.export.metrics.catalogue import (
     MetricDef,
     status_class,
 )
-from llmobs.export.metrics.otel import OtelInstruments, token_counts
+from llmobs.export.metrics.otel import token_counts
 from llmobs.export.metrics.series import (
     CounterFamily,
     HistogramFamily,
@@ -65,11 +60,11 @@ from llmobs.export.metrics.series import (
     SeriesCollector,
     TokenHistogram,
 )
-from llmobs.observe.labels import UNKNOWN, BoundedLabel
+from llmobs.observe.labels import BoundedLabel
 from llmobs.observe.record import RequestRecord, TraceRef
 from llmobs.observe.slo import Verdict, judge
-from llmobs.observe.stats import TokenWindow
-from llmobs.observe.timing import StreamStats
+from llmobs.observe.timing import RequestStats
+from llmobs.observe.window import TokenWindow
 
 _STATUS_CLASSES = {status: status_class(status) for status in range(600)}
 # The request histograms a label set binds, in the order ``record_request`` observes them
@@ -97,16 +92,14 @@ class MetricsSink:
     """Records finished requests and token windows into the catalogue's request series.
 
     ``registry`` is the one /metrics renders (the sink registers its collector there; None:
-    the caller does); ``push`` is a meter whose only reader exports over OTLP, when metrics
-    are pushed (then every request is recorded there too; nothing shows twice on /metrics).
+    the caller does). ``models`` is the bounded set of model labels, which observation
+    admits models to.
     """
 
     def __init__(
         self,
         registry: CollectorRegistry | None,
         max_models: int,
-        on_request: Callable[[str, StreamStats], None] | None = None,
-        push: Meter | None = None,
         objectives: Objectives | None = None,
         clock: Callable[[], float] = time.time,
     ) -> None:
@@ -114,25 +107,21 @@ class MetricsSink:
         self._clock = clock  # unix seconds: when an exemplar was seen
         # what each request is judged by (the default: no latency bound, 99.9 % not failing)
         self.objectives = objectives or Objectives(ObjectiveSet())
-        # (operation, model as sent) -> its label set, for models whose label cannot change
-        # (known, or none): bounded by the label cap; and (operation, label) -> label set
-        self._sets: dict[tuple[str, str | None], _LabelSet] = {}
-        self._by_label: dict[tuple[str, str], _LabelSet] = {}
-        # Called once per finished request with its bounded model label (the MBU estimate).
-        self._on_request = on_request
+        self._sets: dict[tuple[str, str], _LabelSet] = {}  # by (operation, model label)
         self._itl = TokenHistogram(ITL, ITL_SQUARES)
-        self._families: dict[MetricDef, HistogramFamily | CounterFamily] = {}
+        # every request series, by the catalogue's metric (readers: the live page's totals)
+        self.families: dict[MetricDef, HistogramFamily | CounterFamily] = {}
         for metric in REQUEST_METRICS:
             if metric is ITL:
-                self._families[metric] = self._itl.histogram
+                self.families[metric] = self._itl.histogram
             elif metric is ITL_SQUARES:
-                self._families[metric] = self._itl.squares
+                self.families[metric] = self._itl.squares
             elif metric.kind is Kind.HISTOGRAM:
-                self._families[metric] = HistogramFamily(metric)
+                self.families[metric] = HistogramFamily(metric)
             else:
-                self._families[metric] = CounterFamily(metric, gauge=metric.kind is Kind.UPDOWN)
+                self.families[metric] = CounterFamily(metric, gauge=metric.kind is Kind.UPDOWN)
         self._histograms = {
-            m: f for m, f in self._families.items() if isinstance(f, HistogramFamily)
+            m: f for m, f in self.families.items() if isinstance(f, HistogramFamily)
         }
         self._requests = self._counter(REQUESTS)
         self._tokens = self._counter(TOKENS)
@@ -148,64 +137,57 @@ class MetricsSink:
         self._malformed = self._counter(MALFORMED)
         for family in (self._active, self._queue, self._errors, self._malformed):
             family.series[()] = 0
-        self.collector = SeriesCollector(tuple(self._families.values()))
+        self.collector = SeriesCollector(tuple(self.families.values()))
         self._lock = self.collector.lock
         if registry is not None:
             registry.register(self.collector)
-        self._otel = OtelInstruments(push) if push is not None else None
 
     def _counter(self, metric: MetricDef) -> CounterFamily:
-        family = self._families[metric]
+        family = self.families[metric]
         assert isinstance(family, CounterFamily)
         return family
 
-    def _label_set(self, operation: str, model: str | None, admit: bool) -> _LabelSet:
-        """The label set of a request; a new model takes a slot only when ``admit``."""
-        found = self._sets.get((operation, model))
-        if found is not None:
-            return found
-        label = self.models.get(model, admit)
-        found = self._by_label.get((operation, label))
+    def _label_set(self, operation: str, label: str) -> _LabelSet:
+        """The series of a request's labels, bound on first use."""
+        found = self._sets.get((operation, label))
         if found is None:
-            found = self._by_label[(operation, label)] = self._new_label_set(operation, label)
-        if label == model or (label == UNKNOWN and not model):  # final: the model's own label
-            self._sets[(operation, model)] = found
+            found = self._sets[(operation, label)] = self._new_label_set(operation, label)
         return found
 
-    def _gauge(self, family: CounterFamily, delta: int) -> None:
-        """Add ``delta`` to a label-less series (OTLP too, when pushed). No lock: the series
-        is one number, written by the event loop alone, and a scrape reads it old or new."""
-        family.series[()] += delta
-        if self._otel is not None:
-            self._otel.add(family.metric, delta)
+    # The label-less series (requests active and queued, the sidecar's own error counts) are
+    # added to without the lock: each is one number, written by the event loop alone, and a
+    # scrape reads it old or new.
+
+    def live(self) -> Mapping[MetricDef, float]:
+        """The label-less series now (requests active and queued, the sidecar's own error
+        counts): what an OTLP push reads at each export (``otel.OtelMetrics``)."""
+        return {f.metric: f.series[()] for f in (self._active, self._queue, self._errors,
+                                                 self._malformed)}  # fmt: skip
 
     def request_started(self) -> None:
-        self._gauge(self._active, 1)
+        self._active.series[()] += 1
 
     def request_ended(self) -> None:
-        self._gauge(self._active, -1)
+        self._active.series[()] += -1
 
     def queue_enter(self) -> None:
-        self._gauge(self._queue, 1)
+        self._queue.series[()] += 1
 
     def queue_leave(self) -> None:
-        self._gauge(self._queue, -1)
+        self._queue.series[()] += -1
 
     def observer_error(self) -> None:
-        self._gauge(self._errors, 1)
+        self._errors.series[()] += 1
 
     def malformed(self, count: int) -> None:
         if count:
-            self._gauge(self._malformed, count)
+            self._malformed.series[()] += count
 
-    def record_tokens(
-        self, operation: str, model: str | None, window: TokenWindow, admit: bool = False
-    ) -> None:
+    def record_tokens(self, operation: str, label: str, window: TokenWindow) -> None:
         """Add a window of ITLs taken mid-stream (a long stream's; the last windows go with
-        ``record_request``). A new model is admitted only when ``admit`` (a successful
-        response: its request will admit it)."""
+        the request's record) under the request's model label."""
         if window.size:
-            key = self._label_set(operation, model, admit).key
+            key = self._label_set(operation, label).key
             with self._lock:
                 self._itl.record(key, window)
 
@@ -235,11 +217,8 @@ class MetricsSink:
                 self._slo_misses.series.setdefault((*key, objective.value), 0)
             for metric, value in settings:
                 self._counter(metric).series[key] = value
-        if self._otel is not None:
-            for metric, value in settings:
-                self._otel.add(metric, value, {OPERATION: key[0], MODEL: key[1]})
 
-    def _record_tokens(self, op: str, model: str, s: StreamStats) -> list[int | None]:
+    def _record_tokens(self, op: str, model: str, s: RequestStats) -> list[int | None]:
         """The request's token counts into the counter by type and source; returns the
         input and output counts (None: not recorded) for the usage histogram."""
         usage: list[int | None] = [None, None]
@@ -252,26 +231,34 @@ class MetricsSink:
         return usage
 
     def record_request(
-        self, s: StreamStats, windows: Sequence[TokenWindow] = (), trace: TraceRef | None = None
+        self, s: RequestStats, windows: Sequence[TokenWindow] = (), trace: TraceRef | None = None
     ) -> Verdict | None:
-        """A request no observer saw to its end (one the server refused unparsed), or one a
-        test or benchmark makes: judged here against the sink's objectives, then consumed;
-        returns its verdict."""
+        """A request a test or benchmark makes, recorded as an observer's would be
+        (``judged``, then consumed); returns its verdict."""
+        record = self.judged(s, windows, trace)
+        self.consume(record)
+        return record.verdict
+
+    def judged(
+        self, s: RequestStats, windows: Sequence[TokenWindow] = (), trace: TraceRef | None = None
+    ) -> RequestRecord:
+        """The record of a request no observer saw to its end (one the server refused
+        unparsed): labelled and judged here as an observer would, against these objectives."""
         verdict = judge(self.objectives.for_request(s.operation, s.model), s)
-        self.consume(RequestRecord(s, tuple(windows), verdict, trace))
-        return verdict
+        label = self.models.get(s.model, 200 <= s.status < 400)
+        return RequestRecord(s, tuple(windows), verdict, trace, label)
 
     def consume(self, record: RequestRecord) -> None:
         """A finished request into every request series, and its last windows of ITLs
         (those ``record_tokens`` did not take mid-stream) under the same labels, all under
         one lock, its verdict into the SLO series. With the request's trace, its
         observations are their buckets' exemplars (if the trace is kept).
-        A window that fails to record is raised after everything else about the request (its
-        series, OTLP, the per-request hook) is recorded."""
-        s, windows, verdict, trace = record
-        labels = self._sets.get((s.operation, s.model))
+        A window that fails to record is raised after everything else about the request is
+        recorded."""
+        s, windows, verdict, trace, label = record
+        labels = self._sets.get((s.operation, label))
         if labels is None:
-            labels = self._label_set(s.operation, s.model, 200 <= s.status < 400)
+            labels = self._label_set(s.operation, label)
         key = labels.key
         op, model = key
         status = _STATUS_CLASSES.get(s.status) or status_class(s.status)
@@ -292,61 +279,15 @@ class MetricsSink:
             if verdict is not None:
                 self._record_verdict(labels, verdict, s.output_tokens)
             for window in windows:
-                if window.size:
+                if len(window.values):
                     try:
                         self._itl.record(key, window)
                     except Exception as exc:  # raised below, once the request is recorded
                         failed = exc
             if exemplar is not None and s.itl_count:  # the ITL's: the request's worst gap
                 self._itl.exemplar(key, s.itl_max, exemplar)
-        if self._otel is not None:
-            self._otel.record_request(s, op, model, status)
-            if verdict is not None:
-                self._otel.record_verdict(verdict, s.output_tokens, op, model)
-        if self._on_request is not None:
-            self._on_request(model, s)
         if failed is not None:
             raise failed
-
-    def live_totals(self) -> tuple[dict[str, ModelTotals], float, float]:
-        """Each model's totals, every operation together, and the queue depth and active
-        requests now: what the live page reads once a second (``live.LiveRing``)."""
-        ttft, itl = self._histograms[TTFT], self._itl.histogram
-        width = ttft.size  # the buckets and +Inf, without the sum
-        rows: dict[str, dict[str, Any]] = {}
-
-        def row(model: str) -> dict[str, Any]:
-            found = rows.get(model)
-            if found is None:
-                found = rows[model] = {"ttft": [0.0] * width, "itl": [0.0] * itl.size}
-            return found
-
-        def add(target: dict[str, Any], name: str, value: float) -> None:
-            target[name] = target.get(name, 0.0) + value
-
-        with self._lock:
-            for (_, model), series in ttft.series.items():
-                counts = row(model)["ttft"]
-                for i in range(width):
-                    counts[i] += series[i]
-            for (_, model), series in itl.series.items():
-                counts = row(model)["itl"]
-                for i in range(itl.size):
-                    counts[i] += series[i]
-            for (_, model), value in self._stalls.series.items():
-                add(row(model), "stalls", value)
-            for (_, model, kind, _), value in self._tokens.series.items():
-                if kind == "output":
-                    add(row(model), "tokens", value)
-            for (_, model, *_), value in self._requests.series.items():
-                add(row(model), "requests", value)
-            for (_, model, verdict), value in self._slo_requests.series.items():
-                add(row(model), verdict, value)
-            for (_, model, verdict), value in self._slo_tokens.series.items():
-                if verdict == "good":
-                    add(row(model), "good_tokens", value)
-            queue, active = self._queue.series[()], self._active.series[()]
-        return {model: ModelTotals(**found) for model, found in rows.items()}, queue, active
 
     def _record_verdict(self, labels: _LabelSet, verdict: Verdict, output_tokens: int) -> None:
         """A judged request: good or bad, what it missed, and its output tokens (hold the

@@ -27,6 +27,7 @@ from llmobs.collectors import Collectors
 from llmobs.export.live import LiveRing, Totals
 from llmobs.export.metrics.catalogue import ITL, TTFT
 from llmobs.export.metrics.sink import MetricsSink
+from llmobs.export.metrics.totals import live_totals
 
 log = logging.getLogger(__name__)
 # A poll for this many points or fewer is answered on the event loop; more (a page opened on a
@@ -100,7 +101,7 @@ class LivePage:
 
     def tick(self) -> None:
         """Read the totals now into the ring."""
-        models, queue, active = self.sink.live_totals()
+        models, queue, active = live_totals(self.sink)
         gauges = self.collectors.live_gauges() if self.collectors is not None else {}
         self.ring.add(self.clock(), Totals(models, queue, active, gauges))
 

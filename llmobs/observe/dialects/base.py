@@ -6,9 +6,10 @@ state, what the end of the request needs. It is pure: no clock, no I/O, no telem
 
 Per-choice accounting (OpenAI ``n > 1``): ``on_data`` returns every output token of the event;
 those of a choice other than 0 are also added to ``pending[choice]``, so what ``pending`` does
-not hold belongs to choice 0. The observer drains ``pending`` after each network read and times
-each choice separately; for the usual single choice, ``pending`` stays empty and costs nothing
-per event. Dialects without parallel choices always use choice 0.
+not hold belongs to choice 0. The stream reader takes them (``take_pending``) after each
+network read and the request clock times each choice separately; for the usual single
+choice, ``pending`` stays empty and costs nothing per event. Dialects without parallel
+choices always use choice 0.
 """
 
 from __future__ import annotations
@@ -151,6 +152,12 @@ class Dialect:
             if reasoning:
                 self.reasoning_chunks += 1
         return tokens
+
+    def take_pending(self) -> dict[int, int]:
+        """The output tokens of choices other than 0 since the last call; forgotten here."""
+        pending = self.pending
+        self.pending = {}
+        return pending
 
     def keep(self, text: Any) -> None:
         """Keep output text for a span (``--capture-content`` only), up to a bound."""

@@ -24,7 +24,7 @@ class BodyDecoder:
     ``whole`` says that the last read was exactly whole chunks of a chunked body (the last
     chunk included when ``done``, then with no trailer): the read itself is then a valid
     ``chunked`` framing of its payload, and a relay whose client side is chunked too can
-    write it on as it came, with no re-framing (``proxy``).
+    write it on as it came, with no re-framing (``relay.response``).
 
     ``backlog`` says that ``feed`` stopped before the end of its read, having done its share
     of work (``FEED_BUDGET``): the caller lets other connections run, then takes the rest with

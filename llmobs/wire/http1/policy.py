@@ -72,9 +72,9 @@ def declared_length(lengths: Sequence[str]) -> int:
         if value.isdigit() and value.isascii() and len(value) <= MAX_LENGTH_DIGITS:
             return int(value)
     values = {v.strip() for line in lengths for v in line.split(",")}
-    value = values.pop() if len(values) == 1 else ""
+    value = next(iter(values)) if len(values) == 1 else ""
     if not value.isascii() or not value.isdigit() or len(value) > MAX_LENGTH_DIGITS:
-        raise ValueError(f"invalid Content-Length: {sorted(values | {value})!r}")
+        raise ValueError(f"invalid Content-Length: {sorted(values)!r}")  # what was declared
     return int(value)  # (isdigit alone takes "²", which int refuses: hence isascii)
 
 

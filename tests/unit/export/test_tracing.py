@@ -27,7 +27,7 @@ from llmobs.export.tracing import RequestMeta, Tracing
 from llmobs.observe.dialects import OPENAI_CHAT
 from llmobs.observe.record import RequestDetails
 from llmobs.observe.slo import GOOD, Verdict
-from llmobs.observe.timing import Outcome, StreamStats, TokenSource
+from llmobs.observe.timing import Outcome, RequestStats, TokenSource
 from tests.support.otlp import OtlpReceiver
 from tests.support.servers import AppFactory, SidecarFactory, SidecarHandle, SimFactory, eventually
 
@@ -101,7 +101,7 @@ async def test_request_span_phases_and_token_events(
         assert child.parent.span_id == server.context.span_id
         assert child.context.trace_id == server.context.trace_id
     # the engine saw the sidecar's span as its parent, and the baggage
-    seen = sim.engine.stats.last_headers
+    seen = sim.engine.counters.last_headers
     assert seen["traceparent"] == f"00-{TRACE_ID}-{server.context.span_id:016x}-01"
     assert seen["baggage"] == "tenant=acme"
     a = server.attributes or {}
@@ -195,8 +195,8 @@ async def test_unsampled_requests_export_nothing_but_still_propagate(
     await eventually(lambda: side.value("llmobs_requests_total") == 1)
     flush(side)
     assert exporter.get_finished_spans() == ()
-    assert sim.engine.stats.last_headers["traceparent"].startswith(f"00-{TRACE_ID}-")
-    assert sim.engine.stats.last_headers["traceparent"].endswith("-00")
+    assert sim.engine.counters.last_headers["traceparent"].startswith(f"00-{TRACE_ID}-")
+    assert sim.engine.counters.last_headers["traceparent"].endswith("-00")
 
 
 class BlockedExporter(SpanExporter):
@@ -392,7 +392,7 @@ def test_tail_sampling_keeps_every_bad_trace_and_a_share_of_good_ones() -> None:
     assert telemetry.tracer is not None
     tracing = Tracing(telemetry.tracer, good_ratio=0.5)
     meta = RequestMeta("POST", "/v1/chat/completions", {}, 0)
-    record = StreamStats(
+    record = RequestStats(
         "chat", "m", Outcome.OK, 200, True, 1.0, 0.1, 0.01, 5, 10, TokenSource.USAGE, 10,
         9.0, 0.09, 0.001, 0.02, 0, 1.0,
     )  # fmt: skip

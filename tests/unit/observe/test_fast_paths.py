@@ -5,14 +5,15 @@ parse would, event after event, whatever arrives: the common shape with any cont
 quotes, ``"content":""``, keys inside values, unicode, control characters), the template's
 bytes around arbitrary bytes (invalid escapes, lone surrogates, invalid UTF-8), other choices,
 finish reasons, usage, errors, nested objects. ``SseDecoder.payloads``'s fast path must give
-the events ``feed`` gives, under any chunking. ``Observer``'s whole-read path (a read that is one
-plain token event skips decoder and dialect) must give the records of the path it skips.
+the events ``feed`` gives, under any chunking. ``StreamReader``'s whole-read path (a read
+that is one plain token event skips decoder and dialect) must give the records of the path
+it skips.
 """
 
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import Any, ClassVar
 
 import pytest
 from hypothesis import given
@@ -20,11 +21,11 @@ from hypothesis import strategies as st
 
 from llmobs.export.metrics import text
 from llmobs.export.metrics.sink import MetricsSink
-from llmobs.observe.dialects import OPENAI_CHAT
+from llmobs.observe.dialects import CHAT, OPENAI_CHAT, Route
 from llmobs.observe.dialects.openai import OpenAIStream, json_string_body
 from llmobs.observe.framing import SseDecoder
 from llmobs.observe.observer import Observer, ObserveSettings
-from llmobs.observe.timing import Outcome
+from llmobs.observe.timing import Outcome, StreamTimer
 from tests.support.strategies import FAST, PIECES, cut_lists, json_values, payloads, split_at
 
 STATE = ("pending", "finish_reasons", "error", "malformed", "done", "response_id",
@@ -203,28 +204,52 @@ def test_sse_payloads_fast_path_gives_the_events_of_feed(
     assert (fast.malformed, fast.comments) == (slow.malformed, slow.comments)
 
 
+class Kept(OpenAIStream):
+    """The chat dialect, each instance kept so that a test reads its state at the end."""
+
+    made: ClassVar[list[OpenAIStream]] = []
+
+    def __init__(self) -> None:
+        super().__init__()
+        Kept.made.append(self)
+
+
+class Full(Kept):
+    """The chat dialect without its template fast path: every event fully parsed."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fast = False  # so no template, and no read is counted whole
+
+
+class Counted(OpenAIStream):
+    """The chat dialect, counting the events it is given."""
+
+    calls: ClassVar[list[bytes]] = []
+
+    def on_data(self, data: bytes) -> int:
+        Counted.calls.append(data)
+        return super().on_data(data)
+
+
 def observe(
     reads: list[bytes], whole: bool, max_line: int
 ) -> tuple[Any, dict[str, Any], tuple[int, int], str]:
     """A streaming chat request of ``reads``: its record, dialect and decoder state, series.
-    ``whole`` False: the reference, with none of the shortcuts (neither the observer's nor the
+    ``whole`` False: the reference, with none of the shortcuts (neither the reader's nor the
     dialect's), so that a shortcut wrong in both places is still found."""
     sink = MetricsSink(None, 8)
-    obs = Observer(sink, ObserveSettings(max_line_bytes=max_line), OPENAI_CHAT, 0)
-    if not whole:  # every read through decoder and the dialect's full parse
-        obs._openai = None  # never builds a WholeEvent
-        dialect = obs._dialect
-        assert isinstance(dialect, OpenAIStream)
-        dialect.fast = False  # nor a template
+    route = Route(CHAT, Kept if whole else Full, "openai")
+    obs = Observer(sink, ObserveSettings(max_line_bytes=max_line), route, 0)
     obs.request_body(b'{"model": "m", "stream": true}')
     obs.forwarded(0)
     obs.response(200, "text/event-stream")
     for i, data in enumerate(reads):
         obs.chunk((i + 1) * 20_000_000, data)
     record = obs.finish(10**10, Outcome.OK)
-    dialect = obs._dialect
-    assert isinstance(dialect, OpenAIStream)
-    decoder = obs._sse
+    dialect = Kept.made[-1]
+    # the decoder's own counts, which no record carries
+    decoder = obs._reader._sse
     assert decoder is not None
     series = text.render(sink.collector.frames()).decode()
     return record, state(dialect), (decoder.malformed, decoder.comments), series
@@ -313,16 +338,10 @@ def test_plain_token_reads_skip_decoder_and_dialect() -> None:
     head = b'data: {"id":"c","object":"chat.completion.chunk","model":"m","choices":[{"index":0,'
     tail = b'"},"finish_reason":null}]}\n\n'
     sink = MetricsSink(None, 8)
-    obs = Observer(sink, ObserveSettings(), OPENAI_CHAT, 0)
+    obs = Observer(sink, ObserveSettings(), Route(CHAT, Counted, "openai"), 0)
     obs.response(200, "text/event-stream")
-    calls = []
-    on_data = obs._on_data
-
-    def counted(data: bytes) -> int:
-        calls.append(data)
-        return on_data(data)
-
-    obs._on_data = counted
+    calls = Counted.calls
+    calls.clear()
     words = [b"a", b" b", b"c", b'\\"q\\"', "é".encode(), b"d"]
     for i, word in enumerate(words):
         obs.chunk(i + 1, head + b'"delta":{"content":"' + word + tail)
@@ -380,7 +399,7 @@ def test_whole_reads_past_a_window_are_all_timed(per_read: int) -> None:
     obs.request_body(b'{"model": "m", "stream": true}')
     obs.forwarded(0)
     obs.response(200, "text/event-stream")
-    window = obs._timer.window
+    window = StreamTimer(0).window
     chunks = window + window // 2
     read = (head + b'"delta":{"content":"w' + tail) * per_read
     for i in range(chunks):

@@ -1,8 +1,8 @@
 """The parsers under fuzzing (hypothesis): every decoder, every dialect, the request parser and
 ``--inject-usage``'s rewriting. No exception escapes, any chunking gives the same result, and
-per-request memory stays bounded. A fast campaign for CI (a few seconds);
-``benchmarks/fuzz.py`` runs the same properties with many more examples
-(``LLMOBS_FUZZ_EXAMPLES``)."""
+per-request memory stays bounded. The properties are ``tests/support/fuzz.py``'s; here a fast
+campaign for CI (a few seconds); ``benchmarks/fuzz.py`` runs this file with many more examples
+(``LLMOBS_FUZZ_EXAMPLES``), and atheris on the same properties."""
 
 from __future__ import annotations
 
@@ -13,29 +13,20 @@ from typing import Any
 from hypothesis import given
 from hypothesis import strategies as st
 
-from llmobs.observe.dialects import (
-    ANTHROPIC,
-    OLLAMA_CHAT,
-    OPENAI_CHAT,
-    RESPONSES,
-    TGI_STREAM,
-    UNKNOWN,
+from llmobs.observe.framing import SseDecoder
+from llmobs.relay.inject import UsageStripper
+from tests.support.fuzz import (
+    DIALECTS,
+    check_state,
+    check_stream,
+    dialects_take_any_objects,
+    dialects_take_any_payloads,
+    fresh,
+    ndjson_same_lines,
+    requests_parse,
+    sse_same_events,
+    stripper_same_output,
 )
-from llmobs.observe.dialects.anthropic import AnthropicStream
-from llmobs.observe.dialects.base import (
-    CAPTURE_LIMIT,
-    FINISH_REASONS,
-    MAX_FINISH_REASONS,
-    Dialect,
-    Passthrough,
-)
-from llmobs.observe.dialects.ollama import OllamaStream
-from llmobs.observe.dialects.openai import OpenAIStream
-from llmobs.observe.dialects.request import parse_request
-from llmobs.observe.dialects.responses import ResponsesStream
-from llmobs.observe.dialects.tgi import TgiStream
-from llmobs.observe.framing import NdjsonDecoder, SseDecoder
-from llmobs.relay.inject import UsageStripper, inject_usage
 from tests.support.strategies import (
     FAST,
     PIECES,
@@ -47,48 +38,19 @@ from tests.support.strategies import (
     streams,
 )
 
-DIALECTS: tuple[type[Dialect], ...] = (
-    OpenAIStream, ResponsesStream, AnthropicStream, TgiStream, OllamaStream, Passthrough,
-)  # fmt: skip
-
-
-def sse_run(chunks: list[bytes], max_line: int) -> tuple[list[Any], int, int]:
-    decoder = SseDecoder(max_line)
-    events: list[Any] = []
-    for chunk in chunks:
-        events.extend(decoder.feed(chunk))
-        assert sse_buffered(decoder) <= 2 * max_line  # a line and an event, whatever arrives
-    events.extend(decoder.flush())
-    return events, decoder.malformed, decoder.comments
-
-
-def sse_buffered(decoder: SseDecoder) -> int:
-    """Bytes an SSE decoder holds between reads: the unfinished line and the pending event."""
-    return decoder.buffered
-
-
-def ndjson_run(chunks: list[bytes], max_line: int) -> tuple[list[bytes], int]:
-    decoder = NdjsonDecoder(max_line)
-    lines: list[bytes] = []
-    for chunk in chunks:
-        lines.extend(decoder.feed(chunk))
-        assert decoder.buffered <= max_line
-    lines.extend(decoder.flush())
-    return lines, decoder.malformed
-
 
 @FAST
 @given(streams, cut_lists, st.sampled_from([8, 64, 1 << 20]))
 def test_sse_decoder_same_events_under_any_chunking(
     data: bytes, cuts: list[int], limit: int
 ) -> None:
-    assert sse_run(split_at(data, cuts), limit) == sse_run([data], limit)
+    sse_same_events(data, split_at(data, cuts), limit)
 
 
 @FAST
 @given(streams, st.sampled_from([8, 64, 1 << 20]))
 def test_sse_decoder_byte_at_a_time(data: bytes, limit: int) -> None:
-    assert sse_run([data[i : i + 1] for i in range(len(data))], limit) == sse_run([data], limit)
+    sse_same_events(data, [data[i : i + 1] for i in range(len(data))], limit)
 
 
 @FAST
@@ -96,7 +58,7 @@ def test_sse_decoder_byte_at_a_time(data: bytes, limit: int) -> None:
 def test_ndjson_decoder_same_lines_under_any_chunking(
     data: bytes, cuts: list[int], limit: int
 ) -> None:
-    assert ndjson_run(split_at(data, cuts), limit) == ndjson_run([data], limit)
+    ndjson_same_lines(data, split_at(data, cuts), limit)
 
 
 def test_an_endless_event_does_not_grow_the_decoder() -> None:
@@ -114,47 +76,16 @@ def test_an_endless_event_does_not_grow_the_decoder() -> None:
     assert [e.data for e in decoder.feed(b"\ndata: next\n\n")] == [b"next"]
 
 
-def check_state(dialect: Dialect) -> None:
-    """What a dialect keeps is well-typed and bounded, whatever it was fed."""
-    assert all(isinstance(k, int) and 0 <= k < 64 and v >= 0 for k, v in dialect.pending.items())
-    assert set(dialect.finish_reasons) <= set(FINISH_REASONS)
-    assert len(dialect.finish_reasons) <= MAX_FINISH_REASONS
-    for count in (dialect.input_tokens, dialect.output_tokens, dialect.reasoning_tokens,
-                  dialect.cached_tokens):  # fmt: skip
-        assert count is None or (isinstance(count, int) and not isinstance(count, bool))
-    captured = dialect.captured or []
-    assert sum(map(len, captured[:-1])) < CAPTURE_LIMIT
-
-
-def fresh(kind: type[Dialect]) -> Dialect:
-    dialect = kind()
-    dialect.captured = []  # --capture-content: the keep() paths too
-    return dialect
-
-
 @FAST
 @given(st.lists(payloads, max_size=30))
 def test_no_exception_escapes_on_data(events: list[bytes]) -> None:
-    for kind in DIALECTS:
-        dialect = fresh(kind)
-        for event in events:
-            tokens = dialect.on_data(event)
-            assert isinstance(tokens, int)
-            assert tokens >= 0
-        check_state(dialect)
+    dialects_take_any_payloads(events)
 
 
 @FAST
 @given(st.lists(json_objects, min_size=1, max_size=4))
 def test_no_exception_escapes_on_object_and_on_body(objects: list[dict[str, Any]]) -> None:
-    for kind in DIALECTS:
-        dialect = fresh(kind)
-        for obj in objects:
-            assert dialect.on_object(obj) >= 0
-            dialect.pending.clear()
-        for obj in objects:
-            dialect.on_body(obj)
-        check_state(dialect)
+    dialects_take_any_objects(objects)
 
 
 def test_dialect_state_stays_bounded_over_a_long_stream() -> None:
@@ -177,12 +108,7 @@ def test_dialect_state_stays_bounded_over_a_long_stream() -> None:
 @FAST
 @given(json_values.map(lambda v: json.dumps(v).encode()) | st.binary(max_size=300))
 def test_request_parsing_never_raises(body: bytes) -> None:
-    for route in (OPENAI_CHAT, RESPONSES, ANTHROPIC, TGI_STREAM, OLLAMA_CHAT, UNKNOWN):
-        info = parse_request(body, route, capture=True)
-        assert info.model is None or isinstance(info.model, str)
-    rewritten = inject_usage(body)
-    if rewritten is not None:
-        assert json.loads(rewritten)["stream_options"]["include_usage"] is True
+    requests_parse(body)
 
 
 USAGE = b'data: {"choices":[],"usage":{"completion_tokens":2}}\n\n'
@@ -194,16 +120,7 @@ stripper_streams = st.lists(st.sampled_from([*PIECES, USAGE]) | st.binary(max_si
 def test_usage_stripper_same_output_under_any_chunking_and_bounded(
     data: bytes, cuts: list[int], max_event: int
 ) -> None:
-    stripper = UsageStripper(max_event)
-    out = b""
-    for chunk in split_at(data, cuts):
-        out += stripper.feed(chunk)
-        assert len(stripper._buffer) <= max_event  # holds one short event at most
-    out += stripper.flush()
-    if stripper.stripped == 0:
-        assert out == data  # nothing stripped: verbatim, to the byte
-    whole = UsageStripper(max_event)
-    assert out == whole.feed(data) + whole.flush()
+    stripper_same_output(data, split_at(data, cuts), max_event)
 
 
 def test_usage_stripper_passes_a_long_event_on_as_it_comes() -> None:
@@ -213,3 +130,10 @@ def test_usage_stripper_passes_a_long_event_on_as_it_comes() -> None:
     assert len(out) == 6 + 1000 + (1 << 20)
     assert stripper.feed(b"\n\n" + USAGE) == b"\n\n"  # its end passes; usage stripped again
     assert stripper.stripped == 1
+
+
+@FAST
+@given(stripper_streams.map(b"".join), cut_lists, st.sampled_from([8, 64, 4096]))
+def test_one_stream_through_every_property(data: bytes, cuts: list[int], limit: int) -> None:
+    """``check_stream``, what atheris runs (``benchmarks/fuzz.py``), kept working here."""
+    check_stream(data, cuts, limit)

@@ -16,7 +16,7 @@ from llmobs.observe.mbu import (
     mfu,
     weight_bytes,
 )
-from llmobs.observe.timing import Outcome, StreamStats, TokenSource
+from llmobs.observe.timing import Outcome, RequestStats, TokenSource
 
 # Llama-3.1-8B: 8.03e9 parameters, 32 layers, 8 KV heads (GQA), head dim 128.
 H100_BW = 3.35e12
@@ -85,8 +85,8 @@ def stats(
     prompt: int | None = 950,
     ttft: float | None = 0.2,
     prompt_eval: float | None = None,
-) -> StreamStats:
-    return StreamStats(
+) -> RequestStats:
+    return RequestStats(
         "chat", "m", Outcome.OK, 200, True, 2.5, ttft, tpot, prompt, output,
         TokenSource.USAGE, output, output - 1, 2.0, 0.04, 0.02, 0, 1.0,
         engine_prompt_eval_s=prompt_eval,

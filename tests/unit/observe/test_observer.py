@@ -3,8 +3,6 @@ or at the end as the engine reports it, an error inside a 200 stream an upstream
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 import pytest
 from prometheus_client import CollectorRegistry
 
@@ -30,8 +28,8 @@ from llmobs.observe.dialects import (
 from llmobs.observe.observer import Observer, ObserveSettings
 from llmobs.observe.record import RequestRecord
 from llmobs.observe.slo import Verdict
-from llmobs.observe.stats import TokenWindow
-from llmobs.observe.timing import Outcome, StreamStats
+from llmobs.observe.timing import Outcome
+from llmobs.observe.window import TokenWindow
 from tests.support.metrics import (
     MS,
     sample,
@@ -50,21 +48,26 @@ class BrokenHistogram(TokenHistogram):
 class BrokenSink(MetricsSink):
     """A sink whose token recording fails: observation must absorb it."""
 
-    def __init__(
-        self,
-        registry: CollectorRegistry,
-        max_models: int,
-        on_request: Callable[[str, StreamStats], None],
-    ) -> None:
-        super().__init__(registry, max_models, on_request)
+    def __init__(self, registry: CollectorRegistry, max_models: int) -> None:
+        super().__init__(registry, max_models)
         self._itl = BrokenHistogram(ITL, ITL_SQUARES)
+
+
+class Labels:
+    """A consumer that keeps each record's model label."""
+
+    def __init__(self) -> None:
+        self.seen: list[str] = []
+
+    def consume(self, record: RequestRecord) -> None:
+        self.seen.append(record.label)
 
 
 def test_an_observer_error_is_counted_and_never_raised() -> None:
     telemetry = build_telemetry()
-    hooked: list[str] = []
-    sink = BrokenSink(telemetry.registry, 8, lambda model, s: hooked.append(model))
-    obs = Observer(sink, ObserveSettings(), OPENAI_CHAT, 0)
+    labels = Labels()
+    sink = BrokenSink(telemetry.registry, 8)
+    obs = Observer(sink, ObserveSettings(), OPENAI_CHAT, 0, consumers=[labels])
     obs.response(200, "text/event-stream")
     obs.chunk(1, sse(chat_chunk(" x"))[0])
     obs.chunk(2, sse(chat_chunk(" y"))[0])
@@ -78,9 +81,9 @@ def test_an_observer_error_is_counted_and_never_raised() -> None:
     ]
     assert errors == [1.0]
     # the request is still counted, exactly once, with its outcome, and still reaches the
-    # per-request hook (MBU/MFU)
+    # consumers after the sink (MBU/MFU, OTLP)
     assert sample(telemetry, "llmobs_requests_total", outcome="ok") == 1
-    assert len(hooked) == 1
+    assert labels.seen == ["unknown"]
 
 
 def observe(chunks: list[bytes], gap_ms: float = 20.0, status: int = 200) -> Telemetry:

@@ -19,7 +19,7 @@ from llmobs.config.objectives import (
 from llmobs.config.options import parse_duration
 from llmobs.config.settings import ConfigError, Settings
 from llmobs.observe.slo import GOOD, Verdict, judge
-from llmobs.observe.timing import Outcome, StreamStats, TokenSource
+from llmobs.observe.timing import Outcome, RequestStats, TokenSource
 
 BOUNDED = ObjectiveSet(ttft=0.5, tpot=0.05, max_gap=1.0, no_stalls=True, duration=30.0)
 
@@ -36,8 +36,8 @@ def stats(
     stalls: int = 0,
     model: str | None = "llama",
     operation: str = "chat",
-) -> StreamStats:
-    return StreamStats(
+) -> RequestStats:
+    return RequestStats(
         operation, model, outcome, status, True, duration, ttft, tpot, 10, 100,
         TokenSource.USAGE, 100, itl_count, 2.0, 0.04, itl_max, stalls, 1.0,
     )  # fmt: skip
@@ -94,6 +94,23 @@ def test_what_a_request_did_not_measure_is_not_held_against_it() -> None:
 def test_which_outcomes_count(outcome: Outcome, status: int, verdict: Verdict | None) -> None:
     """A failure is bad whatever its timing; the user's own doing is judged in neither."""
     assert judge(BOUNDED, stats(outcome=outcome, status=status, ttft=9.0)) == verdict
+
+
+@pytest.mark.parametrize(
+    ("status", "verdict"),
+    [
+        (500, Verdict(False, (Objective.ERROR,))),  # the first of the engine's failures
+        (501, Verdict(False, (Objective.ERROR,))),
+        (499, None),  # the last of the client's own
+        (400, None),  # the first of them
+        (401, None),
+        (399, Verdict(False, (Objective.TTFT,))),  # not an error: judged on its timing
+        (304, Verdict(False, (Objective.TTFT,))),
+    ],
+)
+def test_each_status_class_starts_at_its_first_code(status: int, verdict: Verdict | None) -> None:
+    """5xx is bad whatever its timing, 4xx in neither series, below 400 judged by its bounds."""
+    assert judge(BOUNDED, stats(status=status, ttft=9.0)) == verdict
 
 
 def test_the_default_set_is_an_availability_objective() -> None:

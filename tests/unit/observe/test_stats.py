@@ -3,13 +3,16 @@ plain-Python small-window path against the numpy one (hypothesis)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable
+
 import numpy as np
 import pytest
 from hypothesis import example, given
 from hypothesis import strategies as st
 
 from llmobs.observe import stats
-from llmobs.observe.timing import Outcome, StreamStats, StreamTimer, TokenSource
+from llmobs.observe.timing import Outcome, RequestStats, StreamTimer, TokenSource
+from llmobs.observe.window import TokenWindow
 from tests.support.strategies import FAST, chunk_tokens, gap_ns, token_streams
 
 MS = 1_000_000  # ns
@@ -24,7 +27,7 @@ def schedule(gaps_ms: list[float], start_ms: float = 100.0) -> list[int]:
 
 
 def run(times: list[int], tokens: list[int] | None = None, total: int | None = None,
-        window: int = 4096) -> tuple[StreamTimer, list[stats.TokenWindow]]:  # fmt: skip
+        window: int = 4096) -> tuple[StreamTimer, list[TokenWindow]]:  # fmt: skip
     timer = StreamTimer(0, factor=3.0, min_gap=0.05, window=window)
     windows = []
     for i, t in enumerate(times):
@@ -35,7 +38,7 @@ def run(times: list[int], tokens: list[int] | None = None, total: int | None = N
     return timer, windows
 
 
-def finish(timer: StreamTimer, end_ns: int, output: int | None = None) -> StreamStats:
+def finish(timer: StreamTimer, end_ns: int, output: int | None = None) -> RequestStats:
     return timer.finish(
         end_ns, operation="chat", model="m", outcome=Outcome.OK, status=200, stream=True,
         input_tokens=10, output_tokens=output,
@@ -163,7 +166,7 @@ def windows(draw: st.DrawFn) -> tuple[list[int], list[float] | None]:
     return times, None if counts is None else [float(c) for c in counts]
 
 
-def same_window(a: stats.TokenWindow, b: stats.TokenWindow) -> None:
+def same_window(a: TokenWindow, b: TokenWindow) -> None:
     """Every number of two windows equal, bit for bit (and the sign of zero)."""
     for name in ("stalls", "median_gap", "tokens", "itl_sum", "itl_sumsq", "itl_max"):
         x, y = getattr(a, name), getattr(b, name)
@@ -255,4 +258,113 @@ def test_the_record_has_every_field_where_it_belongs() -> None:
     assert record.itl_sum == pytest.approx(0.04) and record.itl_max == pytest.approx(0.02)
     assert record.itl_sumsq == pytest.approx(0.0008) and record.smoothness == pytest.approx(1.0)
     assert record.tpot_s == pytest.approx(0.04 / 12)
-    assert len(record) == len(StreamStats._fields) == 28
+    assert len(record) == len(RequestStats._fields) == 28
+
+
+# Edges of the rules, on literal numbers: gaps that are binary fractions of a second, so the
+# numbers are exact and compared with ``==``.
+
+
+@pytest.mark.parametrize("spread", [stats.spread_list, stats.spread_tokens])
+def test_tokens_are_spread_as_evenly_as_whole_numbers_allow(
+    spread: Callable[[int, int], Iterable[float]],
+) -> None:
+    assert list(spread(7, 3)) == [3.0, 2.0, 2.0]  # the odd ones to the earliest chunks
+    assert list(spread(6, 3)) == [2.0, 2.0, 2.0]
+    assert list(spread(5, 1)) == [5.0]
+    assert list(spread(0, 3)) == [0.0, 0.0, 0.0]
+    assert list(spread(-4, 2)) == [0.0, 0.0]  # never fewer than none
+    assert list(spread(5, 0)) == []
+
+
+def both_windows(
+    times_ms: list[int], tokens: list[float] | None = None, **knobs: float | None
+) -> list[TokenWindow]:
+    """The window of chunks at ``times_ms`` by either path: plain Python, then numpy."""
+    times = [t * MS for t in times_ms]
+    options = {"factor": 3.0, "min_gap": 0.05, **knobs}
+    array = None if tokens is None else np.array(tokens, dtype=np.float64)
+    return [
+        stats.small_window(times, tokens, **options),  # type: ignore[arg-type]
+        stats.token_window(np.array(times, dtype=np.int64), array, **options),  # type: ignore[arg-type]
+    ]
+
+
+@pytest.mark.parametrize(
+    ("times_ms", "threshold"),
+    [
+        ([0, 250, 500, 750, 1_500], 0.75),  # 3 x the median gap of 250 ms
+        ([0, 10, 20, 30, 80], 0.05),  # 3 x 10 ms is under min_gap, 50 ms
+    ],
+)
+def test_a_gap_exactly_at_the_stall_line_is_a_stall(times_ms: list[int], threshold: float) -> None:
+    for window in both_windows(times_ms):
+        assert window.stall_threshold == threshold
+        assert window.stalls == 1
+    for window in both_windows([*times_ms[:-1], times_ms[-1] - 1]):  # a millisecond shorter
+        assert window.stalls == 0
+
+
+def test_a_window_of_one_gap_is_judged_against_the_median_before_it() -> None:
+    for window in both_windows([1_000, 2_000], baseline_median=0.25):
+        assert window.itl.tolist() == [1.0] and window.tokens == 1.0
+        assert (window.itl_sum, window.itl_sumsq, window.itl_max) == (1.0, 1.0, 1.0)
+        assert (window.median_gap, window.stall_threshold, window.stalls) == (0.25, 0.75, 1)
+    for window in both_windows([1_000, 2_000]):  # nothing before it: no rhythm to break
+        assert (window.median_gap, window.stall_threshold, window.stalls) == (None, None, 0)
+
+
+def test_a_window_without_gaps_is_empty_and_keeps_the_median_before_it() -> None:
+    windows = [
+        stats.small_window([5 * MS], None, factor=3.0, min_gap=0.05, baseline_median=0.25),
+        stats.small_window([5 * MS], [], factor=3.0, min_gap=0.05, baseline_median=0.25),
+        stats.small_window([], [], factor=3.0, min_gap=0.05, baseline_median=0.25),
+    ]
+    for times in ([5 * MS], []):
+        for tokens in (None, np.zeros(0)):
+            windows.append(
+                stats.token_window(
+                    np.array(times, dtype=np.int64), tokens,
+                    factor=3.0, min_gap=0.05, baseline_median=0.25,
+                )
+            )  # fmt: skip
+    bounds = [0.1, 1.0]
+    for window in windows:
+        assert (window.size, window.stalls, window.median_gap, window.tokens) == (0, 0, 0.25, 0.0)
+        assert window.itl.tolist() == [] and window.weights.tolist() == []
+        series = [0.0, 0.0, 0.0]
+        window.fill_classic(bounds, np.array(bounds), series)  # bins into nothing
+        assert series == [0.0, 0.0, 0.0]
+
+
+@pytest.mark.parametrize("gaps", [3, 9])  # fewer than 8 values summed, and more
+def test_token_counts_of_another_length_than_the_chunks_are_refused(gaps: int) -> None:
+    times = [250 * MS * i for i in range(gaps + 1)]
+    counts = [2.0] * (gaps - 1)  # one chunk short
+    with pytest.raises(ValueError, match="shorter"):  # not cut silently to the shorter
+        stats.small_window(times, counts, factor=3.0, min_gap=0.05)
+    with pytest.raises(ValueError, match="broadcast"):
+        stats.token_window(np.array(times), np.array(counts), factor=3.0, min_gap=0.05)
+
+
+def test_a_stream_of_equal_times_has_no_smoothness() -> None:
+    """All gaps zero (a burst): no variation to score, and no division by zero."""
+    assert stats.smoothness(4, 0.0, 0.0) is None
+    timer, _ = run([MS] * 5)
+    assert finish(timer, 10 * MS).smoothness is None
+
+
+def test_a_steady_stream_scores_exactly_one() -> None:
+    """The sums of five 20 ms gaps round to a ratio a hair above 1; smoothness stays 1."""
+    assert (0.1 * 0.1) / (5 * 0.002) > 1.0
+    assert stats.smoothness(5, 0.1, 0.002) == 1.0
+    timer, _ = run(schedule([20.0] * 5))
+    assert finish(timer, 10**10).smoothness == 1.0
+
+
+def test_tpot_is_the_time_after_the_first_token_over_the_tokens_after_it() -> None:
+    assert stats.tpot(1_000 * MS, 1_250 * MS, 2) == 0.25
+    assert stats.tpot(1_000 * MS, 1_500 * MS, 5) == 0.125
+    assert stats.tpot(1_000 * MS, 1_000 * MS, 1) is None  # one token: nothing after it
+    assert stats.tpot(None, 1_000 * MS, 5) is None
+    assert stats.tpot(1_000 * MS, None, 5) is None

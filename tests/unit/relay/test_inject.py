@@ -131,7 +131,7 @@ async def test_client_gets_direct_bytes_and_the_sidecar_gets_usage(
     assert side.value("llmobs_tokens_total", gen_ai_token_type="output",
                       token_count_source="usage") == 30  # fmt: skip
     assert side.value("llmobs_inter_token_latency_seconds_count") == 29
-    assert sim.engine.stats.last_headers  # sanity: the engine saw the request
+    assert sim.engine.counters.last_headers  # sanity: the engine saw the request
 
 
 async def test_engine_ignoring_the_option_falls_back_to_counting(

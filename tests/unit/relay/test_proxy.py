@@ -1,6 +1,7 @@
-"""The relay's pure steps (``relay.proxy``): which headers pass, how a failure ends a request,
-which length a relayed response keeps. The exchange itself runs end to end in
-tests/e2e/test_proxy.py and test_faults.py."""
+"""The relay's pure steps: which headers pass (``relay.headers``), how a failure ends a
+request (``relay.failures``), which length a relayed response keeps (``relay.response``). The
+exchange itself (``relay.proxy``) runs end to end in tests/e2e/test_proxy.py and
+test_faults.py."""
 
 from __future__ import annotations
 
@@ -9,15 +10,10 @@ import errno
 import pytest
 
 from llmobs.observe.timing import Outcome
+from llmobs.relay.failures import FAILURES, connection_failed, failure_for
+from llmobs.relay.headers import HOP_BY_HOP, filter_headers
 from llmobs.relay.inject import UsageStripper
-from llmobs.relay.proxy import (
-    FAILURES,
-    HOP_BY_HOP,
-    _connection_failed,
-    _length,
-    failure_for,
-    filter_headers,
-)
+from llmobs.relay.response import _length
 from llmobs.wire.http1 import BadRequest, ProtocolError, parse_response_head
 
 
@@ -80,11 +76,11 @@ def test_the_outcome_and_status_of_a_failure(
 
 
 def test_only_a_broken_connection_counts_as_one() -> None:
-    assert _connection_failed(ConnectionResetError())
-    assert _connection_failed(ProtocolError("garbage"))
-    assert not _connection_failed(TimeoutError())
-    assert not _connection_failed(BadRequest(400, "bad"))
-    assert not _connection_failed(ValueError())
+    assert connection_failed(ConnectionResetError())
+    assert connection_failed(ProtocolError("garbage"))
+    assert not connection_failed(TimeoutError())
+    assert not connection_failed(BadRequest(400, "bad"))
+    assert not connection_failed(ValueError())
 
 
 def test_a_rewritten_or_transfer_coded_body_drops_the_engines_length() -> None:

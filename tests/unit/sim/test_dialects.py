@@ -535,10 +535,10 @@ async def test_disconnect_cancels_in_the_engine(
     extra = {"n": choices} if choices > 1 else {}
     await collect(http, sim.url + path, {**body, **extra}, limit=6)
 
-    await eventually(lambda: sim.engine.stats.cancelled == choices)
-    stats = sim.engine.stats
-    assert (stats.running, stats.waiting, stats.completed) == (0, 0, 0)
-    assert stats.generation_tokens < 50
+    await eventually(lambda: sim.engine.counters.cancelled == choices)
+    counters = sim.engine.counters
+    assert (counters.running, counters.waiting, counters.completed) == (0, 0, 0)
+    assert counters.generation_tokens < 50
 
 
 @pytest.mark.parametrize("dialect", list(DIALECTS))
@@ -579,7 +579,7 @@ async def test_error_rate_answers_500_in_each_dialect(
     async with http.post(sim.url + path, json=body) as resp:
         assert resp.status == 500
         assert check(await resp.json())
-    assert sim.engine.stats.errors == 1
+    assert sim.engine.counters.errors == 1
 
 
 async def test_one_engine_one_output_whatever_the_dialect(

@@ -271,7 +271,7 @@ async def test_requests_queue_when_the_batch_is_full(
 
     async def watch() -> None:
         while not done.is_set():
-            seen.append((sim.engine.stats.waiting, sim.engine.stats.running))
+            seen.append((sim.engine.counters.waiting, sim.engine.counters.running))
             await asyncio.sleep(0.005)
 
     watcher = asyncio.create_task(watch())
@@ -287,8 +287,8 @@ async def test_requests_queue_when_the_batch_is_full(
         assert expected - 0.01 <= ttft <= expected + 0.03, ttfts
     assert max(w for w, _ in seen) == 2
     assert max(r for _, r in seen) == 1
-    assert (sim.engine.stats.waiting, sim.engine.stats.running) == (0, 0)
-    assert sim.engine.stats.completed == 3
+    assert (sim.engine.counters.waiting, sim.engine.counters.running) == (0, 0)
+    assert sim.engine.counters.completed == 3
 
 
 async def test_disconnect_cancels_and_frees_the_batch(
@@ -300,15 +300,20 @@ async def test_disconnect_cancels_and_frees_the_batch(
     async with http.post(sim.url + CHAT, json={"messages": MESSAGES, "stream": True}) as resp:
         for _ in range(3):
             await resp.content.readuntil(b"\n\n")
-        assert sim.engine.stats.running == 1
+        assert sim.engine.counters.running == 1
         resp.close()
-    await eventually(lambda: sim.engine.stats.cancelled > 0)
-    stats = sim.engine.stats
-    assert (stats.cancelled, stats.running, stats.waiting, stats.completed) == (1, 0, 0, 0)
+    await eventually(lambda: sim.engine.counters.cancelled > 0)
+    counters = sim.engine.counters
+    assert (counters.cancelled, counters.running, counters.waiting, counters.completed) == (
+        1,
+        0,
+        0,
+        0,
+    )
 
     events = await stream(http, sim.url + CHAT, {"messages": MESSAGES, "max_tokens": 2})
     assert content_events(events)[0][0].at < 0.05  # admitted at once: the batch is free
-    assert sim.engine.stats.completed == 1
+    assert sim.engine.counters.completed == 1
 
 
 async def test_output_is_deterministic(start_sim: StartSim, http: aiohttp.ClientSession) -> None:
@@ -345,7 +350,7 @@ async def test_error_rate_answers_500(
         error = (await resp.json())["error"]
     assert error["type"] == "internal_server_error"
     assert error["code"] == 500
-    assert sim.engine.stats.errors == 1
+    assert sim.engine.counters.errors == 1
 
 
 @pytest.mark.parametrize(
@@ -385,7 +390,7 @@ async def test_metrics_expose_vllm_gauges(start_sim: StartSim, http: aiohttp.Cli
     )
     body = {"messages": MESSAGES}
     requests = [asyncio.create_task(stream(http, sim.url + CHAT, body)) for _ in range(2)]
-    await eventually(lambda: sim.engine.stats.waiting + sim.engine.stats.running == 2)
+    await eventually(lambda: sim.engine.counters.waiting + sim.engine.counters.running == 2)
     async with http.get(sim.url + "/metrics") as resp:
         assert resp.status == 200
         busy = metric_values(await resp.text())
@@ -416,8 +421,8 @@ async def test_models_health_and_received_headers(
     headers = {"Traceparent": traceparent}
     async with http.post(sim.url + CHAT, json={"messages": MESSAGES}, headers=headers) as resp:
         assert (await resp.json())["model"] == "tiny"
-    assert sim.engine.stats.last_headers["traceparent"] == traceparent
-    assert sim.engine.stats.requests_received == 1
+    assert sim.engine.counters.last_headers["traceparent"] == traceparent
+    assert sim.engine.counters.requests_received == 1
 
 
 def test_settings_from_flags_and_environment() -> None:

@@ -23,7 +23,7 @@ from llmobs.app import Sidecar
 from llmobs.config.settings import Settings
 from llmobs.export.telemetry import build_telemetry
 from llmobs.wire.http1 import ChunkedBody, ResponseHead
-from llmobs.wire.upstream import Connection, Sink, Upstream
+from llmobs.wire.upstream import Connection, OnBody, Upstream
 from tests.support.servers import SidecarFactory, SidecarHandle, SimFactory, eventually
 from tests.support.upstreams import (
     BODY,
@@ -747,7 +747,7 @@ async def test_closing_a_connection_mid_body_ends_it_at_once() -> None:
         head = upstream.request_head("POST", "/v1/chat/completions", [], body)
         heads: list[int] = []
 
-        def on_head(c: Connection, response: ResponseHead) -> Sink:
+        def on_head(c: Connection, response: ResponseHead) -> OnBody:
             heads.append(response.status)
             return lambda payload, frame, last: c.close()  # the client went away
 

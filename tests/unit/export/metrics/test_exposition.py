@@ -31,8 +31,8 @@ from llmobs.export.metrics.series import (
     TokenHistogram,
 )
 from llmobs.observe.record import TraceRef
-from llmobs.observe.stats import TokenWindow
-from llmobs.observe.timing import Outcome, StreamStats, TokenSource
+from llmobs.observe.timing import Outcome, RequestStats, TokenSource
+from llmobs.observe.window import ArrayWindow, TokenWindow
 from tests.support.metrics import exposition as golden_text
 from tests.support.metrics import replay, sink_and_telemetry
 
@@ -58,7 +58,7 @@ ODD_COUNTER = MetricDef("odd.counter", Kind.COUNTER, "1", "no labels \\ here", (
 
 def window(gaps: list[float], weights: list[int]) -> TokenWindow:
     itl, w = np.asarray(gaps, dtype=np.float64), np.asarray(weights, dtype=np.float64)
-    return TokenWindow(
+    return ArrayWindow(
         itl, w, 0, None, tokens=float(w.sum()), itl_sum=float((itl * w).sum()),
         itl_sumsq=float((itl * itl * w).sum()),
     )  # fmt: skip
@@ -237,7 +237,7 @@ def test_openmetrics_is_the_openmetrics_writers_with_exemplars() -> None:
     sink, telemetry = sink_and_telemetry(tracing=True)
     for model in ("llama", 'we"ird\\mo\ndel ✓'):
         replay(sink, model, [20.0] * 9)
-    traced = StreamStats(
+    traced = RequestStats(
         "chat", "llama", Outcome.OK, 200, True, 1.5, 0.4, 0.03, 12, 10, TokenSource.USAGE, 10,
         9.0, 0.27, 0.0081, 0.05, 0, 0.99,
     )  # fmt: skip

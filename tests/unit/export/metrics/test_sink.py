@@ -20,8 +20,9 @@ from llmobs.observe.dialects import OPENAI_CHAT
 from llmobs.observe.labels import OTHER, BoundedLabel
 from llmobs.observe.observer import Observer, ObserveSettings
 from llmobs.observe.slo import GOOD, Verdict
-from llmobs.observe.stats import SMALL, TokenWindow
-from llmobs.observe.timing import Outcome, StreamStats, StreamTimer, TokenSource
+from llmobs.observe.stats import SMALL
+from llmobs.observe.timing import Outcome, RequestStats, StreamTimer, TokenSource
+from llmobs.observe.window import TokenWindow
 from tests.support.metrics import (
     GOLDEN,
     MS,
@@ -113,8 +114,8 @@ def test_token_histogram_bins_either_window_the_same(
 
 def _record(
     ttft: float, outcome: Outcome = Outcome.OK, status: int = 200, model: str = "llama"
-) -> StreamStats:
-    return StreamStats(
+) -> RequestStats:
+    return RequestStats(
         "chat", model, outcome, status, True, 1.0, ttft, 0.01, 5, 10, TokenSource.USAGE, 10,
         9.0, 0.09, 0.001, 0.02, 0, 1.0,
     )  # fmt: skip

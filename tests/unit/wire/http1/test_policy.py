@@ -4,6 +4,8 @@ and the one Content-Length validator both legs use."""
 
 from __future__ import annotations
 
+import re
+
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -13,6 +15,7 @@ from llmobs.wire.http1 import (
     BadRequest,
     ChunkedBody,
     CloseBody,
+    Frames,
     Framing,
     LengthBody,
     NoBody,
@@ -73,8 +76,17 @@ def test_a_response_to_the_client_is_framed_by_its_length_and_the_clients_versio
         ((b"GET / HTTP/1.1", b"Connection: close"), False),
         ((b"GET / HTTP/1.0",), False),
         ((b"GET / HTTP/1.0", b"Connection: keep-alive"), True),
+        # HTTP/1.1 is kept unless "close" is among the options, whatever others it names
+        ((b"GET / HTTP/1.1", b"Connection: Upgrade"), True),
+        ((b"GET / HTTP/1.1", b"Connection: keep-alive"), True),
+        ((b"GET / HTTP/1.1", b"Connection: close, Upgrade"), False),  # a list of options
+        ((b"GET / HTTP/1.1", b"Connection: Upgrade,Close"), False),
+        ((b"GET / HTTP/1.1", b"Connection: Upgrade", b"Connection: close"), False),  # 2 lines
+        ((b"GET / HTTP/1.0", b"Connection: keep-alive, Upgrade"), True),
+        ((b"GET / HTTP/1.0", b"Connection: Upgrade"), False),
         # RFC 9112 6.1: HTTP/1.0 and a transfer coding: the framing is faulty, close after it
         ((b"POST / HTTP/1.0", b"Connection: keep-alive", b"Transfer-Encoding: chunked"), False),
+        ((b"POST / HTTP/1.1", b"Transfer-Encoding: chunked"), True),  # 1.1's framing is sound
     ],
 )
 def test_which_client_connections_may_be_kept(lines: tuple[bytes, ...], keep: bool) -> None:
@@ -129,6 +141,23 @@ def test_the_one_length_a_head_declares(lengths: list[str], value: int) -> None:
 
 
 @pytest.mark.parametrize(
+    ("lengths", "declared"),
+    [
+        (["5", "6"], ["5", "6"]),
+        (["5, 6", "5"], ["5", "6"]),
+        (["abc"], ["abc"]),
+        ([" 5x "], ["5x"]),
+        ([], []),
+    ],
+)
+def test_a_refused_length_is_reported_as_declared(lengths: list[str], declared: list[str]) -> None:
+    """The error names the values the lines declare (each once), and nothing else."""
+    message = f"invalid Content-Length: {declared!r}"
+    with pytest.raises(ValueError, match=f"^{re.escape(message)}$"):
+        declared_length(lengths)
+
+
+@pytest.mark.parametrize(
     "lengths", [["5, 6"], ["5", "6"], ["-1"], ["+5"], ["5x"], [""], ["²"], ["1" * 19], []]
 )
 def test_a_length_that_is_not_one_number_is_refused_by_both_legs(lengths: list[str]) -> None:
@@ -177,6 +206,8 @@ def test_a_transfer_coding_chooses_the_decoder_of_each_leg() -> None:
     [
         (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked", "POST", ChunkedBody),
         (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: gzip, chunked", "POST", ChunkedBody),
+        (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: gzip, deflate, chunked", "POST", ChunkedBody),
+        (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked, gzip", "POST", CloseBody),
         (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: gzip", "POST", CloseBody),
         (b"HTTP/1.1 200 OK\r\nContent-Length: 5", "POST", LengthBody),
         (b"HTTP/1.1 200 OK\r\nContent-Length: 5, 5", "POST", LengthBody),
@@ -192,8 +223,23 @@ def test_body_framing_follows_rfc_9112(raw: bytes, method: str, kind: type) -> N
 
 @pytest.mark.parametrize("length", [b"abc", b"5, 6", b"-1"])
 def test_bad_content_length_is_a_protocol_error(length: bytes) -> None:
-    with pytest.raises(ProtocolError):
+    """The error says what the engine declared (the relay reports it with the 502)."""
+    with pytest.raises(ProtocolError) as info:
         body_decoder(parse_response_head(b"HTTP/1.1 200 OK\r\nContent-Length: " + length), "GET")
+    declared = sorted(v.strip() for v in length.decode().split(","))
+    assert str(info.value) == f"invalid Content-Length: {declared!r}"
+
+
+def test_an_engines_chunked_body_remembers_its_reads_in_the_pools_frames() -> None:
+    """The frames given are the ones the decoder fills: every connection of an upstream pool
+    shares what one learnt of the engine's one-chunk reads."""
+    frames: Frames = {}
+    head = parse_response_head(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked")
+    decoder = body_decoder(head, "POST", frames)
+    assert decoder.feed(b"5\r\nhello\r\n") == b"hello"
+    assert frames == {10: (3, b"5\r\n")}
+    again = body_decoder(head, "POST", frames)
+    assert again.feed(b"5\r\nworld\r\n") == b"world"
 
 
 def decoder_for(*fields: bytes) -> object:
@@ -225,6 +271,7 @@ def test_request_body_framing(fields: list[bytes], kind: type) -> None:
         ([b"Content-Length: 5", b"Transfer-Encoding: chunked"], 400),  # both framings
         ([b"Transfer-Encoding: chunked", b"Content-Length: 0"], 400),
         ([b"Transfer-Encoding: gzip, chunked"], 501),
+        ([b"Transfer-Encoding: gzip, deflate, chunked"], 501),
         ([b"Transfer-Encoding: gzip", b"Transfer-Encoding: chunked"], 501),
         ([b"Transfer-Encoding: chunked, gzip"], 400),  # chunked not last
         ([b"Transfer-Encoding: gzip"], 400),
@@ -242,6 +289,37 @@ def test_bad_request_body_framing_is_refused(fields: list[bytes], status: int) -
     with pytest.raises(BadRequest) as info:
         decoder_for(*fields)
     assert info.value.status == status
+
+
+@pytest.mark.parametrize(
+    ("fields", "message"),
+    [
+        ([b"Content-Length: 5", b"Transfer-Encoding: chunked"],
+         "both Transfer-Encoding and Content-Length"),
+        ([b"Transfer-Encoding: chunked, gzip"], "chunked is not the final transfer coding"),
+        ([b"Transfer-Encoding: gzip, chunked"], "transfer coding not implemented"),
+        ([b"Content-Length: 5, 6"], "invalid Content-Length"),
+    ],
+)  # fmt: skip
+def test_a_refused_request_body_says_why(fields: list[bytes], message: str) -> None:
+    """The message is what the client reads in the 400 or 501 body (``llmobs: ...``)."""
+    with pytest.raises(BadRequest) as info:
+        decoder_for(*fields)
+    assert str(info.value) == message
+
+
+def test_a_clients_chunked_body_is_read_strictly_an_engines_leniently() -> None:
+    """A chunk line ended by a bare LF: a front proxy may read such a body otherwise, so a
+    client's is refused (smuggling); an engine's is read as it is meant."""
+    body = b"5\nhello\n0\n\n"
+    client = decoder_for(b"Transfer-Encoding: chunked")
+    assert isinstance(client, ChunkedBody)
+    with pytest.raises(ProtocolError, match="CRLF"):
+        client.feed(body)
+    head = parse_response_head(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked")
+    engine = body_decoder(head, "POST")
+    assert engine.feed(body) == b"hello"
+    assert engine.done
 
 
 @pytest.mark.parametrize("digit", [b"\xb2", b"\xb9", b"1\xb3"])

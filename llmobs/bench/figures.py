@@ -1,4 +1,4 @@
-"""The bench's arithmetic: what a cell's recorded streams say, as plain numbers.
+"""The bench's figures: what a cell's recorded streams say, as plain numbers.
 
 Pure functions over arrays of CLOCK_MONOTONIC nanoseconds; every result is in milliseconds
 (latencies) or microseconds (CPU), NaN where there was nothing to measure.
@@ -25,7 +25,7 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
-from llmobs.bench.loadgen import Stream
+from llmobs.bench.stamped_load import Stream
 
 NS_PER_MS = 1e6
 Ints = npt.NDArray[np.int64]

@@ -1,4 +1,7 @@
-"""The bench's client: N streaming chat requests at once, every chunk's arrival recorded.
+"""The bench's load: N streaming chat requests at once, each chunk's arrival recorded against
+the send stamp the simulated engine wrote into it. (``llmobs.tools.traffic`` is the other
+load: realistic traffic in every dialect for the demo and the deployments, timed as a user
+feels it, with no stamps.)
 
 It shares the machine with what it measures, so it does as little as it can per chunk: no
 JSON, no SSE decoder. A read is split at its last blank line (an event boundary; the rest is

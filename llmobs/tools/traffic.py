@@ -1,9 +1,11 @@
-"""Load generation: closed-loop streaming clients that measure what a user feels.
+"""Realistic traffic: closed-loop streaming clients that measure what a user feels.
 
-Used by ``llmobs demo`` (and the benchmarks): each client sends OpenAI-compatible streaming
-requests and records, on its own clock, the time to the first output and every output chunk's
-arrival, counting tokens with the same decoder and dialect the sidecar uses. The workload is a
-realistic, seeded mix of short and long prompts, chat and completions.
+Used by ``llmobs demo``, the compose and Kubernetes ``load`` services and the tests: each
+client sends streaming requests in the dialect the workload picks and records, on its own
+clock, the time to the first output and every output chunk's arrival, counting tokens with the
+same decoder and dialect the sidecar uses. The workload is a realistic, seeded mix of short
+and long prompts, chat and completions. (The bench's load is ``llmobs.bench.stamped_load``:
+one request shape, every chunk timed against the simulated engine's own send stamp.)
 """
 
 from __future__ import annotations

@@ -1,0 +1,126 @@
+"""The engine's response on its way to the client: the relay's per-chunk path.
+
+Its own module because it is the hot path: ``ResponseRelay.feed`` runs once per read of
+every stream, reads the clock, writes to the client first and observes second; the rest of
+the exchange runs once per request (``proxy``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from time import perf_counter_ns
+
+from llmobs.observe.dialects import detect_stream
+from llmobs.relay.headers import NOT_RETURNED, filter_headers
+from llmobs.relay.inject import UsageStripper
+from llmobs.relay.observing import RequestObserver
+from llmobs.wire.http1 import ResponseHead, content_length
+from llmobs.wire.server import Request
+from llmobs.wire.upstream import Connection, OnBody
+
+
+class ResponseRelay:
+    """One response on its way from the engine to the client, per read.
+
+    ``on_head`` runs inside the upstream connection's ``data_received`` when the response
+    head has come: it chooses the framing, writes the head to the client and returns ``feed``
+    as the body's callback, so a first chunk that came with the head goes on in the same
+    read, with no loop iteration in between. ``feed`` writes each read to the client's
+    transport first (framed as the client's response needs), then observes it. When both legs
+    are chunked and the read was whole chunks, the read goes on as it came: one write, no
+    re-framing, and a last chunk that came with the last token goes in the same write (one
+    send fewer per request). A slow client pauses upstream reads until its buffer drains (the
+    client transport's write-buffer limits call back, see ``server``), at no cost per chunk;
+    a client that goes away closes the engine's connection (``client_gone``, called by the
+    server), so ``feed`` never checks for it.
+    """
+
+    __slots__ = (
+        "_chunked",
+        "_obs",
+        "_relayed",
+        "_request",
+        "_transport",
+        "conn",
+        "gone",
+        "on_sent",
+        "stripper",
+    )
+
+    def __init__(
+        self,
+        request: Request,
+        obs: RequestObserver,
+        stripper: UsageStripper | None,
+        relayed: set[Connection],
+    ) -> None:
+        self._request = request
+        self._transport = request.transport
+        self._chunked = False
+        self._obs = obs
+        self._relayed = relayed
+        self.stripper = stripper
+        self.conn: Connection | None = None  # the connection whose response this is
+        self.gone = False  # the client went away mid-stream
+        # called once the request has been handed to a connection (observation starts)
+        self.on_sent: Callable[[], None] | None = None
+
+    def observe(self, obs: RequestObserver) -> None:
+        """Observe the response with ``obs`` (made once the request went upstream)."""
+        self._obs = obs
+
+    def on_head(self, conn: Connection, head: ResponseHead) -> OnBody:
+        """The response head came on ``conn``: pass it on; the body goes to ``feed``. A
+        client gone before it (the handler's cancellation not yet delivered) gets nothing:
+        the exchange fails at once, and no byte goes to a closed transport."""
+        self.conn = conn
+        self._relayed.add(conn)
+        request = self._request
+        if request.transport.is_closing():
+            self.gone = True
+            raise ConnectionResetError("the client went away before the response head")
+        response_headers = head.headers
+        content_type = response_headers.get("Content-Type", "")
+        if response_headers.get("Content-Encoding", "").lower() not in ("", "identity"):
+            content_type = ""  # compressed: relayed and timed, not parsed (not malformed)
+        self._obs.response(head.status, content_type)
+        if self.stripper is not None and detect_stream(content_type) != "sse":
+            self.stripper = None  # an error body, say: nothing to strip
+        fields = filter_headers(head.fields, NOT_RETURNED)
+        request.begin(head.status, head.reason, fields, _length(head, self.stripper))
+        self._chunked = request.chunked
+        request.on_flow(conn.pause_reading, conn.resume_reading)
+        request.on_gone(self.client_gone)
+        return self.feed
+
+    def client_gone(self) -> None:
+        """The client went away mid-stream: close the engine's connection, so that it stops
+        generating for nobody and nothing more comes to ``feed`` (the handler, cancelled on
+        the loop's next round, records the outcome). If the response ended in this same
+        loop round, the client had all of it: the request stays ``ok`` and the connection
+        goes back to the pool, as when the client leaves after its handler is done."""
+        conn = self.conn
+        if conn is not None and conn.relaying:
+            self.gone = True
+            conn.close()
+
+    def feed(self, data: bytes, frame: bytes | None, last: bool) -> None:
+        now = perf_counter_ns()
+        if self.stripper is not None:
+            self._request.write(self.stripper.feed(data))
+        elif frame is not None and self._chunked:
+            self._transport.write(frame)  # the hot path: the engine's bytes, as they came
+            if last:
+                self._request.last_chunk_sent = True
+        else:
+            self._request.write(data)  # framed for the client
+        self._obs.chunk(now, data)
+
+
+def _length(head: ResponseHead, stripper: UsageStripper | None) -> int | None:
+    """The response's Content-Length to pass on: the engine's, unless the body is rewritten
+    or framed by a transfer coding, which overrides it (RFC 9112 section 6.3: the body read
+    is not that length, and a client counting on it would read the next response into it)."""
+    if stripper is not None or "Transfer-Encoding" in head.headers:
+        return None
+    return content_length(head.headers)

@@ -1,0 +1,103 @@
+"""The OTLP consumer: each request's record into OpenTelemetry instruments, the same numbers
+as the Prometheus series under the same labels (read here with the SDK's in-memory reader)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+
+from llmobs.config.objectives import Objectives, ObjectiveSet
+from llmobs.export.metrics.otel import OtelMetrics
+from llmobs.export.metrics.sink import MetricsSink
+from llmobs.observe.dialects import OPENAI_CHAT
+from llmobs.observe.observer import Observer, ObserveSettings
+from llmobs.observe.timing import Outcome
+from tests.support.scripted import chat_chunk, sse
+
+
+def points(reader: InMemoryMetricReader) -> dict[str, list[tuple[dict[str, Any], Any]]]:
+    """Every data point by instrument name: (attributes, the point)."""
+    data = reader.get_metrics_data()
+    out: dict[str, list[tuple[dict[str, Any], Any]]] = {}
+    assert data is not None
+    for rm in data.resource_metrics:
+        for sm in rm.scope_metrics:
+            for metric in sm.metrics:
+                for point in metric.data.data_points:
+                    out.setdefault(metric.name, []).append((dict(point.attributes or {}), point))
+    return out
+
+
+def request(sink: MetricsSink, otel: OtelMetrics, model: str, status: int = 200) -> None:
+    """One streaming chat request of three tokens, 20 ms apart, its first at 100 ms."""
+    objectives = Objectives(ObjectiveSet(ttft=0.05))
+    settings = ObserveSettings(objectives=objectives)
+    obs = Observer(sink, settings, OPENAI_CHAT, 0, consumers=[otel])
+    obs.request_body(b'{"model": "%s", "stream": true}' % model.encode())
+    obs.forwarded(0)
+    obs.response(status, "text/event-stream")
+    for i, chunk in enumerate(sse(chat_chunk("a"), chat_chunk("b"), chat_chunk("c"))):
+        obs.chunk((100 + 20 * i) * 1_000_000, chunk)
+    obs.finish(200_000_000, Outcome.OK)
+
+
+@pytest.fixture
+def pushed() -> tuple[MetricsSink, OtelMetrics, InMemoryMetricReader]:
+    reader = InMemoryMetricReader()
+    meter = MeterProvider(metric_readers=[reader]).get_meter("test")
+    sink = MetricsSink(None, 1)
+    return sink, OtelMetrics(meter, sink.objectives, sink.live), reader
+
+
+def test_a_request_is_pushed_as_it_is_counted(
+    pushed: tuple[MetricsSink, OtelMetrics, InMemoryMetricReader],
+) -> None:
+    sink, otel, reader = pushed
+    request(sink, otel, "m")
+    got = points(reader)
+    ((attrs, ttft),) = got["gen_ai.server.time_to_first_token"]
+    assert attrs == {"gen_ai.operation.name": "chat", "gen_ai.request.model": "m"}
+    assert ttft.count == 1 and ttft.sum == pytest.approx(0.1)
+    ((attrs, requests),) = got["llmobs.requests"]
+    assert attrs["outcome"] == "ok" and requests.value == 1
+    # the verdict: TTFT 100 ms against 50 ms, so bad, and the objective it missed
+    ((attrs, bad),) = got["llmobs.slo.requests"]
+    assert (attrs["verdict"], bad.value) == ("bad", 1)
+    ((attrs, missed),) = got["llmobs.slo.misses"]
+    assert (attrs["objective"], missed.value) == ("ttft", 1)
+
+
+def test_labels_are_the_records_so_the_cap_holds_on_both_paths(
+    pushed: tuple[MetricsSink, OtelMetrics, InMemoryMetricReader],
+) -> None:
+    """The label cap is 1: the first model keeps its name, the second is ``other``, in OTLP
+    as on /metrics; a failed request admits no new model."""
+    sink, otel, reader = pushed
+    request(sink, otel, "first")
+    request(sink, otel, "second")
+    request(sink, otel, "third", status=404)
+    models = sorted(
+        (a["gen_ai.request.model"], p.count)
+        for a, p in points(reader)["gen_ai.server.request.duration"]
+    )
+    assert models == [("first", 1), ("other", 2)]
+
+
+def test_the_label_less_series_are_read_from_the_sink_at_each_export(
+    pushed: tuple[MetricsSink, OtelMetrics, InMemoryMetricReader],
+) -> None:
+    sink, _, reader = pushed
+    sink.request_started()
+    sink.queue_enter()
+    sink.malformed(3)
+    got = points(reader)
+    live = {name: got[name][0][1].value for name in (
+        "llmobs.requests.active", "llmobs.prefill.queue_depth", "llmobs.stream.malformed_events",
+        "llmobs.observer.errors")}  # fmt: skip
+    assert live == {"llmobs.requests.active": 1, "llmobs.prefill.queue_depth": 1,
+                    "llmobs.stream.malformed_events": 3, "llmobs.observer.errors": 0}  # fmt: skip
+    sink.queue_leave()
+    assert points(reader)["llmobs.prefill.queue_depth"][0][1].value == 0
