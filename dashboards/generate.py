@@ -57,6 +57,7 @@ RATE_INTERVAL = "$__rate_interval"
 # alert rules' defaults (llmobs/export/metrics/thresholds.py): a rename or a new default cannot
 # leave a panel behind.
 TTFT = c.TTFT.prometheus
+TTFT_PHASE = c.TTFT_PHASE.prometheus
 TPOT = c.TPOT.prometheus
 DURATION = c.DURATION.prometheus
 USAGE = c.TOKEN_USAGE.prometheus
@@ -594,6 +595,42 @@ def experience_row() -> list[Json]:
     ]
 
 
+def why_row() -> list[Json]:
+    """Why it was slow: where the first token's wait went (docs/metrics.md, TTFT in phases)."""
+    # each phase's seconds, from the native histogram where Prometheus keeps only that
+    phases = (
+        f"(sum by (phase) (histogram_sum({rate(TTFT_PHASE)})) "
+        f"or sum by (phase) ({rate(TTFT_PHASE + '_sum')}))"
+    )
+    per_request = f"{phases} / scalar({native_total('count', TTFT)})"
+    share = f"{phases} / scalar({native_total('sum', TTFT)})"
+    return [
+        timeseries(
+            "TTFT by phase, per request",
+            "The mean request's TTFT in its parts, stacked: before the engine (upload, "
+            "sidecar, connecting), the engine's own load, queue and prefill where it reports "
+            "them (Ollama, llama.cpp, vLLM with --enable-per-request-metrics), and the rest "
+            "(network, tokenising, all of the engine's time when it reports nothing).",
+            [target(per_request, "{{phase}}")],
+            "s",
+            stack=True,
+            width=12,
+        ),
+        timeseries(
+            "Share of TTFT by phase",
+            "Which part of the wait for the first token grew: a rising queue share calls for "
+            "replicas, a rising prefill share for shorter prompts or chunked prefill, "
+            "before_engine for the clients' uploads or the connection to the engine.",
+            [target(share, "{{phase}}")],
+            "percentunit",
+            stack=True,
+            width=12,
+            min=0,
+            max=1,
+        ),
+    ]
+
+
 def load_row() -> list[Json]:
     engine = (
         "From the engine's own /metrics, re-exported by the sidecar's engine collector under "
@@ -1082,6 +1119,7 @@ def dashboard() -> Json:
         ("Overview", overview_row()),
         ("Service-level objectives", slo_row()),
         ("User experience", experience_row()),
+        ("Why it was slow", why_row()),
         ("Load", load_row()),
         ("Errors and outcomes", errors_row()),
         ("Distributions", distribution_row()),

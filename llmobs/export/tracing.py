@@ -344,6 +344,11 @@ def _attributes(
         OUTPUT_MESSAGES: details.completion,
     }
     attrs.update({k: v for k, v in optional.items() if v is not None})
+    phases = details.phases
+    if phases is not None:  # seconds of each, and which the engine reported (docs/metrics.md)
+        for phase, ns in phases.present():
+            attrs[f"llmobs.ttft.{phase._value_}"] = ns / 1e9
+        attrs["llmobs.ttft.reported"] = [phase._value_ for phase in phases.reported]
     verdict = details.verdict
     if verdict is not None:
         attrs[SLO_VERDICT] = "good" if verdict.good else "bad"

@@ -16,6 +16,7 @@ from array import array
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from llmobs.observe.phases import TtftPhases, split_ttft
 from llmobs.observe.timing import RequestStats, StreamTimer, finish_request
 from llmobs.observe.window import TokenWindow
 
@@ -93,6 +94,24 @@ class RequestClock:
         firsts = [t.first_ns for t in timers if t.first_ns is not None]
         lasts = [t.last_ns for t in timers if t.last_ns is not None]
         return self.forwarded_ns, min(firsts, default=None), max(lasts, default=None), end_ns
+
+    def ttft_phases(self, stats: RequestStats) -> TtftPhases | None:
+        """The request's TTFT in phases (``phases.split_ttft``): before the engine as this
+        clock saw it, the engine's own phases as ``stats`` has them; None: no first token."""
+        first = self._first.first_ns
+        if self._choices is not None:  # n > 1: the first token of any choice
+            firsts = [t.first_ns for t in self._timers() if t.first_ns is not None]
+            first = min(firsts, default=None)
+        if first is None:
+            return None
+        start, forwarded = self._first.start_ns, self.forwarded_ns
+        return split_ttft(
+            first - start,
+            forwarded - start if forwarded is not None else None,
+            stats.engine_load_s,
+            stats.engine_queue_s,
+            stats.engine_prompt_eval_s,
+        )
 
     def _timers(self) -> list[StreamTimer]:
         choices = self._choices

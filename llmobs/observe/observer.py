@@ -21,6 +21,7 @@ from llmobs.observe.dialects import UNKNOWN, Route
 from llmobs.observe.dialects.base import ABORTED, ERROR, NONE
 from llmobs.observe.dialects.request import NO_BODY, parse_request, truncate
 from llmobs.observe.labels import OTHER
+from llmobs.observe.phases import TtftPhases
 from llmobs.observe.reader import StreamReader
 from llmobs.observe.record import (
     RequestConsumer,
@@ -178,16 +179,19 @@ class Observer:
         verdict: Verdict | None = None
         trace_ref: TraceRef | None = None
         label = OTHER
+        phases: TtftPhases | None = None
         try:  # the guards of _guard, inline: once per request
             # a new model takes a label only from a successful request (``BoundedLabel``)
             label = sink.models.get(record.model, 200 <= record.status < 400)
             objectives = self._config.objectives.for_request(record.operation, record.model)
             verdict = judge(objectives, record)
+            if record.ttft_s is not None:
+                phases = self._clock.ttft_phases(record)
             if self._trace is not None:
                 trace_ref = self._trace_ref(self._trace)
         except Exception:
             self._fail("finish")
-        finished = RequestRecord(record, tuple(windows), verdict, trace_ref, label)
+        finished = RequestRecord(record, tuple(windows), verdict, trace_ref, label, phases)
         try:
             sink.consume(finished)
         except Exception:
@@ -202,7 +206,7 @@ class Observer:
             self._fail("finish")
         if self._trace is not None:
             trace = self._trace
-            self._guard("finish", self._finish_trace, trace, record, windows, t_ns, verdict)
+            self._guard("finish", self._finish_trace, trace, finished, t_ns)
         self._clock.on_window = _nothing  # the clock's only reference to this observer
         return record
 
@@ -212,23 +216,17 @@ class Observer:
         ids = trace.ids()
         return TraceRef(*ids, trace.keep) if ids is not None else None
 
-    def _finish_trace(
-        self,
-        trace: TraceHandle,
-        record: RequestStats,
-        windows: list[TokenWindow],
-        t_ns: int,
-        verdict: Verdict | None,
-    ) -> None:
+    def _finish_trace(self, trace: TraceHandle, finished: RequestRecord, t_ns: int) -> None:
         captured = self._reader.dialect.captured
         details = RequestDetails(
             max_tokens=self.info.max_tokens,
             temperature=self.info.temperature,
             prompt=self.info.prompt,
             completion=truncate("".join(captured)) if captured is not None else None,
-            verdict=verdict,
+            verdict=finished.verdict,
+            phases=finished.phases,
         )
-        trace.finish(record, windows, self._clock.phases(t_ns), details)
+        trace.finish(finished.stats, finished.windows, self._clock.phases(t_ns), details)
 
     def _guard(self, where: str, fn: Callable[..., object], *args: object) -> None:
         try:
@@ -270,6 +268,7 @@ class Observer:
             engine_prompt_eval_s=dialect.engine_prompt_eval_s,
             engine_load_s=dialect.engine_load_s,
             dialect=self.route.name,
+            engine_queue_s=dialect.engine_queue_s,
         )
         return record, windows, malformed
 

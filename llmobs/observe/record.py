@@ -21,6 +21,7 @@ from collections.abc import MutableMapping, Sequence
 from typing import NamedTuple, Protocol
 
 from llmobs.observe.labels import BoundedLabel
+from llmobs.observe.phases import TtftPhases
 from llmobs.observe.slo import Verdict
 from llmobs.observe.timing import RequestStats
 from llmobs.observe.window import TokenWindow
@@ -44,6 +45,7 @@ class RequestRecord(NamedTuple):
     verdict: Verdict | None  # None: the request counts in no SLO series
     trace: TraceRef | None  # None: not traced
     label: str  # the model's label: the model as sent, or other/unknown (``labels``)
+    phases: TtftPhases | None = None  # its TTFT in phases (None: no first token)
 
 
 class RequestDetails(NamedTuple):
@@ -54,6 +56,7 @@ class RequestDetails(NamedTuple):
     prompt: str | None = None  # only with --capture-content, truncated
     completion: str | None = None  # only with --capture-content, truncated
     verdict: Verdict | None = None  # against the request's objectives (None: not judged)
+    phases: TtftPhases | None = None  # the TTFT in phases (``phases``)
 
 
 class RequestConsumer(Protocol):

@@ -79,6 +79,7 @@ class RequestStats(NamedTuple):
     engine_prompt_eval_s: float | None = None  # durations only the engine knows (Ollama)
     engine_load_s: float | None = None
     dialect: str = "openai"
+    engine_queue_s: float | None = None  # the engine's queue as it reports it (vLLM metrics)
 
 
 def unparsed(status: int, duration_s: float) -> RequestStats:
@@ -289,6 +290,7 @@ def finish_request(
     engine_prompt_eval_s: float | None = None,
     engine_load_s: float | None = None,
     dialect: str = "openai",
+    engine_queue_s: float | None = None,
 ) -> RequestStats:
     """The request's record from its choices' timers (one, or one per choice for n > 1).
 
@@ -355,4 +357,5 @@ def finish_request(
         engine_prompt_eval_s,
         engine_load_s,
         dialect,
+        engine_queue_s,
     )

@@ -135,6 +135,15 @@ class SimSettings:
         "BOOL",
     )
 
+    per_request_metrics: bool = option(
+        False,
+        parse_bool,
+        "answer each OpenAI request with vLLM's per-request `metrics` (as vLLM's "
+        "--enable-per-request-metrics: queue_time_ms, time_to_first_token_ms from scheduling, "
+        "generation_time_ms), its final chunk's when streaming: the schedule's own times",
+        "BOOL",
+    )
+
     def __post_init__(self) -> None:
         _validate(self)
 

@@ -97,6 +97,7 @@ class SimRequest:
     finish_reason: str
     generated: int = 0
     state: _State = _State.WAITING
+    submitted_at: float = 0.0  # when it joined the queue (the loop's clock)
     prefill_started_at: float = 0.0
     first_token_at: float = 0.0
     last_token_at: float = 0.0
@@ -196,6 +197,7 @@ class SimEngine:
             self.settings, seq, max_tokens, seed, ignore_eos, choice, eos
         )
         request = SimRequest(seq, prompt_tokens, tokens, finish_reason)
+        request.submitted_at = asyncio.get_running_loop().time()
         self._waiting.append(request)
         self.counters.prompt_tokens += prompt_tokens
         self._sync_counts()

@@ -147,9 +147,10 @@ def _handler(endpoint: Endpoint) -> Handler:
         seq = engine.receive(request.headers)
         body = await request.read()
         params = dict(request.match_info)
-        ctx = Context(engine.settings.model, params=params)
-        if engine.settings.stamp:  # the engine has the whole request now
-            ctx = Context(engine.settings.model, received_ns=time.monotonic_ns(), params=params)
+        settings = engine.settings
+        received = time.monotonic_ns() if settings.stamp else None  # it has the whole request
+        ctx = Context(settings.model, received_ns=received, params=params,
+                      per_request_metrics=settings.per_request_metrics)  # fmt: skip
         try:
             exchange = endpoint.parse(body, ctx)
         except BadRequest as exc:

@@ -40,7 +40,8 @@ PROVISIONING = ROOT / "dashboards" / "provisioning"
 
 DATASOURCE = {"type": "prometheus", "uid": "${datasource}"}
 ROWS = (
-    "Overview", "Service-level objectives", "User experience", "Load", "Errors and outcomes",
+    "Overview", "Service-level objectives", "User experience", "Why it was slow", "Load",
+    "Errors and outcomes",
     "Distributions", "GPU", "Sidecar health",
 )  # fmt: skip
 

@@ -42,7 +42,7 @@ PROMETHEUS_ACCEPT = (
 TRACED = (
     "gen_ai_server_time_to_first_token_seconds", "gen_ai_server_time_per_output_token_seconds",
     "gen_ai_server_request_duration_seconds", "llmobs_inter_token_latency_seconds",
-    "llmobs_smoothness", "gen_ai_client_token_usage",
+    "llmobs_smoothness", "gen_ai_client_token_usage", "llmobs_ttft_phase_duration_seconds",
 )  # fmt: skip
 REQUESTS = 4
 

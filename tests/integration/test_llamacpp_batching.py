@@ -121,6 +121,13 @@ async def test_counts_and_times_agree_with_usage_and_timings(traced: Traced) -> 
     prefill = timings["prompt_ms"] / 1000
     assert side.value("llmobs_engine_prompt_eval_duration_seconds_sum") == pytest.approx(prefill)
     assert prefill <= ttft < prefill + 0.5, (prefill, ttft)
+    # TTFT in phases: the prefill phase is the engine's timings.prompt_ms, and the phases sum
+    # to the TTFT measured (llama.cpp reports no queue: a free slot, its wait is in other)
+    phase = "llmobs_ttft_phase_duration_seconds_sum"
+    assert side.value(phase, phase="prefill") == pytest.approx(prefill, abs=1e-6)
+    assert side.value(phase, phase="queue") == 0
+    phases = sum(side.value(phase, phase=p) for p in ("before_engine", "prefill", "other"))
+    assert phases == pytest.approx(ttft, abs=1e-6)
     # decode: the sidecar's TPOT against the engine's time per predicted token
     tpot = side.value("gen_ai_server_time_per_output_token_seconds_sum")
     engine_tpot = timings["predicted_per_token_ms"] / 1000

@@ -40,6 +40,7 @@ STATUS_CLASS = "status_class"
 FINISH_REASON = "finish_reason"
 TOKEN_SOURCE = "token_count_source"
 VERDICT = "verdict"  # good, bad (llmobs.slo)
+PHASE = "phase"  # a part of TTFT (llmobs.observe.phases.Phase)
 OBJECTIVE = "objective"  # the objective a bad request missed (llmobs.slo.Objective)
 
 _OP_MODEL = (OPERATION, MODEL)
@@ -160,6 +161,12 @@ TOKENS = MetricDef(
     "Tokens by type (input, output, reasoning within output, cached_input within input) and "
     "by where the count came from (the engine's usage, or counted chunks).",
     (*_OP_MODEL, TOKEN_TYPE, TOKEN_SOURCE),
+)  # fmt: skip
+TTFT_PHASE = MetricDef(
+    "llmobs.ttft.phase.duration", Kind.HISTOGRAM, "s",
+    "Each request's TTFT in phases that sum to it: before_engine and other as the sidecar "
+    "measures them; load, queue and prefill as the engine reports them, when it does.",
+    (*_OP_MODEL, PHASE), TTFT_BUCKETS, LATENCY_NATIVE,
 )  # fmt: skip
 ENGINE_PROMPT_EVAL = MetricDef(
     "llmobs.engine.prompt_eval.duration", Kind.HISTOGRAM, "s",
@@ -374,17 +381,17 @@ COLLECTOR_METRICS: tuple[MetricDef, ...] = (
 )  # fmt: skip
 
 CATALOGUE: tuple[MetricDef, ...] = (
-    TTFT, TPOT, DURATION, TOKEN_USAGE, ITL, ITL_SQUARES, STALLS, SMOOTHNESS, REQUESTS, TOKENS,
-    ENGINE_PROMPT_EVAL, ENGINE_LOAD, ACTIVE, QUEUE_DEPTH, MALFORMED, OBSERVER_ERRORS,
+    TTFT, TTFT_PHASE, TPOT, DURATION, TOKEN_USAGE, ITL, ITL_SQUARES, STALLS, SMOOTHNESS, REQUESTS,
+    TOKENS, ENGINE_PROMPT_EVAL, ENGINE_LOAD, ACTIVE, QUEUE_DEPTH, MALFORMED, OBSERVER_ERRORS,
     SPANS_DROPPED, SLO_REQUESTS, SLO_MISSES, SLO_OUTPUT_TOKENS, SLO_TARGET, SLO_WINDOW,
     *COLLECTOR_METRICS, *PROCESS_METRICS,
 )  # fmt: skip
 
 
 # The request-level families, as /metrics lists them (``sink.MetricsSink`` makes one family of
-# each, ``otel.OtelInstruments`` one instrument of each when metrics are pushed over OTLP).
+# each, ``otel.OtelMetrics`` one instrument of each when metrics are pushed over OTLP).
 REQUEST_METRICS: tuple[MetricDef, ...] = (
-    ACTIVE, QUEUE_DEPTH, OBSERVER_ERRORS, MALFORMED, REQUESTS, DURATION, TTFT, TPOT,
+    ACTIVE, QUEUE_DEPTH, OBSERVER_ERRORS, MALFORMED, REQUESTS, DURATION, TTFT, TTFT_PHASE, TPOT,
     SMOOTHNESS, TOKEN_USAGE, TOKENS, STALLS, ENGINE_PROMPT_EVAL, ENGINE_LOAD, ITL, ITL_SQUARES,
     SLO_REQUESTS, SLO_MISSES, SLO_OUTPUT_TOKENS, SLO_TARGET, SLO_WINDOW,
 )  # fmt: skip

@@ -36,6 +36,7 @@ from llmobs.export.metrics.catalogue import (
     OBSERVER_ERRORS,
     OPERATION,
     OUTCOME,
+    PHASE,
     QUEUE_DEPTH,
     REQUEST_METRICS,
     REQUESTS,
@@ -53,6 +54,7 @@ from llmobs.export.metrics.catalogue import (
     TOKENS,
     TPOT,
     TTFT,
+    TTFT_PHASE,
     VERDICT,
     Kind,
     MetricDef,
@@ -127,7 +129,7 @@ class OtelMetrics:
 
     def consume(self, record: RequestRecord) -> None:
         """A finished request: its series, its verdict, its label set's objective once."""
-        s, _, verdict, _, label = record
+        s, _, verdict, _, label, phases = record
         op = s.operation
         if (op, label) not in self._seen:
             self._seen.add((op, label))
@@ -136,6 +138,9 @@ class OtelMetrics:
             self.add(SLO_TARGET, objective_set.target, attrs)
             self.add(SLO_WINDOW, objective_set.window, attrs)
         self.record_request(s, op, label, status_class(s.status))
+        if phases is not None:
+            for phase, ns in phases.present():
+                self.record(TTFT_PHASE, ns / 1e9, {OPERATION: op, MODEL: label, PHASE: phase})
         if verdict is not None:
             self.record_verdict(verdict, s.output_tokens, op, label)
 

@@ -48,6 +48,7 @@ from llmobs.export.metrics.catalogue import (
     TOKENS,
     TPOT,
     TTFT,
+    TTFT_PHASE,
     Kind,
     MetricDef,
     status_class,
@@ -61,6 +62,7 @@ from llmobs.export.metrics.series import (
     TokenHistogram,
 )
 from llmobs.observe.labels import BoundedLabel
+from llmobs.observe.phases import Phase, TtftPhases
 from llmobs.observe.record import RequestRecord, TraceRef
 from llmobs.observe.slo import Verdict, judge
 from llmobs.observe.timing import RequestStats
@@ -71,6 +73,9 @@ _STATUS_CLASSES = {status: status_class(status) for status in range(600)}
 # (the token usage histogram twice: input, then output tokens)
 _OBSERVED = (DURATION, TTFT, TPOT, SMOOTHNESS, ENGINE_PROMPT_EVAL, ENGINE_LOAD)
 _USAGE_TYPES = {"input": 0, "output": 1}  # their place after _OBSERVED's
+# then the TTFT phase histogram once per phase, in this order (``TtftPhases``' fields')
+_PHASES = (Phase.BEFORE_ENGINE, Phase.LOAD, Phase.QUEUE, Phase.PREFILL, Phase.OTHER)
+_NO_PHASES = (None,) * len(_PHASES)
 
 
 class _LabelSet:
@@ -197,6 +202,8 @@ class MetricsSink:
         members: list[tuple[HistogramFamily, tuple[str, ...]]]
         members = [(self._histograms[metric], key) for metric in _OBSERVED]
         members += [(usage, (*key, "input")), (usage, (*key, "output"))]
+        phases = self._histograms[TTFT_PHASE]
+        members += [(phases, (*key, phase._value_)) for phase in _PHASES]
         labels = _LabelSet(key, HistogramRow(members))
         with self._lock:  # at 0 from the start: rate() over a healthy model reads 0
             self._stalls.series.setdefault(key, 0)
@@ -255,7 +262,7 @@ class MetricsSink:
         observations are their buckets' exemplars (if the trace is kept).
         A window that fails to record is raised after everything else about the request is
         recorded."""
-        s, windows, verdict, trace, label = record
+        s, windows, verdict, trace, label, phases = record
         labels = self._sets.get((s.operation, label))
         if labels is None:
             labels = self._label_set(s.operation, label)
@@ -270,9 +277,10 @@ class MetricsSink:
             # an enum's ``_value_`` is a plain attribute; ``.value`` is a Python-level property
             self._requests.add((op, model, s.outcome._value_, status, s.finish_reason), 1)
             usage = self._record_tokens(op, model, s)
-            # the row's members in order: _OBSERVED's, then the usage histogram's
+            # the row's members in order: _OBSERVED's, the usage histogram's, the phases'
             values = (s.duration_s, s.ttft_s, s.tpot_s, s.smoothness, s.engine_prompt_eval_s,
-                      s.engine_load_s, *usage)  # fmt: skip
+                      s.engine_load_s, *usage,
+                      *(_NO_PHASES if phases is None else _seconds(phases)))  # fmt: skip
             labels.row.observe_all(values, exemplar)
             if s.stalls:
                 self._stalls.add(key, s.stalls)
@@ -301,3 +309,11 @@ class MetricsSink:
         op, model = labels.key
         for objective in verdict.missed:
             self._slo_misses.add((op, model, objective._value_), 1)
+
+
+def _seconds(phases: TtftPhases) -> tuple[float | None, ...]:
+    """A request's TTFT phases in seconds, in ``_PHASES``' order (None: not reported)."""
+    before, load, queue, prefill, other = phases
+    if load is None and queue is None and prefill is None:  # most engines: no generator
+        return before / 1e9, None, None, None, other / 1e9
+    return tuple(None if ns is None else ns / 1e9 for ns in phases)

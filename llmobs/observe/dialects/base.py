@@ -91,6 +91,7 @@ class Dialect:
         "done",
         "engine_load_s",
         "engine_prompt_eval_s",
+        "engine_queue_s",
         "error",
         "finish_reasons",
         "input_tokens",
@@ -119,6 +120,7 @@ class Dialect:
         self.finish_reasons: list[str] = []  # normalized, in the order seen
         self.engine_prompt_eval_s: float | None = None
         self.engine_load_s: float | None = None
+        self.engine_queue_s: float | None = None  # the engine's queue, as it reports it (vLLM)
         self.pending: dict[int, int] = {}  # output tokens per choice > 0 since the last drain
         self.captured: list[str] | None = None  # output text, only with --capture-content
         self._captured_chars = 0

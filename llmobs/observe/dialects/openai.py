@@ -14,7 +14,8 @@ counts as one token and the final ``usage`` (``include_usage``, the ``choices: [
 lets the timer spread the true total afterwards. Usage on a single chunk that also has choices
 proves nothing (llama.cpp and TGI put the final total there): only from the second such chunk
 on is usage taken as continuous. llama.cpp's final chunk also carries its ``timings``: the
-prompt's prefill time is kept as the engine's own.
+prompt's prefill time is kept as the engine's own; so are vLLM's per-request ``metrics``
+(``--enable-per-request-metrics``: the request's queue and prefill times).
 
 Fast path (``Template``): within one response, the plain token events (one choice, text in
 ``content``, no usage, no finish reason) differ only in the text: id, model, created and every
@@ -187,6 +188,9 @@ class OpenAIStream(Dialect):
             self._identify(obj)
         if "error" in obj:
             self.error = True
+        metrics = obj.get("metrics")
+        if isinstance(metrics, dict):
+            self._metrics(metrics)
         choices = obj.get("choices")
         outputs = self._outputs(choices) if isinstance(choices, list) else ()
         usage = obj.get("usage")
@@ -218,6 +222,17 @@ class OpenAIStream(Dialect):
         prompt_ms = timings.get("prompt_ms")
         if isinstance(prompt_ms, int | float) and not isinstance(prompt_ms, bool):
             self.engine_prompt_eval_s = max(prompt_ms, 0) / 1000
+
+    def _metrics(self, metrics: dict[str, Any]) -> None:
+        """vLLM's per-request ``metrics`` (``--enable-per-request-metrics``): ``queue_time_ms``
+        the request waited to be scheduled, ``time_to_first_token_ms`` from its scheduling to
+        its first token (its prefill, as the engine counts it)."""
+        queue = metrics.get("queue_time_ms")
+        if isinstance(queue, int | float) and not isinstance(queue, bool):
+            self.engine_queue_s = max(queue, 0) / 1000
+        prefill = metrics.get("time_to_first_token_ms")
+        if isinstance(prefill, int | float) and not isinstance(prefill, bool):
+            self.engine_prompt_eval_s = max(prefill, 0) / 1000
 
     def _outputs(self, choices: list[Any]) -> list[tuple[int, int]]:
         """(choice index, kind: 1 text, 2 reasoning) of each choice with output in this chunk,

@@ -105,6 +105,7 @@ class Context:
     wall_clock: Callable[[], float] = field(default=time.time)
     received_ns: int | None = None
     params: Mapping[str, str] = field(default_factory=dict)  # the path's (Triton's model)
+    per_request_metrics: bool = False  # vLLM's per-request ``metrics`` in OpenAI answers
 
 
 # Stamps ride in the token text itself, the one thing every OpenAI-compatible proxy passes on

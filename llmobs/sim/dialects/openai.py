@@ -63,6 +63,17 @@ def usage(
     return out
 
 
+def request_metrics(jobs: Sequence[SimRequest]) -> dict[str, float]:
+    """vLLM's per-request ``metrics`` of the first choice, from the schedule's own times: the
+    truth the sidecar's TTFT phases are checked against."""
+    job = jobs[0]
+    return {
+        "queue_time_ms": (job.prefill_started_at - job.submitted_at) * 1000,
+        "time_to_first_token_ms": (job.first_token_at - job.prefill_started_at) * 1000,
+        "generation_time_ms": (job.last_token_at - job.first_token_at) * 1000,
+    }
+
+
 def reasoning_tokens(job: SimRequest) -> int:
     """How many of a choice's tokens are reasoning: the first third."""
     return job.completion_tokens // 3
@@ -104,6 +115,7 @@ class Completion(Exchange):
         self.continuous_usage = bool(options.get("continuous_usage_stats"))
         self.reasoning = chat and "reasoning_effort" in body
         self._stamp = ctx.received_ns is not None
+        self._metrics = ctx.per_request_metrics
         self._received_ns = ctx.received_ns  # sent once, in the first event
         self._head = {
             "id": f"{'chatcmpl' if chat else 'cmpl'}-{secrets.token_hex(16)}",
@@ -113,11 +125,17 @@ class Completion(Exchange):
         }
 
     def _event(
-        self, choices: list[dict[str, Any]], usage_: dict[str, Any] | None, stamp: bool = False
+        self,
+        choices: list[dict[str, Any]],
+        usage_: dict[str, Any] | None,
+        stamp: bool = False,
+        metrics: dict[str, float] | None = None,
     ) -> bytes:
         chunk: dict[str, Any] = {**self._head, "choices": choices}
         if usage_ is not None:
             chunk["usage"] = usage_
+        if metrics is not None:
+            chunk["metrics"] = metrics
         if stamp:
             received, self._received_ns = self._received_ns, None
             return stamp_event(dumps(chunk), received)
@@ -180,6 +198,9 @@ class Completion(Exchange):
         return usage(self.plan.prompt_tokens, total, reasoning)
 
     def tail(self, jobs: Sequence[SimRequest]) -> bytes:
+        if self._metrics:  # on the last chunk, with the usage when asked for (as vLLM)
+            usage_ = self._usage(jobs) if self.include_usage else None
+            return self._event([], usage_, metrics=request_metrics(jobs)) + DONE
         usage_chunk = self._event([], self._usage(jobs)) if self.include_usage else b""
         return usage_chunk + DONE
 
@@ -211,6 +232,7 @@ class Completion(Exchange):
                 "model": self._head["model"],
                 "choices": choices,
                 "usage": self._usage(jobs),
+                **({"metrics": request_metrics(jobs)} if self._metrics else {}),
             }
         )
 

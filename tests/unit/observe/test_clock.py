@@ -151,3 +151,25 @@ def test_a_broken_observation_is_counted_from_choice_0_as_far_as_it_went() -> No
     )  # fmt: skip
     assert (got.output_tokens, got.itl_count) == (3, 0.0)
     assert len(clock.tape) == 3  # nothing was taken
+
+
+def test_ttft_phases_start_at_arrival_and_split_at_forwarding() -> None:
+    """Before the engine: arrival (the clock's start) to forwarding; the engine's phases as
+    the record has them; the rest is other. With several choices, TTFT is the first token of
+    any of them. No first token: no phases."""
+    clock = RequestClock(1_000 * MS, Windows())
+    assert clock.ttft_phases(record([StreamTimer(0)], 0)) is None
+    clock.forwarded_ns = 1_004 * MS
+    clock.choices(1_300 * MS, 1, {1: 1})  # choice 1's first token, before choice 0's
+    clock.output(1_350 * MS, 1)
+    timers, _ = clock.close(None)
+    stats = record(timers, 1_400)._replace(
+        engine_queue_s=0.25, engine_prompt_eval_s=0.03125, engine_load_s=0.0078125
+    )
+    phases = clock.ttft_phases(stats)
+    assert phases is not None
+    assert tuple(phases) == (4 * MS, 7_812_500, 250 * MS, 31_250_000, 6_937_500)
+    alone = RequestClock(1_000 * MS, Windows())  # never forwarded (a test's observer)
+    alone.output(1_100 * MS, 1)
+    only = alone.ttft_phases(record([StreamTimer(0)], 0))
+    assert only is not None and tuple(only) == (0, None, None, None, 100 * MS)

@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 
 from llmobs.observe.dialects import detect_stream, route_for_path
 from llmobs.observe.dialects.base import Dialect, loads
+from llmobs.observe.dialects.openai import OpenAIStream
 from llmobs.observe.framing import Framing, NdjsonDecoder, SseDecoder
 from llmobs.sim.replay import REPLAY_HEADER, Transcript, build_replay_app, load_transcripts
 from tests.support import FIXTURES
@@ -190,3 +191,24 @@ def test_a_chunk_carrying_several_choices_counts_each() -> None:
     assert dialect.on_data(as_json(chunk)) == 3
     assert dialect.pending == {1: 1, 2: 1}  # choice 0's share is the rest
     assert dialect.reasoning_chunks == 1
+
+
+@pytest.mark.parametrize(
+    ("metrics", "queue", "prefill"),
+    [
+        ({"queue_time_ms": 12.5, "time_to_first_token_ms": 80}, 0.0125, 0.08),
+        ({"queue_time_ms": -3, "time_to_first_token_ms": True}, 0.0, None),
+        ({"generation_time_ms": 5}, None, None),
+    ],
+)
+def test_vllm_per_request_metrics_give_the_engines_queue_and_prefill(
+    metrics: dict[str, Any], queue: float | None, prefill: float | None
+) -> None:
+    """vLLM's ``metrics`` (--enable-per-request-metrics), on a stream's last chunk or in a
+    whole body: a negative time is none, a value that is not a number is not read."""
+    streamed = OpenAIStream()
+    streamed.on_data(json.dumps({"id": "c", "choices": [], "metrics": metrics}).encode())
+    whole = OpenAIStream()
+    whole.on_body({"id": "c", "choices": [], "usage": {"completion_tokens": 1}, "metrics": metrics})
+    for dialect in (streamed, whole):
+        assert (dialect.engine_queue_s, dialect.engine_prompt_eval_s) == (queue, prefill)

@@ -1,0 +1,102 @@
+"""Why a first token was slow: a request's TTFT split into phases that sum to it exactly.
+
+TTFT as the sidecar measures it (the request's arrival to its first token's) is split into:
+
+- ``before_engine``: arrival to the moment the whole request was handed to the engine (the
+  client's upload, the sidecar, connecting): measured here;
+- ``load``, ``queue``, ``prefill``: what the engine reports of this request, and only when it
+  does (Ollama's ``load_duration`` and ``prompt_eval_duration``, llama.cpp's
+  ``timings.prompt_ms``, vLLM's per-request ``metrics``: ``queue_time_ms`` and
+  ``time_to_first_token_ms``, which vLLM counts from scheduling, so its prefill);
+- ``other``: the rest (the network both ways, tokenising, the engine's HTTP layer; all of the
+  engine's time when it reports nothing): measured here as what is left.
+
+Nothing is guessed: an engine that reports no phase leaves its time in ``other``. Phases are
+whole nanoseconds, so their sum is TTFT to the nanosecond; a reported phase longer than what is
+left of TTFT (clocks on two machines, rounding to milliseconds) is cut to what is left, in the
+order load, queue, prefill, and ``other`` is never negative. Pure: the times are arguments.
+"""
+
+from __future__ import annotations
+
+import enum
+from typing import NamedTuple
+
+
+class Phase(enum.StrEnum):
+    """A part of TTFT (a label value: a closed set)."""
+
+    BEFORE_ENGINE = "before_engine"
+    LOAD = "load"
+    QUEUE = "queue"
+    PREFILL = "prefill"
+    OTHER = "other"
+
+
+class TtftPhases(NamedTuple):
+    """A request's TTFT in phases, nanoseconds; None: the engine did not report that one."""
+
+    before_engine_ns: int
+    load_ns: int | None
+    queue_ns: int | None
+    prefill_ns: int | None
+    other_ns: int
+
+    @property
+    def total_ns(self) -> int:
+        """Their sum: the request's TTFT."""
+        return sum(ns for _, ns in self.present())
+
+    def present(self) -> list[tuple[Phase, int]]:
+        """Each phase measured or reported, with its nanoseconds, in the order they happen."""
+        found = [(Phase.BEFORE_ENGINE, self.before_engine_ns)]
+        for phase, ns in ((Phase.LOAD, self.load_ns), (Phase.QUEUE, self.queue_ns),
+                          (Phase.PREFILL, self.prefill_ns)):  # fmt: skip
+            if ns is not None:
+                found.append((phase, ns))
+        found.append((Phase.OTHER, self.other_ns))
+        return found
+
+    @property
+    def reported(self) -> tuple[Phase, ...]:
+        """The phases the engine reported (the others the sidecar measured)."""
+        return tuple(p for p, _ in self.present() if p not in (Phase.BEFORE_ENGINE, Phase.OTHER))
+
+    @property
+    def largest(self) -> Phase:
+        """The phase that took most of TTFT (the first of equals): what a miss is put down to."""
+        return max(self.present(), key=lambda item: item[1])[0]
+
+
+def split_ttft(
+    ttft_ns: int,
+    before_engine_ns: int | None,
+    load_s: float | None = None,
+    queue_s: float | None = None,
+    prefill_s: float | None = None,
+) -> TtftPhases:
+    """TTFT ``ttft_ns`` in phases: ``before_engine_ns`` measured (None: the request was
+    forwarded before it arrived, as a test may make it: 0), the engine's reported seconds.
+    Once per request: comparisons rather than ``min``/``max`` calls, and the tuple made by
+    ``tuple.__new__`` (a named tuple's own ``__new__`` is a Python call)."""
+    if ttft_ns < 0:  # noqa: PLR1730 - a comparison costs less than a call of max
+        ttft_ns = 0
+    before = before_engine_ns if before_engine_ns is not None and before_engine_ns > 0 else 0
+    if before > ttft_ns:  # noqa: PLR1730 - as above
+        before = ttft_ns
+    left = ttft_ns - before
+    if load_s is None and queue_s is None and prefill_s is None:  # most engines
+        return _new(TtftPhases, (before, None, None, None, left))
+    reported: list[int | None] = []
+    for seconds in (load_s, queue_s, prefill_s):
+        if seconds is None:
+            reported.append(None)
+            continue
+        ns = min(max(round(seconds * 1e9), 0), left)
+        reported.append(ns)
+        left -= ns
+    load, queue, prefill = reported
+    return _new(TtftPhases, (before, load, queue, prefill, left))
+
+
+_new = tuple.__new__
