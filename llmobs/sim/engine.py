@@ -11,8 +11,10 @@ chunked prefill:
   requests); at its end every running request emits one token.
 
 Prefill blocks decode, so arrivals make running streams stutter: a realistic source of
-inter-token variance whose size the tests can predict. Steps are scheduled on absolute
-deadlines (``loop.time()``), so timer overshoot never accumulates into drift.
+inter-token variance whose size the tests can predict. The engine keeps the truth of every
+such pause (``SimEngine.pauses``: when, how long, why, and which requests it held up), for
+the tests of the sidecar's stall causes. Steps are scheduled on absolute deadlines
+(``loop.time()``), so timer overshoot never accumulates into drift.
 
 What a request produces is decided up front from the seed, so the text, the length and the
 finish reason of a request are reproducible whatever the load; only the timing depends on it.
@@ -57,6 +59,26 @@ class _State(enum.Enum):
     RUNNING = "running"
     DONE = "done"
     CANCELLED = "cancelled"
+
+
+class PauseCause(enum.StrEnum):
+    """Why the engine held its running requests' next token back (the truth, as it knows it)."""
+
+    PREFILL = "prefill"  # other requests' prefill ran while these waited to decode
+    ENGINE_PAUSE = "engine_pause"  # the periodic pause of every stream (``stall_every``)
+
+
+@dataclass(frozen=True)
+class SimPause:
+    """A stretch of the schedule (loop clock, seconds) in which ``seqs`` got no token."""
+
+    start: float
+    end: float
+    cause: PauseCause
+    seqs: tuple[int, ...]
+
+
+MAX_PAUSES = 10_000  # the pauses kept (the latest): a long run's memory stays bounded
 
 
 @dataclass
@@ -160,6 +182,7 @@ class SimEngine:
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._seq = 0
+        self.pauses: collections.deque[SimPause] = collections.deque(maxlen=MAX_PAUSES)
 
     def receive(self, headers: Mapping[str, str]) -> int:
         """Count an incoming completion request and give it its sequence number."""
@@ -254,6 +277,8 @@ class SimEngine:
 
     async def _prefill(self, loop: asyncio.AbstractEventLoop, clock: float) -> float:
         s = self.settings
+        started = clock
+        held = tuple(r.seq for r in self._running)  # decoding, and waiting for this prefill
         admitted: list[SimRequest] = []
         while self._waiting and len(self._running) < s.max_batch:
             request = self._waiting.popleft()
@@ -264,6 +289,8 @@ class SimEngine:
         self._sync_counts()
         self.counters.prefill_steps += 1
         clock += sum(s.prefill_base + s.prefill_per_token * r.prompt_tokens for r in admitted)
+        if held:
+            self.pauses.append(SimPause(started, clock, PauseCause.PREFILL, held))
         await asyncio.sleep(max(0.0, clock - loop.time()))
         for request in admitted:
             if request.state is _State.RUNNING:  # not cancelled meanwhile
@@ -275,7 +302,10 @@ class SimEngine:
         self.counters.decode_steps += 1
         clock += s.decode_base + s.decode_per_seq * len(self._running)
         if s.stall_every > 0 and self.counters.decode_steps % s.stall_every == 0:
-            clock += s.stall_ms / 1000.0
+            pause = s.stall_ms / 1000.0
+            held = tuple(r.seq for r in self._running)
+            self.pauses.append(SimPause(clock, clock + pause, PauseCause.ENGINE_PAUSE, held))
+            clock += pause
         await asyncio.sleep(max(0.0, clock - loop.time()))
         # Only requests admitted before this step are in the batch: admission happens in this
         # loop alone, and cancelled ones have already been removed.

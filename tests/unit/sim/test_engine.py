@@ -31,7 +31,7 @@ from llmobs.sim import (
     run_sim,
     sim_settings_from_args,
 )
-from llmobs.sim.engine import plan_output
+from llmobs.sim.engine import PauseCause, plan_output
 from tests.support.sim import assert_near, assert_on_schedule, gaps
 
 CHAT = "/v1/chat/completions"
@@ -234,6 +234,32 @@ async def test_every_nth_decode_step_stalls(
     assert sorted(longest) == [4, 9, 14]  # the gaps after decode steps 5, 10 and 15
     assert_near(statistics.median(between[i] for i in longest), 0.12)
     assert_near(statistics.median(g for i, g in enumerate(between) if i not in longest), 0.02)
+
+
+async def test_the_engine_keeps_the_truth_of_every_pause(
+    start_sim: StartSim, http: aiohttp.ClientSession
+) -> None:
+    """Each stretch in which running requests got no token is kept with its cause: another
+    request's prefill (the first stream waits 50 ms for the second's) and the periodic engine
+    pause (100 ms on every 5th decode step, for every stream in the batch)."""
+    sim = await start_sim(
+        **{**FAST, "prefill_base": 0.05, "decode_base": 0.02, "decode_per_seq": 0.0},
+        max_batch=4, stall_every=5, stall_ms=100.0, output_tokens_min=12, output_tokens_max=12,
+    )  # fmt: skip
+    first = asyncio.create_task(stream(http, sim.url + CHAT, {"messages": MESSAGES}))
+    await eventually(lambda: sim.engine.counters.decode_steps >= 2)
+    second = await stream(http, sim.url + CHAT, {"messages": MESSAGES})
+    await first
+    assert len(content_events(second)) == 12
+    pauses = list(sim.engine.pauses)
+    prefills = [p for p in pauses if p.cause is PauseCause.PREFILL]
+    engine = [p for p in pauses if p.cause is PauseCause.ENGINE_PAUSE]
+    assert [(p.seqs, round(p.end - p.start, 6)) for p in prefills] == [((0,), 0.05)]
+    assert engine and all(round(p.end - p.start, 6) == 0.1 for p in engine)
+    assert len(engine) == sim.engine.counters.decode_steps // 5
+    # a pause while both ran held both; one while only one ran, that one
+    assert {p.seqs for p in engine} <= {(0,), (1,), (0, 1)}
+    assert any(p.seqs == (0, 1) for p in engine)
 
 
 async def test_tokens_per_chunk_batches_the_stream(
