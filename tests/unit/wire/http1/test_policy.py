@@ -335,3 +335,13 @@ def test_a_non_ascii_digit_content_length_is_a_400_not_a_value_error(digit: byte
 def test_a_non_ascii_digit_response_content_length_is_a_protocol_error(digit: bytes) -> None:
     with pytest.raises(ProtocolError):
         body_decoder(parse_response_head(b"HTTP/1.1 200 OK\r\nContent-Length: " + digit), "GET")
+
+
+def test_the_longest_length_is_read_on_either_path() -> None:
+    """A length of exactly 18 digits is valid, as one line (the fast path) or repeated in a
+    list (the general path), and 19 digits are refused on both."""
+    longest, longer = "9" * 18, "1" + "0" * 18
+    assert declared_length([longest]) == declared_length([f"{longest}, {longest}"]) == int(longest)
+    for lengths in ([longer], [f"{longer}, {longer}"]):
+        with pytest.raises(ValueError, match="invalid Content-Length"):
+            declared_length(lengths)
