@@ -42,11 +42,6 @@ class TtftPhases(NamedTuple):
     prefill_ns: int | None
     other_ns: int
 
-    @property
-    def total_ns(self) -> int:
-        """Their sum: the request's TTFT."""
-        return sum(ns for _, ns in self.present())
-
     def present(self) -> list[tuple[Phase, int]]:
         """Each phase measured or reported, with its nanoseconds, in the order they happen."""
         found = [(Phase.BEFORE_ENGINE, self.before_engine_ns)]
@@ -61,11 +56,6 @@ class TtftPhases(NamedTuple):
     def reported(self) -> tuple[Phase, ...]:
         """The phases the engine reported (the others the sidecar measured)."""
         return tuple(p for p, _ in self.present() if p not in (Phase.BEFORE_ENGINE, Phase.OTHER))
-
-    @property
-    def largest(self) -> Phase:
-        """The phase that took most of TTFT (the first of equals): what a miss is put down to."""
-        return max(self.present(), key=lambda item: item[1])[0]
 
 
 def split_ttft(
