@@ -628,6 +628,33 @@ def why_row() -> list[Json]:
             min=0,
             max=1,
         ),
+        timeseries(
+            "Stalls by cause",
+            "Stalls per second by what caused them (docs/metrics.md, Stalls by cause): another "
+            "request's prefill, a preemption (the KV cache full), the whole engine pausing, "
+            "the client not reading, or unknown. Prefill interference calls for chunked "
+            "prefill or shorter prompts, preemptions for more KV cache or fewer requests in "
+            "the batch, engine pauses for the engine's own logs.",
+            [target(f"sum by (cause) ({rate(STALLS)})", "{{cause}}")],
+            "short",
+            stack=True,
+            width=12,
+        ),
+        timeseries(
+            "SLO misses by cause",
+            "Requests that missed an objective, per second, by objective and why: a TTFT miss "
+            "under the phase that took most of its TTFT, a gap or stall miss under the cause "
+            "of its longest stall, the rest under none.",
+            [
+                target(
+                    f"sum by (objective, cause) ({rate(SLO_MISSES)}) > 0",
+                    "{{objective}}: {{cause}}",
+                )
+            ],
+            "reqps",
+            stack=True,
+            width=12,
+        ),
     ]
 
 

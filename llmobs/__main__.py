@@ -1,4 +1,4 @@
-"""Command line: ``llmobs serve | sim | demo | bench | slo`` (also ``python -m llmobs ...``).
+"""Command line: ``llmobs serve | sim | demo | bench | slo | why`` (also ``python -m llmobs ...``).
 Thin."""
 
 from __future__ import annotations
@@ -23,7 +23,8 @@ from llmobs.export.telemetry import build_telemetry
 from llmobs.sim import add_sim_arguments, run_sim, sim_settings_from_args
 from llmobs.sim.config import SIM_OPTIONS
 from llmobs.tools.demo import add_demo_arguments, demo_flag, run_demo
-from llmobs.tools.slo_report import EXIT_CODES, add_slo_arguments, run_slo_cli
+from llmobs.tools.slo_report import EXIT_CODES, add_slo_arguments, add_source_arguments, run_slo_cli
+from llmobs.tools.why import run_why_cli
 from llmobs.wire.listen import ListenError
 
 
@@ -82,6 +83,17 @@ def _parser() -> argparse.ArgumentParser:
         epilog=EXIT_CODES,
     )
     add_slo_arguments(slo)
+
+    why = sub.add_parser(
+        "why",
+        help="say why requests were slow: TTFT misses by phase, stalls by cause",
+        description="Read a sidecar's /metrics, or a Prometheus server over a range, and print "
+        "in all and per operation and model: the TTFT misses by the phase that took most of "
+        "each, the gap and stall misses and the stalls by cause (prefill interference, "
+        "preemptions, engine pauses, the client), and the share of TTFT in each phase "
+        "(docs/metrics.md). Exits 2 when there is nothing to report from.",
+    )
+    add_source_arguments(why)
     return parser
 
 
@@ -164,6 +176,8 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
             return run_bench_cli(args)
         if args.command == "slo":
             return run_slo_cli(args, sys.stdout, env)
+        if args.command == "why":
+            return run_why_cli(args, sys.stdout, env)
         tune_process()
         return asyncio.run(run_demo(args, env))
     except ConfigError as exc:

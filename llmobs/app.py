@@ -26,6 +26,7 @@ from llmobs.export.metrics.sink import MetricsSink
 from llmobs.export.telemetry import Telemetry
 from llmobs.export.tracing import Arrival, RequestMeta, Tracing
 from llmobs.export.ui import LivePage
+from llmobs.observe.causes import EngineTimeline
 from llmobs.observe.dialects import Route
 from llmobs.observe.observer import Observer, ObserveSettings
 from llmobs.observe.record import RequestConsumer
@@ -80,10 +81,11 @@ def observer_factory(
     sink: MetricsSink,
     tracing: Tracing | None = None,
     consumers: Sequence[RequestConsumer] = (),
+    timeline: EngineTimeline | None = None,
 ) -> ObserverFactory:
     """New ``Observer`` per request, sharing the sink (the first consumer of each request's
     record, and the keeper of the objectives it is judged by), the tracer, the consumers
-    after the sink, and the settings' knobs."""
+    after the sink, the engine's timeline (stall causes) and the settings' knobs."""
     config = ObserveSettings(
         stall_factor=settings.stall_factor,
         stall_min_gap=settings.stall_min_gap,
@@ -92,14 +94,14 @@ def observer_factory(
         objectives=sink.objectives,
     )
 
-    return _Observers(sink, config, tracing, tuple(consumers))
+    return _Observers(sink, config, tracing, tuple(consumers), timeline)
 
 
 class _Observers:
     """``observer_factory``'s factory: ``traces`` says whether its observers add a trace
     context to the upstream request (the relay then makes them before sending it)."""
 
-    __slots__ = ("_config", "_consumers", "_sink", "_tracing", "traces")
+    __slots__ = ("_config", "_consumers", "_sink", "_timeline", "_tracing", "traces")
 
     def __init__(
         self,
@@ -107,8 +109,10 @@ class _Observers:
         config: ObserveSettings,
         tracing: Tracing | None,
         consumers: tuple[RequestConsumer, ...],
+        timeline: EngineTimeline | None,
     ) -> None:
         self._sink = sink
+        self._timeline = timeline
         self._config = config
         self._tracing = tracing
         self._consumers = consumers
@@ -120,7 +124,9 @@ class _Observers:
         if tracing is not None:  # what a span needs of the request: made only for one
             meta = RequestMeta(arrival.method, arrival.path, arrival.headers, time.time_ns())
             trace = tracing.start(route, start_ns, meta)
-        return Observer(self._sink, self._config, route, start_ns, trace, self._consumers)
+        return Observer(
+            self._sink, self._config, route, start_ns, trace, self._consumers, self._timeline
+        )
 
 
 def tracing_for(settings: Settings, telemetry: Telemetry) -> Tracing | None:
@@ -168,6 +174,8 @@ class Proxy:
         push = telemetry.push_meter
         if push is not None:  # request metrics pushed over OTLP too
             self.consumers.append(OtelMetrics(push, self.sink.objectives, self.sink.live))
+        # the engine's streams and preemptions, against which each stall is judged
+        self.timeline = EngineTimeline()
         self.tracing: Tracing | None = None
         self.relay: Relay | None = None
         self._upstream: Upstream | None = None
@@ -181,7 +189,7 @@ class Proxy:
         )
         self.tracing = tracing_for(settings, self.telemetry)
         factory = (
-            observer_factory(settings, self.sink, self.tracing, self.consumers)
+            observer_factory(settings, self.sink, self.tracing, self.consumers, self.timeline)
             if settings.instrument
             else None
         )
@@ -233,6 +241,8 @@ class Sidecar:
         self.collectors = Collectors(settings, telemetry.meter, nvml)
         self.lifecycle = Lifecycle()
         self.proxy = Proxy(settings, telemetry, [self.collectors])  # MBU/MFU
+        if self.collectors.engine is not None:  # its preemption counter: a stall cause
+            self.collectors.engine.on_preemptions = self.proxy.timeline.preemptions
         self.live: LivePage | None = None
         if settings.ui:
             self.live = LivePage(self.proxy.sink, self.collectors, settings.ui_history)

@@ -56,10 +56,12 @@ class EngineSpec:
     running: tuple[Series, ...] = ()
     kv_usage: tuple[Series, ...] = ()
     kv_blocks: tuple[Series, Series] | None = None
+    preemptions: tuple[Series, ...] = ()  # a counter of requests preempted (stall causes)
 
     @property
     def series(self) -> tuple[Series, ...]:
-        return (*self.waiting, *self.running, *self.kv_usage, *(self.kv_blocks or ()))
+        return (*self.waiting, *self.running, *self.kv_usage, *(self.kv_blocks or ()),
+                *self.preemptions)  # fmt: skip
 
 
 def _names(*names: str) -> tuple[Series, ...]:
@@ -79,12 +81,15 @@ ENGINES: tuple[EngineSpec, ...] = (
         _names("vllm:num_requests_running"),
         # a 0-1 ratio despite "perc"
         _names("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc"),
+        preemptions=_names("vllm:num_preemptions_total"),
     ),
     EngineSpec(
         "sglang",
         _names("sglang:num_queue_reqs"),
         _names("sglang:num_running_reqs"),
         _names("sglang:token_usage"),
+        # a retraction is SGLang's preemption (``num_retracted_reqs`` is a gauge of deltas)
+        preemptions=_names("sglang:num_retracted_requests_total"),
     ),
     EngineSpec("tgi", _names("tgi_queue_size"), _names("tgi_batch_current_size")),
     # llama-server's own /metrics has no KV-cache gauge; older builds had the ratio
@@ -120,6 +125,7 @@ class EngineReading:
     waiting: float | None = None
     running: float | None = None
     kv_usage: float | None = None
+    preemptions: float | None = None  # the engine's preemption counter, summed
 
 
 Samples = dict[str, list[tuple[dict[str, str], float]]]
@@ -174,8 +180,13 @@ def read_engine(text: str) -> EngineReading | None:
     if kv is None and best.kv_blocks is not None:
         used, total = (sum(_values(found, s)) for s in best.kv_blocks)
         kv = used / total if total > 0 else None
+    preempted = _first(found, best.preemptions)
     return EngineReading(
-        best.engine, sum(waiting) if waiting else None, sum(running) if running else None, kv
+        best.engine,
+        sum(waiting) if waiting else None,
+        sum(running) if running else None,
+        kv,
+        sum(preempted) if preempted else None,
     )
 
 
@@ -189,18 +200,24 @@ class EngineCollector(PollingCollector[EngineReading]):
         *,
         first_delay: float | None = None,
         clock: Callable[[], float] = time.perf_counter,
+        on_preemptions: Callable[[int, int, float], None] | None = None,
     ) -> None:
+        """``on_preemptions(sent_ns, read_ns, total)``: each scrape's preemption counter,
+        with when it was asked and read (``perf_counter_ns``, the relay's clock): the stall
+        causes' (``observe.causes.EngineTimeline.preemptions``)."""
         # at start by default: a pod just started shows its engine at once (up, or down with
         # the reason) instead of absent for a whole interval
         delay = 0.0 if first_delay is None else first_delay
         super().__init__("engine", interval, first_delay=delay, clock=clock)
         self.url = url
+        self.on_preemptions = on_preemptions
         self._session: aiohttp.ClientSession | None = None
 
     async def poll(self) -> EngineReading:
         if self._session is None:
             self._session = aiohttp.ClientSession()
         timeout = aiohttp.ClientTimeout(total=min(max(self.interval, 1.0), TIMEOUT_S))
+        sent = time.perf_counter_ns()
         try:
             async with self._session.get(self.url, timeout=timeout) as resp:
                 if resp.status != 200:
@@ -215,10 +232,13 @@ class EngineCollector(PollingCollector[EngineReading]):
                 body = await _read_bounded(resp)
         except aiohttp.ClientConnectorError as exc:
             raise Unavailable(f"{self.url} unreachable ({type(exc).__name__})") from exc
+        read = time.perf_counter_ns()
         text = body.decode("utf-8", errors="replace")
         reading = await asyncio.to_thread(read_engine, text)
         if reading is None:
             raise Unavailable(f"no known engine metrics at {self.url}")
+        if reading.preemptions is not None and self.on_preemptions is not None:
+            self.on_preemptions(sent, read, reading.preemptions)
         return reading
 
     async def close(self) -> None:

@@ -64,11 +64,15 @@ OUTCOME = "llmobs.outcome"
 DIALECT = "llmobs.dialect"
 SLO_VERDICT = "llmobs.slo.verdict"  # good or bad (absent: judged in no SLO series)
 SLO_MISSED = "llmobs.slo.missed"  # the objectives a bad request missed
+SLO_CAUSES = "llmobs.slo.miss_causes"  # why, one per objective missed (``slo.miss_cause``)
 EVENTS_CAP = "llmobs.token_events.cap"
 EVENTS_DROPPED = "llmobs.token_events.dropped"
 PREFILL_SPAN = "queue+prefill"
 DECODE_SPAN = "decode"
 TOKEN_EVENT = "token"
+STALL_EVENT = "llmobs.stall"  # one per stall on the decode span: its cause and gap
+STALL_CAUSE = "llmobs.stall.cause"
+STALL_GAP = "llmobs.stall.gap"
 
 
 class Arrival(Protocol):
@@ -280,6 +284,9 @@ class RequestTrace:
         if first is not None and last is not None:
             decode = tracer.start_span(DECODE_SPAN, context=context, start_time=self.wall(first))
             self._token_events(decode, windows[0] if windows else None)
+            for stall in details.stalls:  # at its end: when the user saw the stream resume
+                attributes = {STALL_CAUSE: stall.cause._value_, STALL_GAP: stall.gap_s}
+                decode.add_event(STALL_EVENT, attributes, timestamp=self.wall(stall.end_ns))
             decode.end(end_time=self.wall(last))
         span.end(end_time=self.wall(end))
 
@@ -354,6 +361,7 @@ def _attributes(
         attrs[SLO_VERDICT] = "good" if verdict.good else "bad"
         if verdict.missed:
             attrs[SLO_MISSED] = [objective.value for objective in verdict.missed]
+            attrs[SLO_CAUSES] = list(verdict.causes)
     itl = [w.itl for w in windows if w.itl.size]
     if itl:
         values = np.concatenate(itl)

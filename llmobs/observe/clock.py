@@ -16,11 +16,14 @@ from array import array
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from llmobs.observe.causes import Trail
 from llmobs.observe.phases import TtftPhases, split_ttft
 from llmobs.observe.timing import RequestStats, StreamTimer, finish_request
 from llmobs.observe.window import TokenWindow
 
 MAX_CHOICES = 16  # n > 1: choices timed separately, beyond this pooled into the last
+MAX_HOLDS = 64  # the relay's holds of the engine's reading kept per request
+OPEN = 2**63  # the end of a hold that lasts
 
 
 class RequestClock:
@@ -32,6 +35,7 @@ class RequestClock:
         "_first",
         "_min_gap",
         "forwarded_ns",
+        "holds",
         "limit",
         "on_window",
         "output",
@@ -53,6 +57,9 @@ class RequestClock:
         first = self._first = StreamTimer(start_ns, factor, min_gap)  # choice 0
         self._choices: dict[int, StreamTimer] | None = None  # choices other than 0
         self.forwarded_ns: int | None = None  # when the request went upstream
+        # when the relay held the engine's reading for the client: (start, end) ns, the
+        # last one open (end: OPEN) while it lasts; bounded (``MAX_HOLDS``)
+        self.holds: list[tuple[int, int]] = []
         # Choice 0's chunk times, the same array for the request's life: a read of one token
         # of choice 0 appends its time here, then calls ``full`` if the length passes ``limit``
         self.tape: array[int] = first.times
@@ -60,6 +67,27 @@ class RequestClock:
         # ``output(t_ns, tokens)``: a read of ``tokens`` output tokens of choice 0; True when
         # ``full`` is due (the timer's own method: a read's only call into the clock)
         self.output: Callable[[int, int], bool] = first.output
+
+    def held(self, t_ns: int) -> None:
+        """The relay stopped reading the engine: the client's buffer is full."""
+        holds = self.holds
+        if len(holds) >= MAX_HOLDS:  # the oldest go: a stall is judged against recent ones
+            del holds[: MAX_HOLDS // 2]
+        holds.append((t_ns, OPEN))
+
+    def released(self, t_ns: int) -> None:
+        """The relay reads the engine again."""
+        holds = self.holds
+        if holds and holds[-1][1] == OPEN:
+            holds[-1] = (holds[-1][0], t_ns)
+
+    def trail(self, last: int | None = None) -> Trail:
+        """What choice 0 did (``causes.Trail``), for other streams' stalls: its chunk
+        times so far (the tape itself, while the request runs), or with ``last``, a copy of
+        at most the ``last`` latest (a memory copy: what an ended request leaves behind)."""
+        first = self._first
+        times = self.tape if last is None else self.tape[-last:]
+        return Trail(self.forwarded_ns, first.first_ns, times, self.holds)
 
     def full(self) -> None:
         """Choice 0's window is full: it goes to ``on_window``."""

@@ -16,6 +16,7 @@ from collections.abc import Callable, MutableMapping, Sequence
 from dataclasses import dataclass, field
 
 from llmobs.config.objectives import Objectives, ObjectiveSet
+from llmobs.observe.causes import EngineTimeline, Stall, stall_gaps
 from llmobs.observe.clock import RequestClock
 from llmobs.observe.dialects import UNKNOWN, Route
 from llmobs.observe.dialects.base import ABORTED, ERROR, NONE
@@ -34,6 +35,11 @@ from llmobs.observe.record import (
 from llmobs.observe.slo import Verdict, judge
 from llmobs.observe.timing import Outcome, RequestStats, TokenSource, finish_request
 from llmobs.observe.window import TokenWindow
+
+# the stalls of one request judged, and kept on its record (the rest count as unknown):
+# a pathological stream's judging stays bounded
+MAX_STALLS = 256
+TRAIL_TIMES = 4096  # the chunk times an ended request leaves on the engine's timeline
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,6 +64,8 @@ class Observer:
         "_finished",
         "_reader",
         "_sink",
+        "_stalls",
+        "_timeline",
         "_trace",
         "chunk",
         "info",
@@ -74,10 +82,14 @@ class Observer:
         start_ns: int,
         trace: TraceHandle | None = None,
         consumers: Sequence[RequestConsumer] = (),
+        timeline: EngineTimeline | None = None,
     ) -> None:
         """``sink`` counts the request live and is the record's first consumer; ``consumers``
-        take the record after it, in order."""
+        take the record after it, in order; ``timeline``: the engine's streams, shared by
+        every request, against which a stall is judged (``causes``)."""
         self._sink = sink
+        self._timeline = timeline
+        self._stalls: list[Stall] | None = None  # those of windows taken mid-stream
         self._consumers = consumers
         self._trace = trace
         self._config = config
@@ -131,8 +143,18 @@ class Observer:
         try:
             if self.info.stream:
                 self._reader.wait()
+            if self._timeline is not None:
+                self._timeline.started(id(self), self._clock)
         except Exception:
             self._fail("forwarded")
+
+    def held(self, t_ns: int) -> None:
+        """The relay stopped reading the engine: this request's client takes nothing."""
+        self._guard("held", self._clock.held, t_ns)
+
+    def released(self, t_ns: int) -> None:
+        """The relay reads the engine again."""
+        self._guard("released", self._clock.released, t_ns)
 
     def response(self, status: int, content_type: str) -> None:
         """Response headers arrived: choose how to read the body."""
@@ -149,6 +171,41 @@ class Observer:
         sink = self._sink
         label = sink.models.get(self.info.model, 200 <= self.status < 400)
         sink.record_tokens(self.operation, label, window)
+        if window.stalls and (self._stalls is None or len(self._stalls) < MAX_STALLS):
+            stalls = self._judge_stalls((window,))
+            if self._stalls is None:
+                self._stalls = stalls
+            else:
+                self._stalls += stalls
+
+    def _all_stalls(self, windows: Sequence[TokenWindow]) -> tuple[Stall, ...]:
+        """The request's stalls: those of windows taken mid-stream, and of its last."""
+        found = self._stalls or []
+        if len(found) < MAX_STALLS:
+            found = found + self._judge_stalls(windows)
+        return tuple(found[:MAX_STALLS])
+
+    def _leave_timeline(self, t_ns: int) -> None:
+        """The request ended: the latest of its chunk times stay on the engine's timeline a
+        while, for other requests' stalls."""
+        clock, timeline = self._clock, self._timeline
+        if timeline is not None and clock.forwarded_ns is not None:
+            timeline.ended(id(self), t_ns, clock.trail(TRAIL_TIMES))
+
+    def _judge_stalls(self, windows: Sequence[TokenWindow]) -> list[Stall]:
+        """Each stall of ``windows``, with its cause (``causes``): work only where a window
+        has a stall."""
+        timeline = self._timeline
+        if timeline is None:
+            timeline = EngineTimeline()
+        found: list[Stall] = []
+        holds = self._clock.holds
+        for window in windows:
+            if window.stalls:
+                gaps = stall_gaps(window)
+                causes = timeline.classify(id(self), gaps, window.median_gap, holds)
+                found += map(Stall._make, ((*g, c) for g, c in zip(gaps, causes, strict=True)))
+        return found
 
     def finish(self, t_ns: int, outcome: Outcome) -> RequestStats | None:
         """Close the request with ``outcome``; only the first call has any effect.
@@ -167,6 +224,8 @@ class Observer:
         record: RequestStats | None = None
         windows: list[TokenWindow] = []
         malformed = 0
+        if self._timeline is not None:  # before the clock cuts its tape in ``_close``
+            self._guard("finish", self._leave_timeline, t_ns)
         try:
             record, windows, malformed = self._close(t_ns, outcome)
         except Exception:
@@ -176,22 +235,7 @@ class Observer:
                 t_ns, operation=self.operation, model=self.info.model, outcome=outcome,
                 status=self.status, stream=False, input_tokens=None, output_tokens=None,
             )  # fmt: skip
-        verdict: Verdict | None = None
-        trace_ref: TraceRef | None = None
-        label = OTHER
-        phases: TtftPhases | None = None
-        try:  # the guards of _guard, inline: once per request
-            # a new model takes a label only from a successful request (``BoundedLabel``)
-            label = sink.models.get(record.model, 200 <= record.status < 400)
-            objectives = self._config.objectives.for_request(record.operation, record.model)
-            verdict = judge(objectives, record)
-            if record.ttft_s is not None:
-                phases = self._clock.ttft_phases(record)
-            if self._trace is not None:
-                trace_ref = self._trace_ref(self._trace)
-        except Exception:
-            self._fail("finish")
-        finished = RequestRecord(record, tuple(windows), verdict, trace_ref, label, phases)
+        finished = self._record(record, windows)
         try:
             sink.consume(finished)
         except Exception:
@@ -210,6 +254,29 @@ class Observer:
         self._clock.on_window = _nothing  # the clock's only reference to this observer
         return record
 
+    def _record(self, record: RequestStats, windows: list[TokenWindow]) -> RequestRecord:
+        """The request's record: labelled, its TTFT in phases, its stalls' causes, judged.
+        What fails here is counted, and the record goes on with what was made."""
+        verdict: Verdict | None = None
+        trace_ref: TraceRef | None = None
+        label = OTHER
+        phases: TtftPhases | None = None
+        stalls: tuple[Stall, ...] = ()
+        try:  # the guards of _guard, inline: once per request
+            # a new model takes a label only from a successful request (``BoundedLabel``)
+            label = self._sink.models.get(record.model, 200 <= record.status < 400)
+            objectives = self._config.objectives.for_request(record.operation, record.model)
+            if record.ttft_s is not None:
+                phases = self._clock.ttft_phases(record)
+            if record.stalls:
+                stalls = self._all_stalls(windows)
+            verdict = judge(objectives, record, phases, stalls)
+            if self._trace is not None:
+                trace_ref = self._trace_ref(self._trace)
+        except Exception:
+            self._fail("finish")
+        return RequestRecord(record, tuple(windows), verdict, trace_ref, label, phases, stalls)
+
     @staticmethod
     def _trace_ref(trace: TraceHandle) -> TraceRef | None:
         """The request's trace, for the exemplars of its observations (None: no ids)."""
@@ -225,6 +292,7 @@ class Observer:
             completion=truncate("".join(captured)) if captured is not None else None,
             verdict=finished.verdict,
             phases=finished.phases,
+            stalls=finished.stalls,
         )
         trace.finish(finished.stats, finished.windows, self._clock.phases(t_ns), details)
 

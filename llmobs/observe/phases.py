@@ -52,6 +52,15 @@ class TtftPhases(NamedTuple):
         found.append((Phase.OTHER, self.other_ns))
         return found
 
+    def largest(self) -> Phase:
+        """The phase that took most of TTFT (the first of equals, in the order they
+        happen): where a TTFT miss is counted."""
+        best, most = Phase.BEFORE_ENGINE, -1
+        for phase, ns in self.present():
+            if ns > most:
+                best, most = phase, ns
+        return best
+
     @property
     def reported(self) -> tuple[Phase, ...]:
         """The phases the engine reported (the others the sidecar measured)."""

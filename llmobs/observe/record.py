@@ -20,6 +20,7 @@ from __future__ import annotations
 from collections.abc import MutableMapping, Sequence
 from typing import NamedTuple, Protocol
 
+from llmobs.observe.causes import Stall
 from llmobs.observe.labels import BoundedLabel
 from llmobs.observe.phases import TtftPhases
 from llmobs.observe.slo import Verdict
@@ -46,6 +47,9 @@ class RequestRecord(NamedTuple):
     trace: TraceRef | None  # None: not traced
     label: str  # the model's label: the model as sent, or other/unknown (``labels``)
     phases: TtftPhases | None = None  # its TTFT in phases (None: no first token)
+    # its stalls with their causes (``causes``), the first ``observer.MAX_STALLS``: those
+    # past them (``stats.stalls`` counts all) are counted as unknown
+    stalls: tuple[Stall, ...] = ()
 
 
 class RequestDetails(NamedTuple):
@@ -57,6 +61,7 @@ class RequestDetails(NamedTuple):
     completion: str | None = None  # only with --capture-content, truncated
     verdict: Verdict | None = None  # against the request's objectives (None: not judged)
     phases: TtftPhases | None = None  # the TTFT in phases (``phases``)
+    stalls: tuple[Stall, ...] = ()  # each stall with its cause (``causes``)
 
 
 class RequestConsumer(Protocol):

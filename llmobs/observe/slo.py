@@ -16,27 +16,40 @@ The objectives themselves are declared in ``llmobs.config.objectives``.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import NamedTuple
 
 from llmobs.config.objectives import Objective, ObjectiveSet
+from llmobs.observe.causes import STALL_CAUSES, Stall, StallCause
+from llmobs.observe.phases import Phase, TtftPhases
 from llmobs.observe.timing import Outcome, RequestStats
+
+NO_CAUSE = "none"  # a miss nothing here explains: tpot, duration, error; a gap with no stall
 
 
 class Verdict(NamedTuple):
-    """A counted request's verdict: good, or bad with the objectives it missed."""
+    """A counted request's verdict: good, or bad with the objectives it missed and, for each,
+    why (``miss_cause``)."""
 
     good: bool
     missed: tuple[Objective, ...] = ()
+    causes: tuple[str, ...] = ()  # one per missed objective, in the same order
 
 
 GOOD = Verdict(True)
-_FAILED = Verdict(False, (Objective.ERROR,))
+_FAILED = Verdict(False, (Objective.ERROR,), (NO_CAUSE,))
 # outcomes the user sees as a failure; the others besides OK count in no SLO series
 _FAILURES = frozenset({Outcome.UPSTREAM_ERROR, Outcome.UPSTREAM_TIMEOUT, Outcome.SHUTDOWN})
 
 
-def judge(objective_set: ObjectiveSet, s: RequestStats) -> Verdict | None:
-    """The verdict on one finished request; None when it counts in no SLO series."""
+def judge(
+    objective_set: ObjectiveSet,
+    s: RequestStats,
+    phases: TtftPhases | None = None,
+    stalls: Sequence[Stall] = (),
+) -> Verdict | None:
+    """The verdict on one finished request; None when it counts in no SLO series.
+    ``phases`` and ``stalls`` (with their causes) say why each miss happened."""
     outcome = s.outcome
     if outcome is not Outcome.OK:
         return _FAILED if outcome in _FAILURES else None
@@ -55,4 +68,31 @@ def judge(objective_set: ObjectiveSet, s: RequestStats) -> Verdict | None:
         missed.append(Objective.STALL)
     if objective_set.duration is not None and s.duration_s > objective_set.duration:
         missed.append(Objective.DURATION)
-    return Verdict(False, tuple(missed)) if missed else GOOD
+    if not missed:
+        return GOOD
+    return Verdict(False, tuple(missed), tuple(miss_cause(m, phases, stalls) for m in missed))
+
+
+def miss_causes(objective: Objective) -> tuple[str, ...]:
+    """Every cause a miss of ``objective`` can be counted under (``miss_cause``): a closed
+    set per objective, whose series start at 0."""
+    if objective is Objective.TTFT:
+        return (*(p._value_ for p in Phase), NO_CAUSE)
+    if objective is Objective.STALL:
+        return tuple(c._value_ for c in STALL_CAUSES)
+    if objective is Objective.MAX_GAP:
+        return (*(c._value_ for c in STALL_CAUSES), NO_CAUSE)
+    return (NO_CAUSE,)
+
+
+def miss_cause(objective: Objective, phases: TtftPhases | None, stalls: Sequence[Stall]) -> str:
+    """Why an objective was missed: a TTFT miss under the phase that took most of it, a gap
+    or stall miss under the cause of the request's longest stall (``unknown`` for a stall
+    past those judged); anything else ``none``."""
+    if objective is Objective.TTFT:
+        return phases.largest()._value_ if phases is not None else NO_CAUSE
+    if objective in (Objective.MAX_GAP, Objective.STALL):
+        if stalls:
+            return max(stalls, key=lambda x: x.end_ns - x.start_ns).cause._value_
+        return StallCause.UNKNOWN._value_ if objective is Objective.STALL else NO_CAUSE
+    return NO_CAUSE

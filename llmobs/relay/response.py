@@ -89,9 +89,23 @@ class ResponseRelay:
         fields = filter_headers(head.fields, NOT_RETURNED)
         request.begin(head.status, head.reason, fields, _length(head, self.stripper))
         self._chunked = request.chunked
-        request.on_flow(conn.pause_reading, conn.resume_reading)
+        request.on_flow(self._hold, self._release)
         request.on_gone(self.client_gone)
         return self.feed
+
+    def _hold(self) -> None:
+        """The client's buffer is full: stop reading the engine (its tokens wait in the
+        sockets), and tell observation, whose stall in the meantime is the client's."""
+        conn = self.conn
+        if conn is not None:
+            conn.pause_reading()
+        self._obs.held(perf_counter_ns())
+
+    def _release(self) -> None:
+        conn = self.conn
+        if conn is not None:
+            conn.resume_reading()
+        self._obs.released(perf_counter_ns())
 
     def client_gone(self) -> None:
         """The client went away mid-stream: close the engine's connection, so that it stops

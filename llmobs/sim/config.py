@@ -101,6 +101,14 @@ class SimSettings:
         "milliseconds a stalled decode step takes in addition",
         "MS",
     )
+    kv_capacity: int = option(
+        0,
+        int,
+        "tokens the KV cache holds (prompt and output of the running requests); a decode step "
+        "that would overfill it preempts the latest admitted (recomputed later, as vLLM "
+        "does); 0: no limit",
+        "TOKENS",
+    )
     error_rate: float = option(
         0.0,
         float,
@@ -177,6 +185,7 @@ def _validate(s: SimSettings) -> None:
         "decode_per_seq",
         "stall_every",
         "stall_ms",
+        "kv_capacity",
     ):
         value = getattr(s, name)
         if not value >= 0:  # also rejects NaN

@@ -6,7 +6,10 @@ chunked prefill:
 * if requests wait and the batch has room, they are admitted and a PREFILL step runs, taking
   the sum over the admitted of ``prefill_base + prefill_per_token * prompt_tokens``; at its end
   every admitted request emits its first token;
-* otherwise a DECODE step runs for the whole batch, taking ``decode_base + decode_per_seq *
+* otherwise a DECODE step runs for the whole batch (with ``kv_capacity``, first preempting the
+  latest admitted requests while the step would overfill the KV cache: they go back to the
+  front of the queue and are recomputed, prompt and output, when there is room again, as vLLM
+  does), taking ``decode_base + decode_per_seq *
   len(running)`` (plus ``stall_ms`` on every ``stall_every``-th decode step, counted over all
   requests); at its end every running request emits one token.
 
@@ -66,6 +69,7 @@ class PauseCause(enum.StrEnum):
 
     PREFILL = "prefill"  # other requests' prefill ran while these waited to decode
     ENGINE_PAUSE = "engine_pause"  # the periodic pause of every stream (``stall_every``)
+    PREEMPTION = "preemption"  # preempted (the KV cache full), waiting, then recomputed
 
 
 @dataclass(frozen=True)
@@ -96,6 +100,7 @@ class SimCounters:
     generation_tokens: int = 0
     prefill_steps: int = 0
     decode_steps: int = 0
+    preemptions: int = 0
     # Headers of the last completion request, keys lower-cased (trace-context tests read it).
     last_headers: dict[str, str] = field(default_factory=dict)
 
@@ -123,6 +128,7 @@ class SimRequest:
     prefill_started_at: float = 0.0
     first_token_at: float = 0.0
     last_token_at: float = 0.0
+    preempted_at: float | None = None  # preempted, not yet resumed
     _queue: asyncio.Queue[str | None] = field(default_factory=asyncio.Queue)
 
     @property
@@ -183,6 +189,8 @@ class SimEngine:
         self._task: asyncio.Task[None] | None = None
         self._seq = 0
         self.pauses: collections.deque[SimPause] = collections.deque(maxlen=MAX_PAUSES)
+        # the sequence number of each request that named itself (X-Request-Id), the latest
+        self.seqs: collections.OrderedDict[str, int] = collections.OrderedDict()
 
     def receive(self, headers: Mapping[str, str]) -> int:
         """Count an incoming completion request and give it its sequence number."""
@@ -190,6 +198,11 @@ class SimEngine:
         self.counters.last_headers = {k.lower(): v for k, v in headers.items()}
         seq = self._seq
         self._seq += 1
+        request_id = self.counters.last_headers.get("x-request-id")
+        if request_id is not None:
+            self.seqs[request_id] = seq
+            if len(self.seqs) > MAX_PAUSES:
+                self.seqs.popitem(last=False)
         return seq
 
     def injects_error(self, seq: int) -> bool:
@@ -239,11 +252,42 @@ class SimEngine:
         self.counters.cancelled += 1
         self._sync_counts()
 
+    def _held_tokens(self) -> int:
+        return sum(r.prompt_tokens + r.generated for r in self._running)
+
     def kv_cache_usage(self) -> float:
-        """Simulated KV-cache fill: tokens held by the batch over its nominal capacity."""
-        held = sum(r.prompt_tokens + r.generated for r in self._running)
-        capacity = self.settings.max_batch * self.settings.output_tokens_max
-        return min(1.0, held / capacity)
+        """Simulated KV-cache fill: tokens held by the batch over its capacity (the nominal
+        one, max batch x longest output, when ``kv_capacity`` sets none)."""
+        s = self.settings
+        capacity = s.kv_capacity or s.max_batch * s.output_tokens_max
+        return min(1.0, self._held_tokens() / capacity)
+
+    def _admits(self, request: SimRequest, held: int) -> bool:
+        """Whether the batch has room for ``request`` (its prompt, what it generated, and
+        its next token): a place, and with ``kv_capacity`` the KV cache."""
+        s = self.settings
+        if len(self._running) >= s.max_batch:
+            return False
+        if not s.kv_capacity or not self._running:  # alone, it runs whatever its size
+            return True
+        return held + request.prompt_tokens + request.generated + 1 <= s.kv_capacity
+
+    def _preempt(self, clock: float) -> None:
+        """The next decode step would overfill the KV cache: preempt the latest admitted
+        requests (vLLM's policy) back to the front of the queue, to be recomputed."""
+        capacity = self.settings.kv_capacity
+        if not capacity:
+            return
+        held = self._held_tokens()
+        while len(self._running) > 1 and held + len(self._running) > capacity:
+            request = next(reversed(self._running))
+            del self._running[request]
+            held -= request.prompt_tokens + request.generated
+            request.state = _State.WAITING
+            request.preempted_at = request.last_token_at
+            self._waiting.appendleft(request)
+            self.counters.preemptions += 1
+        self._sync_counts()
 
     def start(self) -> None:
         """Start the scheduling loop on the running event loop."""
@@ -268,9 +312,10 @@ class SimEngine:
                     clock = loop.time()
                 elif loop.time() - clock > _MAX_LAG:
                     clock = loop.time()
-                if self._waiting and len(self._running) < self.settings.max_batch:
+                if self._waiting and self._admits(self._waiting[0], self._held_tokens()):
                     clock = await self._prefill(loop, clock)
                 else:
+                    self._preempt(clock)
                     clock = await self._decode(loop, clock)
         finally:
             self._abort_all()
@@ -280,15 +325,21 @@ class SimEngine:
         started = clock
         held = tuple(r.seq for r in self._running)  # decoding, and waiting for this prefill
         admitted: list[SimRequest] = []
-        while self._waiting and len(self._running) < s.max_batch:
+        tokens = self._held_tokens()
+        while self._waiting and self._admits(self._waiting[0], tokens):
             request = self._waiting.popleft()
             request.state = _State.RUNNING
-            request.prefill_started_at = clock
+            if request.preempted_at is None:
+                request.prefill_started_at = clock
             self._running[request] = None
             admitted.append(request)
+            tokens += request.prompt_tokens + request.generated
         self._sync_counts()
         self.counters.prefill_steps += 1
-        clock += sum(s.prefill_base + s.prefill_per_token * r.prompt_tokens for r in admitted)
+        # a preempted request is recomputed: its prompt and what it had generated
+        clock += sum(
+            s.prefill_base + s.prefill_per_token * (r.prompt_tokens + r.generated) for r in admitted
+        )
         if held:
             self.pauses.append(SimPause(started, clock, PauseCause.PREFILL, held))
         await asyncio.sleep(max(0.0, clock - loop.time()))
@@ -316,6 +367,10 @@ class SimEngine:
     def _emit(self, request: SimRequest, clock: float) -> None:
         if request.generated == 0:
             request.first_token_at = clock
+        elif request.preempted_at is not None:  # resumed: its wait was the preemption's
+            pause = SimPause(request.preempted_at, clock, PauseCause.PREEMPTION, (request.seq,))
+            self.pauses.append(pause)
+            request.preempted_at = None
         request.last_token_at = clock
         request._queue.put_nowait(request.tokens[request.generated])
         request.generated += 1

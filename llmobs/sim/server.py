@@ -59,6 +59,11 @@ class _EngineCollector(Collector):
             ("vllm:request_success", "Requests finished successfully.", counts.completed),
             ("vllm:prompt_tokens", "Prefill tokens processed.", counts.prompt_tokens),
             ("vllm:generation_tokens", "Generation tokens processed.", counts.generation_tokens),
+            (
+                "vllm:num_preemptions",
+                "Cumulative number of preemption from the engine.",
+                counts.preemptions,
+            ),
         )
         for name, doc, count in counters:
             counter = CounterMetricFamily(name, doc, labels=["model_name"])
@@ -150,7 +155,8 @@ def _handler(endpoint: Endpoint) -> Handler:
         settings = engine.settings
         received = time.monotonic_ns() if settings.stamp else None  # it has the whole request
         ctx = Context(settings.model, received_ns=received, params=params,
-                      per_request_metrics=settings.per_request_metrics)  # fmt: skip
+                      per_request_metrics=settings.per_request_metrics,
+                      request_id=request.headers.get("X-Request-Id"))  # fmt: skip
         try:
             exchange = endpoint.parse(body, ctx)
         except BadRequest as exc:

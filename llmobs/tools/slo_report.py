@@ -369,7 +369,9 @@ def read_prometheus(base: str, window: str, end: float | None = None) -> dict[Ke
     return rows
 
 
-def add_slo_arguments(parser: argparse.ArgumentParser) -> None:
+def add_source_arguments(parser: argparse.ArgumentParser) -> None:
+    """Where the figures come from (a sidecar's /metrics, or Prometheus over a range), and
+    ``--json``: ``llmobs slo``'s and ``llmobs why``'s."""
     source = parser.add_mutually_exclusive_group(required=True)
     source.add_argument(
         "--metrics-url", metavar="URL", help="a sidecar's /metrics (counts since it started)"
@@ -384,28 +386,41 @@ def add_slo_arguments(parser: argparse.ArgumentParser) -> None:
         help="with --prometheus: the end of the window [now]",
     )  # fmt: skip
     parser.add_argument(
-        "--target", type=float, default=None, metavar="RATIO",
-        help="hold every label set to this share good (default: the target each exports)",
-    )  # fmt: skip
-    parser.add_argument(
         "--metrics-token", default=None, metavar="TOKEN",
         help=f"bearer token for --metrics-url: the sidecar's --metrics-token [env {TOKEN_ENV}]",
     )  # fmt: skip
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
 
 
+def add_slo_arguments(parser: argparse.ArgumentParser) -> None:
+    add_source_arguments(parser)
+    parser.add_argument(
+        "--target", type=float, default=None, metavar="RATIO",
+        help="hold every label set to this share good (default: the target each exports)",
+    )  # fmt: skip
+
+
+def token_of(args: argparse.Namespace, environ: Mapping[str, str]) -> str:
+    """The metrics token: the flag's, else the environment's."""
+    token: str | None = args.metrics_token
+    return token if token is not None else environ.get(TOKEN_ENV, "")
+
+
+def checked_range(args: argparse.Namespace) -> str:
+    """``--range`` and ``--prometheus``, checked: the window."""
+    window: str = args.range
+    if not _RANGE.fullmatch(window):
+        raise ConfigError(f"--range: not a Prometheus duration (5m, 1h, 28d): {window!r}")
+    check_url("--prometheus", args.prometheus)
+    return window
+
+
 def _read(args: argparse.Namespace, environ: Mapping[str, str]) -> tuple[dict[Key, Row], str]:
     """The rows to judge, and where they come from."""
     if args.metrics_url:
         check_url("--metrics-url", args.metrics_url)
-        token = args.metrics_token
-        if token is None:
-            token = environ.get(TOKEN_ENV, "")
-        return read_sidecar(args.metrics_url, token), args.metrics_url
-    window = args.range
-    if not _RANGE.fullmatch(window):
-        raise ConfigError(f"--range: not a Prometheus duration (5m, 1h, 28d): {window!r}")
-    check_url("--prometheus", args.prometheus)
+        return read_sidecar(args.metrics_url, token_of(args, environ)), args.metrics_url
+    window = checked_range(args)
     rows = read_prometheus(args.prometheus, window, args.end)
     return rows, f"{args.prometheus}, the last {window}"
 

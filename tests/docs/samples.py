@@ -212,7 +212,9 @@ def _attributes(attributes: Any, indent: str) -> list[str]:
     return [f"{indent}{key} = {shown(attributes[key])}" for key in sorted(attributes)]
 
 
-def _events(events: Sequence[Any], ms: Callable[[int], float]) -> list[str]:
+def _events(all_events: Sequence[Any], ms: Callable[[int], float]) -> list[str]:
+    causes = [e for e in all_events if e.name == "llmobs.stall"]  # one per stall, its cause
+    events = [e for e in all_events if e.name != "llmobs.stall"]
     stalls = {i for i, e in enumerate(events) if e.attributes.get("llmobs.stall")}
     keep = {0, 1, len(events) - 1} | stalls | {i + 1 for i in stalls}
     lines, skipped = [], False
@@ -228,6 +230,12 @@ def _events(events: Sequence[Any], ms: Callable[[int], float]) -> list[str]:
             f"      event {event.name}  at {ms(event.timestamp):7.1f} ms  index "
             f"{a['llmobs.token.index']:3d}  gap {a['llmobs.token.gap'] * 1000:6.1f} ms  tokens "
             f"{a['llmobs.token.count']}" + ("  <-- STALL" if a["llmobs.stall"] else "")
+        )
+    for event in causes:
+        a = event.attributes
+        lines.append(
+            f"      event {event.name}  at {ms(event.timestamp):7.1f} ms  gap "
+            f"{a['llmobs.stall.gap'] * 1000:6.1f} ms  cause {a['llmobs.stall.cause']}"
         )
     return lines
 

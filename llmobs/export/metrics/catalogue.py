@@ -42,6 +42,7 @@ TOKEN_SOURCE = "token_count_source"
 VERDICT = "verdict"  # good, bad (llmobs.slo)
 PHASE = "phase"  # a part of TTFT (llmobs.observe.phases.Phase)
 OBJECTIVE = "objective"  # the objective a bad request missed (llmobs.slo.Objective)
+CAUSE = "cause"  # why: a stall's (llmobs.observe.causes.StallCause), a miss's (slo.miss_cause)
 
 _OP_MODEL = (OPERATION, MODEL)
 
@@ -143,8 +144,9 @@ ITL_SQUARES = MetricDef(
 )  # fmt: skip
 STALLS = MetricDef(
     "llmobs.stalls", Kind.COUNTER, "{stall}",
-    "Gaps between output chunks >= stall factor x the request's median gap and >= min gap.",
-    _OP_MODEL,
+    "Gaps between output chunks >= stall factor x the request's median gap and >= min gap, "
+    "by cause: prefill, preemption, engine_pause, client, unknown.",
+    (*_OP_MODEL, CAUSE),
 )  # fmt: skip
 SMOOTHNESS = MetricDef(
     "llmobs.smoothness", Kind.HISTOGRAM, "1",
@@ -188,8 +190,9 @@ SLO_REQUESTS = MetricDef(
 SLO_MISSES = MetricDef(
     "llmobs.slo.misses", Kind.COUNTER, "{request}",
     "Bad requests by the objective they missed (one request may miss several): ttft, tpot, "
-    "max_gap, stall, duration, or error.",
-    (*_OP_MODEL, OBJECTIVE),
+    "max_gap, stall, duration, or error; and why: a TTFT miss by the phase that took most "
+    "of it, a gap or stall miss by the cause of the longest stall, the rest none.",
+    (*_OP_MODEL, OBJECTIVE, CAUSE),
 )  # fmt: skip
 SLO_OUTPUT_TOKENS = MetricDef(
     "llmobs.slo.output_tokens", Kind.COUNTER, "{token}",

@@ -10,7 +10,7 @@ active and queued, the sidecar's own error counts) are read from the sink at eac
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 
 from opentelemetry.metrics import (
     CallbackOptions,
@@ -24,6 +24,7 @@ from opentelemetry.metrics import (
 from llmobs.config.objectives import Objectives
 from llmobs.export.metrics.catalogue import (
     ACTIVE,
+    CAUSE,
     DURATION,
     ENGINE_LOAD,
     ENGINE_PROMPT_EVAL,
@@ -60,6 +61,7 @@ from llmobs.export.metrics.catalogue import (
     MetricDef,
     status_class,
 )
+from llmobs.observe.causes import Stall, count_causes
 from llmobs.observe.record import RequestRecord
 from llmobs.observe.slo import Verdict
 from llmobs.observe.timing import RequestStats, TokenSource
@@ -129,7 +131,7 @@ class OtelMetrics:
 
     def consume(self, record: RequestRecord) -> None:
         """A finished request: its series, its verdict, its label set's objective once."""
-        s, _, verdict, _, label, phases = record
+        s, _, verdict, _, label, phases, stalls = record
         op = s.operation
         if (op, label) not in self._seen:
             self._seen.add((op, label))
@@ -137,7 +139,7 @@ class OtelMetrics:
             attrs = {OPERATION: op, MODEL: label}
             self.add(SLO_TARGET, objective_set.target, attrs)
             self.add(SLO_WINDOW, objective_set.window, attrs)
-        self.record_request(s, op, label, status_class(s.status))
+        self.record_request(s, op, label, status_class(s.status), stalls)
         if phases is not None:
             for phase, ns in phases.present():
                 self.record(TTFT_PHASE, ns / 1e9, {OPERATION: op, MODEL: label, PHASE: phase})
@@ -163,11 +165,13 @@ class OtelMetrics:
         attrs = {OPERATION: op, MODEL: model}
         label = "good" if verdict.good else "bad"
         self.add(SLO_REQUESTS, 1, {**attrs, VERDICT: label})
-        for objective in verdict.missed:
-            self.add(SLO_MISSES, 1, {**attrs, OBJECTIVE: objective.value})
+        for objective, cause in zip(verdict.missed, verdict.causes, strict=True):
+            self.add(SLO_MISSES, 1, {**attrs, OBJECTIVE: objective.value, CAUSE: cause})
         self.add(SLO_OUTPUT_TOKENS, output_tokens, {**attrs, VERDICT: label})
 
-    def record_request(self, s: RequestStats, op: str, model: str, status: str) -> None:
+    def record_request(
+        self, s: RequestStats, op: str, model: str, status: str, stalls: Sequence[Stall] = ()
+    ) -> None:
         attrs = {OPERATION: op, MODEL: model}
         labels = {**attrs, OUTCOME: s.outcome.value, STATUS_CLASS: status}
         self.add(REQUESTS, 1, {**labels, FINISH_REASON: s.finish_reason})
@@ -182,7 +186,8 @@ class OtelMetrics:
             if value is not None:
                 self.record(metric, value, attrs)
         if s.stalls:
-            self.add(STALLS, s.stalls, attrs)
+            for cause, count in count_causes(s.stalls, stalls):
+                self.add(STALLS, count, {**attrs, CAUSE: cause._value_})
         for kind, source, count in token_counts(s):
             if kind in ("input", "output"):
                 self.record(TOKEN_USAGE, count, {**attrs, TOKEN_TYPE: kind})

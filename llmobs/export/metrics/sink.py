@@ -61,10 +61,11 @@ from llmobs.export.metrics.series import (
     SeriesCollector,
     TokenHistogram,
 )
+from llmobs.observe.causes import STALL_CAUSES, count_causes
 from llmobs.observe.labels import BoundedLabel
 from llmobs.observe.phases import Phase, TtftPhases
 from llmobs.observe.record import RequestRecord, TraceRef
-from llmobs.observe.slo import Verdict, judge
+from llmobs.observe.slo import Verdict, judge, miss_causes
 from llmobs.observe.timing import RequestStats
 from llmobs.observe.window import TokenWindow
 
@@ -206,7 +207,8 @@ class MetricsSink:
         members += [(phases, (*key, phase._value_)) for phase in _PHASES]
         labels = _LabelSet(key, HistogramRow(members))
         with self._lock:  # at 0 from the start: rate() over a healthy model reads 0
-            self._stalls.series.setdefault(key, 0)
+            for cause in STALL_CAUSES:
+                self._stalls.series.setdefault((*key, cause._value_), 0)
         self._slo_series(labels)
         return labels
 
@@ -221,7 +223,8 @@ class MetricsSink:
                 for verdict in (labels.good, labels.bad):
                     family.series.setdefault(verdict, 0)
             for objective in objective_set.objectives:
-                self._slo_misses.series.setdefault((*key, objective.value), 0)
+                for cause in miss_causes(objective):
+                    self._slo_misses.series.setdefault((*key, objective.value, cause), 0)
             for metric, value in settings:
                 self._counter(metric).series[key] = value
 
@@ -262,7 +265,7 @@ class MetricsSink:
         observations are their buckets' exemplars (if the trace is kept).
         A window that fails to record is raised after everything else about the request is
         recorded."""
-        s, windows, verdict, trace, label, phases = record
+        s, windows, verdict, trace, label, phases, stalls = record
         labels = self._sets.get((s.operation, label))
         if labels is None:
             labels = self._label_set(s.operation, label)
@@ -283,7 +286,8 @@ class MetricsSink:
                       *(_NO_PHASES if phases is None else _seconds(phases)))  # fmt: skip
             labels.row.observe_all(values, exemplar)
             if s.stalls:
-                self._stalls.add(key, s.stalls)
+                for cause, count in count_causes(s.stalls, stalls):
+                    self._stalls.add((op, model, cause._value_), count)
             if verdict is not None:
                 self._record_verdict(labels, verdict, s.output_tokens)
             for window in windows:
@@ -307,8 +311,8 @@ class MetricsSink:
         self._slo_requests.add(labels.bad, 1)
         self._slo_tokens.add(labels.bad, output_tokens)
         op, model = labels.key
-        for objective in verdict.missed:
-            self._slo_misses.add((op, model, objective._value_), 1)
+        for objective, cause in zip(verdict.missed, verdict.causes, strict=True):
+            self._slo_misses.add((op, model, objective._value_, cause), 1)
 
 
 def _seconds(phases: TtftPhases) -> tuple[float | None, ...]:

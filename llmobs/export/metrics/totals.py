@@ -54,7 +54,7 @@ def live_totals(sink: MetricsSink) -> tuple[dict[str, ModelTotals], float, float
             counts = row(model)["itl"]
             for i in range(itl.size):
                 counts[i] += series[i]
-        for (_, model), value in stalls.series.items():
+        for (_, model, _), value in stalls.series.items():
             add(row(model), "stalls", value)
         for (_, model, kind, _), value in tokens.series.items():
             if kind == "output":

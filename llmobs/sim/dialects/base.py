@@ -104,6 +104,7 @@ class Context:
     model: str
     wall_clock: Callable[[], float] = field(default=time.time)
     received_ns: int | None = None
+    request_id: str | None = None  # the client's X-Request-Id: vLLM makes it the response's id
     params: Mapping[str, str] = field(default_factory=dict)  # the path's (Triton's model)
     per_request_metrics: bool = False  # vLLM's per-request ``metrics`` in OpenAI answers
 

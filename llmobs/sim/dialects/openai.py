@@ -118,7 +118,7 @@ class Completion(Exchange):
         self._metrics = ctx.per_request_metrics
         self._received_ns = ctx.received_ns  # sent once, in the first event
         self._head = {
-            "id": f"{'chatcmpl' if chat else 'cmpl'}-{secrets.token_hex(16)}",
+            "id": f"{'chatcmpl' if chat else 'cmpl'}-{ctx.request_id or secrets.token_hex(16)}",
             "object": "chat.completion.chunk" if chat else "text_completion",
             "created": int(ctx.wall_clock()),
             "model": model_of(body, ctx.model),

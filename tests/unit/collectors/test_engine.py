@@ -31,6 +31,10 @@ vllm:kv_cache_usage_perc{engine="0",model_name="llama"} 0.5
 vllm:kv_cache_usage_perc{engine="1",model_name="llama"} 0.7
 # TYPE vllm:time_to_first_token_seconds histogram
 vllm:time_to_first_token_seconds_bucket{le="0.1",model_name="llama"} 4.0
+# TYPE vllm:num_preemptions counter
+vllm:num_preemptions_total{engine="0",model_name="llama"} 3.0
+vllm:num_preemptions_total{engine="1",model_name="llama"} 4.0
+vllm:num_preemptions_created{engine="0",model_name="llama"} 1.7e9
 """
 VLLM_V0 = """\
 vllm:num_requests_waiting{model_name="m"} 1
@@ -44,6 +48,9 @@ sglang:num_running_reqs{model_name="qwen",tp_rank="0"} 12.0
 sglang:num_queue_reqs{model_name="qwen",tp_rank="0"} 7.0
 # TYPE sglang:token_usage gauge
 sglang:token_usage{model_name="qwen",tp_rank="0"} 0.83
+# TYPE sglang:num_retracted_requests counter
+sglang:num_retracted_requests_total{model_name="qwen",tp_rank="0"} 2.0
+sglang:num_retracted_reqs{model_name="qwen",tp_rank="0"} 1.0
 """
 TGI = "# TYPE tgi_queue_size gauge\ntgi_queue_size 4\ntgi_batch_current_size 9\n"
 LLAMACPP = """\
@@ -57,9 +64,10 @@ TRTLLM = 'trtllm_num_requests_waiting{model_name="x"} 5\ntrtllm_kv_cache_utiliza
 @pytest.mark.parametrize(
     ("text", "expected"),
     [
-        (VLLM, EngineReading("vllm", 5.0, 31.0, 0.6)),  # counts summed, ratio averaged
+        # counts summed, ratio averaged; the preemption counters summed too
+        (VLLM, EngineReading("vllm", 5.0, 31.0, 0.6, 7.0)),
         (VLLM_V0, EngineReading("vllm", 1.0, 4.0, 0.25)),
-        (SGLANG, EngineReading("sglang", 7.0, 12.0, 0.83)),
+        (SGLANG, EngineReading("sglang", 7.0, 12.0, 0.83, 2.0)),  # retractions: the counter
         (TGI, EngineReading("tgi", 4.0, 9.0, None)),
         (LLAMACPP, EngineReading("llamacpp", 1.0, 2.0, 0.125)),
         (TRTLLM, EngineReading("trtllm", 5.0, None, 0.4)),
@@ -69,7 +77,7 @@ def test_each_engine_is_recognised_and_mapped(text: str, expected: EngineReading
     got = read_engine(text)
     assert got is not None
     assert got.engine == expected.engine
-    for field in ("waiting", "running", "kv_usage"):
+    for field in ("waiting", "running", "kv_usage", "preemptions"):
         assert getattr(got, field) == pytest.approx(getattr(expected, field)), field
 
 
@@ -144,9 +152,15 @@ async def until(
 async def test_the_simulated_engine_live(start_sim: SimFactory) -> None:
     sim = await start_sim(max_batch=1, decode_base=0.02, output_tokens_min=200,
                           output_tokens_max=200)  # fmt: skip
-    collector = EngineCollector(sim.url + "/metrics", interval=0.05)
+    scrapes: list[tuple[int, int, float]] = []
+    collector = EngineCollector(
+        sim.url + "/metrics", interval=0.05, on_preemptions=lambda *s: scrapes.append(s)
+    )
     await poll(collector)
-    assert collector.snapshot == EngineReading("vllm", 0.0, 0.0, 0.0)
+    assert collector.snapshot == EngineReading("vllm", 0.0, 0.0, 0.0, 0.0)
+    # each scrape's preemption counter goes to the stall causes, asked before it was read
+    ((sent, read, total),) = scrapes
+    assert 0 < sent < read and total == 0.0
     body = {"model": "m", "stream": True, "messages": [{"role": "user", "content": "hi"}]}
 
     async def client(session: aiohttp.ClientSession) -> None:
@@ -184,7 +198,7 @@ async def test_other_engines_and_failures_over_http(
     urls = [await start_app(u.app()) + "/metrics" for u in (sglang, missing, junk, iteration_stats)]
     ok = EngineCollector(urls[0], 0.05)
     await poll(ok)
-    assert ok.snapshot == EngineReading("sglang", 7.0, 12.0, 0.83)
+    assert ok.snapshot == EngineReading("sglang", 7.0, 12.0, 0.83, 2.0)
     down = [
         EngineCollector(url, 0.05) for url in (*urls[1:], f"http://127.0.0.1:{closed_port()}/m")
     ]

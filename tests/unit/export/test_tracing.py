@@ -125,13 +125,20 @@ async def test_request_span_phases_and_token_events(
     assert decode.start_time is not None and decode.end_time is not None
     assert (prefill.end_time - prefill.start_time) / 1e9 == pytest.approx(0.1, abs=0.02)
     assert (decode.end_time - decode.start_time) / 1e9 == pytest.approx(0.78, abs=0.05)
-    events = decode.events
+    events = [e for e in decode.events if e.name == "token"]
     # one event per chunk: 29 tokens after the first (two may share a read on a busy machine)
     assert sum(attr(e, "llmobs.token.count") for e in events) == 29
     assert len(events) >= 25
     stalls = [e for e in events if (e.attributes or {})["llmobs.stall"]]
     assert len(stalls) == 2
     assert all(float((e.attributes or {})["llmobs.token.gap"]) > 0.1 for e in stalls)  # type: ignore[arg-type]
+    # and one stall event each, at the same moment, with its cause: the engine's pause (one
+    # stream alone, no prefill in the gap)
+    causes = [e for e in decode.events if e.name == "llmobs.stall"]
+    assert [e.timestamp for e in causes] == [e.timestamp for e in stalls]
+    assert [(e.attributes or {})["llmobs.stall.cause"] for e in causes] == ["engine_pause"] * 2
+    assert [(e.attributes or {})["llmobs.stall.gap"] for e in causes] == [
+        (e.attributes or {})["llmobs.token.gap"] for e in stalls]  # fmt: skip
     assert (decode.attributes or {})["llmobs.token_events.dropped"] == 0
     # nothing sensitive: no credentials, no prompt or completion text
     dump = repr([(s.name, s.attributes, [e.attributes for e in s.events])
@@ -153,7 +160,7 @@ async def test_token_events_are_capped_but_keep_every_stall(
     flush(side)
     spans = by_name(exporter.get_finished_spans())
     (decode,) = spans["decode"]
-    flags = [(e.attributes or {})["llmobs.stall"] for e in decode.events]
+    flags = [(e.attributes or {})["llmobs.stall"] for e in decode.events if e.name == "token"]
     assert flags.count(True) == 2
     assert len(flags) == 5
     assert 20 <= attr(decode, "llmobs.token_events.dropped") <= 24
@@ -402,7 +409,7 @@ def test_tail_sampling_keeps_every_bad_trace_and_a_share_of_good_ones() -> None:
         trace = tracing.start(OPENAI_CHAT, 0, meta)
         trace_id = trace.span.get_span_context().trace_id
         assert trace.keep == ((trace_id & (2**64 - 1)) < 2**63)
-        verdict = GOOD if i % 2 else Verdict(False, (Objective.TTFT,))
+        verdict = GOOD if i % 2 else Verdict(False, (Objective.TTFT,), ("queue",))
         trace.finish(record, [], times, RequestDetails(verdict=verdict))
         kept[trace_id] = trace.keep or not verdict.good
     tracing.drain()
@@ -414,6 +421,7 @@ def test_tail_sampling_keeps_every_bad_trace_and_a_share_of_good_ones() -> None:
     bad = [s for s in roots if attr(s, "llmobs.slo.verdict") == "bad"]
     assert len({s.context.trace_id for s in bad}) == 100
     assert {tuple(attr(s, "llmobs.slo.missed")) for s in bad} == {("ttft",)}
+    assert {tuple(attr(s, "llmobs.slo.miss_causes")) for s in bad} == {("queue",)}
     # a trace the client sampled is kept, good or not; at ratio 1 every trace is kept
     parent = {"traceparent": f"00-{TRACE_ID}-{PARENT_ID}-01"}
     sampled = Tracing(telemetry.tracer, good_ratio=0.0).start(

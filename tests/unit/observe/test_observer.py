@@ -205,7 +205,8 @@ def test_every_consumer_gets_one_record_judged_once_and_a_broken_one_is_counted(
     assert first.records == last.records and len(first.records) == 1
     record = first.records[0]
     assert record.stats == stats
-    assert record.verdict == Verdict(False, (Objective.TTFT,))
+    # missed under the phase that took most of it: the engine reported none, so other
+    assert record.verdict == Verdict(False, (Objective.TTFT,), ("other",))
     assert sum(w.size for w in record.windows) == 2  # two gaps after the first token
     assert record.trace is None
     assert sample(telemetry, "llmobs_observer_errors_total") == 1

@@ -18,9 +18,12 @@ from llmobs.config.objectives import (
 )
 from llmobs.config.options import parse_duration
 from llmobs.config.settings import ConfigError, Settings
-from llmobs.observe.slo import GOOD, Verdict, judge
+from llmobs.observe.causes import Stall, StallCause
+from llmobs.observe.phases import TtftPhases
+from llmobs.observe.slo import GOOD, NO_CAUSE, Verdict, judge, miss_causes
 from llmobs.observe.timing import Outcome, RequestStats, TokenSource
 
+NONE = NO_CAUSE
 BOUNDED = ObjectiveSet(ttft=0.5, tpot=0.05, max_gap=1.0, no_stalls=True, duration=30.0)
 
 
@@ -48,22 +51,58 @@ def test_a_request_within_every_bound_is_good() -> None:
 
 
 @pytest.mark.parametrize(
-    ("changes", "missed"),
+    ("changes", "missed", "causes"),
     [
-        ({"ttft": 0.51}, (Objective.TTFT,)),
-        ({"tpot": 0.06}, (Objective.TPOT,)),
-        ({"itl_max": 1.5}, (Objective.MAX_GAP,)),
-        ({"stalls": 1}, (Objective.STALL,)),
-        ({"duration": 31.0}, (Objective.DURATION,)),
+        ({"ttft": 0.51}, (Objective.TTFT,), (NONE,)),
+        ({"tpot": 0.06}, (Objective.TPOT,), (NONE,)),
+        ({"itl_max": 1.5}, (Objective.MAX_GAP,), (NONE,)),
+        ({"stalls": 1}, (Objective.STALL,), ("unknown",)),  # a stall nobody judged
+        ({"duration": 31.0}, (Objective.DURATION,), (NONE,)),
         # joint: every bound it missed, in the objectives' order
         (
             {"ttft": 2.0, "tpot": 0.2, "stalls": 3},
             (Objective.TTFT, Objective.TPOT, Objective.STALL),
+            (NONE, NONE, "unknown"),
         ),
     ],
 )
-def test_each_bound_missed_is_named(changes: dict[str, float], missed: tuple[Objective]) -> None:
-    assert judge(BOUNDED, stats(**changes)) == Verdict(False, missed)  # type: ignore[arg-type]
+def test_each_bound_missed_is_named(
+    changes: dict[str, float], missed: tuple[Objective], causes: tuple[str, ...]
+) -> None:
+    verdict = judge(BOUNDED, stats(**changes))  # type: ignore[arg-type]
+    assert verdict == Verdict(False, missed, causes)
+
+
+MS = 1_000_000
+
+
+def test_each_miss_is_counted_under_its_cause() -> None:
+    """A TTFT miss under the phase that took most of it; a gap or stall miss under the
+    cause of the longest stall; the rest under none."""
+    phases = TtftPhases(5 * MS, None, 700 * MS, 200 * MS, 10 * MS)
+    stalls = (Stall(0, 90 * MS, StallCause.PREFILL), Stall(100 * MS, 400 * MS, StallCause.CLIENT),
+              Stall(500 * MS, 700 * MS, StallCause.ENGINE_PAUSE))  # fmt: skip
+    slow = stats(ttft=2.0, itl_max=1.5, stalls=3, tpot=0.2)
+    verdict = judge(BOUNDED, slow, phases, stalls)
+    assert verdict is not None
+    assert dict(zip(verdict.missed, verdict.causes, strict=True)) == {
+        Objective.TTFT: "queue", Objective.TPOT: NONE, Objective.MAX_GAP: "client",
+        Objective.STALL: "client",
+    }  # fmt: skip
+    prefill = TtftPhases(5 * MS, 0, 300 * MS, 300 * MS, 300 * MS)  # equals: the first of them
+    assert judge(BOUNDED, stats(ttft=2.0), prefill) == Verdict(False, (Objective.TTFT,), ("queue",))
+    before = TtftPhases(900 * MS, None, None, None, 100 * MS)
+    assert judge(BOUNDED, stats(ttft=2.0), before) == Verdict(
+        False, (Objective.TTFT,), ("before_engine",))  # fmt: skip
+
+
+def test_every_cause_a_miss_can_have_is_a_closed_set() -> None:
+    assert miss_causes(Objective.TTFT) == (
+        "before_engine", "load", "queue", "prefill", "other", NONE)  # fmt: skip
+    assert miss_causes(Objective.STALL) == (
+        "prefill", "preemption", "engine_pause", "client", "unknown")  # fmt: skip
+    assert miss_causes(Objective.MAX_GAP) == (*miss_causes(Objective.STALL), NONE)
+    assert miss_causes(Objective.TPOT) == miss_causes(Objective.ERROR) == (NONE,)
 
 
 def test_a_bound_at_its_value_is_met() -> None:
@@ -81,10 +120,10 @@ def test_what_a_request_did_not_measure_is_not_held_against_it() -> None:
 @pytest.mark.parametrize(
     ("outcome", "status", "verdict"),
     [
-        (Outcome.UPSTREAM_ERROR, 502, Verdict(False, (Objective.ERROR,))),
-        (Outcome.UPSTREAM_TIMEOUT, 504, Verdict(False, (Objective.ERROR,))),
-        (Outcome.SHUTDOWN, 200, Verdict(False, (Objective.ERROR,))),  # a stream cut short
-        (Outcome.OK, 503, Verdict(False, (Objective.ERROR,))),
+        (Outcome.UPSTREAM_ERROR, 502, Verdict(False, (Objective.ERROR,), (NONE,))),
+        (Outcome.UPSTREAM_TIMEOUT, 504, Verdict(False, (Objective.ERROR,), (NONE,))),
+        (Outcome.SHUTDOWN, 200, Verdict(False, (Objective.ERROR,), (NONE,))),  # a stream cut short
+        (Outcome.OK, 503, Verdict(False, (Objective.ERROR,), (NONE,))),
         (Outcome.CLIENT_DISCONNECT, 200, None),  # the user left: in neither series
         (Outcome.REJECTED, 413, None),  # the sidecar refused it
         (Outcome.OK, 404, None),  # the client's error
@@ -99,13 +138,13 @@ def test_which_outcomes_count(outcome: Outcome, status: int, verdict: Verdict | 
 @pytest.mark.parametrize(
     ("status", "verdict"),
     [
-        (500, Verdict(False, (Objective.ERROR,))),  # the first of the engine's failures
-        (501, Verdict(False, (Objective.ERROR,))),
+        (500, Verdict(False, (Objective.ERROR,), (NONE,))),  # the first of the engine's failures
+        (501, Verdict(False, (Objective.ERROR,), (NONE,))),
         (499, None),  # the last of the client's own
         (400, None),  # the first of them
         (401, None),
-        (399, Verdict(False, (Objective.TTFT,))),  # not an error: judged on its timing
-        (304, Verdict(False, (Objective.TTFT,))),
+        (399, Verdict(False, (Objective.TTFT,), (NONE,))),  # not an error: judged on its timing
+        (304, Verdict(False, (Objective.TTFT,), (NONE,))),
     ],
 )
 def test_each_status_class_starts_at_its_first_code(status: int, verdict: Verdict | None) -> None:

@@ -88,12 +88,17 @@ async def http() -> AsyncIterator[aiohttp.ClientSession]:
         yield session
 
 
-async def stream(http: aiohttp.ClientSession, url: str, body: dict[str, Any]) -> list[Event]:
+async def stream(
+    http: aiohttp.ClientSession,
+    url: str,
+    body: dict[str, Any],
+    headers: dict[str, str] | None = None,
+) -> list[Event]:
     """POST a streaming request and collect its SSE events with arrival times."""
     loop = asyncio.get_running_loop()
     sent = loop.time()
     events: list[Event] = []
-    async with http.post(url, json={**body, "stream": True}) as resp:
+    async with http.post(url, json={**body, "stream": True}, headers=headers) as resp:
         assert resp.status == 200
         assert resp.headers["Content-Type"].startswith("text/event-stream")
         while block := await resp.content.readuntil(b"\n\n"):
@@ -260,6 +265,43 @@ async def test_the_engine_keeps_the_truth_of_every_pause(
     # a pause while both ran held both; one while only one ran, that one
     assert {p.seqs for p in engine} <= {(0,), (1,), (0, 1)}
     assert any(p.seqs == (0, 1) for p in engine)
+
+
+async def test_a_full_kv_cache_preempts_the_latest_and_recomputes_it(
+    start_sim: StartSim, http: aiohttp.ClientSession
+) -> None:
+    """Two requests whose prompts and outputs outgrow a 20-token cache: the second admitted
+    is preempted when the cache would overfill, waits for the first to finish, and is
+    recomputed (its prompt and the output so far); the truth keeps its wait, the counter
+    vLLM's name."""
+    sim = await start_sim(
+        **{**FAST, "prefill_base": 0.02, "decode_base": 0.01, "decode_per_seq": 0.0},
+        max_batch=4, kv_capacity=20, output_tokens_min=10, output_tokens_max=10,
+    )  # fmt: skip
+    body = {"messages": MESSAGES}  # a few prompt tokens each
+    first = asyncio.create_task(stream(http, sim.url + CHAT, body))
+    await eventually(lambda: sim.engine.counters.decode_steps >= 1)
+    second = await stream(http, sim.url + CHAT, body)
+    assert len(content_events(await first)) == len(content_events(second)) == 10
+    assert sim.engine.counters.preemptions >= 1
+    preempted = [p for p in sim.engine.pauses if p.cause is PauseCause.PREEMPTION]
+    assert len(preempted) == sim.engine.counters.preemptions
+    assert {p.seqs for p in preempted} == {(1,)}  # the latest admitted
+    assert all(p.end - p.start > 0.02 for p in preempted)  # at least its recompute
+    async with http.get(sim.url + "/metrics") as r:
+        text = await r.text()
+    assert "vllm:num_preemptions_total{" in text
+
+
+async def test_a_request_named_by_x_request_id_keeps_its_name(
+    start_sim: StartSim, http: aiohttp.ClientSession
+) -> None:
+    """As vLLM, the client's X-Request-Id is the response's id; the engine maps it to its
+    sequence number, for tests that join the sidecar's spans to the engine's truth."""
+    sim = await start_sim(**FAST)
+    events = await stream(http, sim.url + CHAT, {"messages": MESSAGES}, {"X-Request-Id": "r-7"})
+    assert {e.json()["id"] for e in events if e.data != "[DONE]"} == {"chatcmpl-r-7"}
+    assert sim.engine.seqs == {"r-7": 0}
 
 
 async def test_tokens_per_chunk_batches_the_stream(

@@ -135,8 +135,9 @@ def test_the_sink_counts_each_verdict_and_starts_every_series_at_zero() -> None:
         sink.record_request(_record(0.3, model="qwen")),
     ]
     assert verdicts == [
-        GOOD, Verdict(False, (Objective.TTFT,)), Verdict(False, (Objective.ERROR,)), None,
-        Verdict(False, (Objective.TTFT,)),
+        GOOD, Verdict(False, (Objective.TTFT,), ("none",)),
+        Verdict(False, (Objective.ERROR,), ("none",)), None,
+        Verdict(False, (Objective.TTFT,), ("none",)),
     ]  # fmt: skip
 
     def value(name: str, **labels: str) -> float | None:
@@ -146,8 +147,9 @@ def test_the_sink_counts_each_verdict_and_starts_every_series_at_zero() -> None:
     qwen = {**llama, "gen_ai_request_model": "qwen"}
     assert value("llmobs_slo_requests_total", **llama, verdict="good") == 1
     assert value("llmobs_slo_requests_total", **llama, verdict="bad") == 2
-    assert value("llmobs_slo_misses_total", **llama, objective="ttft") == 1
-    assert value("llmobs_slo_misses_total", **llama, objective="error") == 1
+    assert value("llmobs_slo_misses_total", **llama, objective="ttft", cause="none") == 1
+    assert value("llmobs_slo_misses_total", **llama, objective="ttft", cause="queue") == 0
+    assert value("llmobs_slo_misses_total", **llama, objective="error", cause="none") == 1
     assert value("llmobs_slo_output_tokens_total", **llama, verdict="good") == 10
     assert value("llmobs_slo_output_tokens_total", **llama, verdict="bad") == 20
     # qwen's own set: its target, and each of its objectives' series from 0
@@ -155,8 +157,9 @@ def test_the_sink_counts_each_verdict_and_starts_every_series_at_zero() -> None:
     assert value("llmobs_slo_target", **llama) == 0.999
     assert value("llmobs_slo_window_seconds", **qwen) == 28 * 86400
     assert value("llmobs_slo_requests_total", **qwen, verdict="good") == 0
-    assert value("llmobs_slo_misses_total", **qwen, objective="stall") == 0
-    assert value("llmobs_slo_misses_total", **llama, objective="stall") is None
+    for cause in ("prefill", "preemption", "engine_pause", "client", "unknown"):
+        assert value("llmobs_slo_misses_total", **qwen, objective="stall", cause=cause) == 0
+    assert value("llmobs_slo_misses_total", **llama, objective="stall", cause="unknown") is None
 
 
 def test_a_new_label_set_starts_its_series_at_zero() -> None:
