@@ -7,9 +7,9 @@ seconds, output tokens per second split by the gap before each token (the stutte
 visible), stalls per second, requests, the queue, SLO attainment and goodput, the engine's and
 the GPU's gauges. Pure: the clock and the totals are passed in.
 
-Bounded memory: one ``array('d')`` of ``len(GLOBAL) + MODEL_SLOTS * len(PER_MODEL)`` = 115
-numbers per second (920 bytes, ~1 KB with the array's header), ``seconds`` of them (600 by
-default: ~0.6 MB); the first ``MODEL_SLOTS - 1`` models seen get a slot of their own, and all
+Bounded memory: one ``array('d')`` of ``len(GLOBAL) + MODEL_SLOTS * len(PER_MODEL)`` = 205
+numbers per second (1,640 bytes, ~1.7 KB with the array's header), ``seconds`` of them (600
+by default: ~1 MB); the first ``MODEL_SLOTS - 1`` models seen get a slot of their own, and all
 of them are in ``all``.
 """
 
@@ -34,9 +34,15 @@ SLO_WINDOW_S = 60  # attainment: over the judged requests of the last minute
 # ITL bands (seconds, upper edges): output tokens per second by the gap before them
 ITL_BANDS = (0.05, 0.1, 0.25)
 BAND_NAMES = ("itl_le_50ms", "itl_50_100ms", "itl_100_250ms", "itl_gt_250ms")
+# why it was slow: stalls per second by cause, and the mean request's TTFT by phase over
+# the last QUANTILE_WINDOW_S (observe.causes, observe.phases)
+CAUSES = ("prefill", "preemption", "engine_pause", "client", "unknown")
+PHASES = ("before_engine", "load", "queue", "prefill", "other")
+CAUSE_NAMES = tuple(f"stalls_{cause}" for cause in CAUSES)
+PHASE_NAMES = tuple(f"ttft_{phase}" for phase in PHASES)
 PER_MODEL = (
     "ttft_p50", "ttft_p95", "ttft_p99", *BAND_NAMES, "stalls", "tokens", "requests",
-    "attainment", "goodput",
+    "attainment", "goodput", *CAUSE_NAMES, *PHASE_NAMES,
 )  # fmt: skip
 GLOBAL = (
     "queue", "active", "engine_waiting", "engine_running", "engine_kv_cache",
@@ -59,6 +65,8 @@ class ModelTotals:
     good: float = 0.0
     bad: float = 0.0
     good_tokens: float = 0.0
+    causes: Sequence[float] = (0.0,) * 5  # stalls by cause, in ``CAUSES``' order
+    phases: Sequence[float] = (0.0,) * 5  # seconds of TTFT by phase, in ``PHASES``' order
 
 
 @dataclass(frozen=True)
@@ -90,11 +98,12 @@ def _sum(rows: Sequence[Sequence[float]]) -> list[float]:
 class _Model:
     """What one slot remembers between seconds: the last totals and recent changes."""
 
-    __slots__ = ("last", "slo", "ttft")
+    __slots__ = ("last", "phases", "slo", "ttft")
 
     def __init__(self) -> None:
         self.last = ModelTotals()
         self.ttft: deque[list[float]] = deque(maxlen=QUANTILE_WINDOW_S)
+        self.phases: deque[list[float]] = deque(maxlen=QUANTILE_WINDOW_S)
         self.slo: deque[tuple[float, float]] = deque(maxlen=SLO_WINDOW_S)
 
 
@@ -131,10 +140,11 @@ class LiveRing:
                 self.models.append(name)
                 self._state[name] = _Model()
         every = list(models.values())
+        fields = ("stalls", "tokens", "requests", "good", "bad", "good_tokens")
+        counts = {f: sum(getattr(m, f) for m in every) for f in fields}
         models[ALL] = ModelTotals(
-            _sum([m.ttft for m in every]), _sum([m.itl for m in every]),
-            *(sum(getattr(m, f) for m in every)
-              for f in ("stalls", "tokens", "requests", "good", "bad", "good_tokens")),
+            ttft=_sum([m.ttft for m in every]), itl=_sum([m.itl for m in every]), **counts,
+            causes=_sum([m.causes for m in every]), phases=_sum([m.phases for m in every]),
         )  # fmt: skip
         for slot, name in enumerate(self.models):
             found = models.get(name)
@@ -173,6 +183,8 @@ class LiveRing:
         values.update(zip(BAND_NAMES, bands, strict=True))
         for field_name in ("stalls", "tokens", "requests"):
             values[field_name] = max(getattr(now, field_name) - getattr(last, field_name), 0.0)
+        values.update(zip(CAUSE_NAMES, _minus(now.causes, last.causes), strict=False))
+        self._phases(state, now, last, values)
         values["goodput"] = max(now.good_tokens - last.good_tokens, 0.0)
         state.slo.append((max(now.good - last.good, 0.0), max(now.bad - last.bad, 0.0)))
         judged = sum(g + b for g, b in state.slo)
@@ -181,6 +193,18 @@ class LiveRing:
             values["attainment"] = sum(g for g, _ in state.slo) / judged
         for j, field_name in enumerate(PER_MODEL):
             point[at + j] = values.get(field_name, NAN)
+
+    @staticmethod
+    def _phases(
+        state: _Model, now: ModelTotals, last: ModelTotals, values: dict[str, float]
+    ) -> None:
+        """The mean request's TTFT by phase over the window: each phase's seconds over the
+        first tokens in it (none: no value)."""
+        state.phases.append(_minus(now.phases, last.phases))
+        firsts = sum(sum(counts) for counts in state.ttft)
+        if firsts:
+            seconds = _sum(list(state.phases))
+            values.update((name, s / firsts) for name, s in zip(PHASE_NAMES, seconds, strict=False))
 
     def data(self, since: float = 0.0) -> dict[str, Any]:
         """The points after ``since`` as columns, for the page: ``t``, the global series, and

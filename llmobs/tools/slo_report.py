@@ -342,12 +342,17 @@ def _vector(base: str, answer: _Answer, query: str) -> list[tuple[dict[str, str]
 
 
 def query_prometheus(
-    base: str, window: str, end: float | None = None, timeout: float = 30.0
+    base: str,
+    window: str,
+    end: float | None = None,
+    timeout: float = 30.0,
+    queries: Mapping[str, str] | None = None,
 ) -> dict[str, list[tuple[dict[str, str], float]]]:
-    """The SLO families summed over every sidecar Prometheus scrapes, over ``window`` up to
-    ``end`` (unix seconds; None: now); ``CannotJudge`` when Prometheus cannot answer."""
+    """The SLO families (or ``queries``: family name -> PromQL) summed over every sidecar
+    Prometheus scrapes, over ``window`` up to ``end`` (unix seconds; None: now);
+    ``CannotJudge`` when Prometheus cannot answer."""
     out: dict[str, list[tuple[dict[str, str], float]]] = {}
-    for name, query in _queries(window).items():
+    for name, query in (queries if queries is not None else _queries(window)).items():
         params = {"query": query}
         if end is not None:
             params["time"] = f"{end:.3f}"

@@ -19,7 +19,6 @@ import json
 import math
 import os
 import sys
-import urllib.parse
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -32,13 +31,11 @@ from llmobs.observe.phases import Phase
 from llmobs.tools.slo_report import (
     _MODEL,
     _OP,
-    _PROMETHEUS_FIX,
     CannotJudge,
-    _get,
-    _vector,
     check_url,
     checked_range,
     fetch_metrics,
+    query_prometheus,
     token_of,
 )
 
@@ -188,15 +185,9 @@ def _queries(window: str) -> dict[str, str]:
 
 def read_prometheus(base: str, window: str, end: float | None = None) -> dict[Key, Why]:
     """Every sidecar's counts over ``window`` up to ``end``; ``CannotJudge`` when none."""
-    samples: list[Sample] = []
-    for name, query in _queries(window).items():
-        params = {"query": query}
-        if end is not None:
-            params["time"] = f"{end:.3f}"
-        url = f"{base.rstrip('/')}/api/v1/query?{urllib.parse.urlencode(params)}"
-        answer = _get(url, {"Accept": "application/json"}, 30.0, _PROMETHEUS_FIX, base)
-        samples += [(name, labels, value) for labels, value in _vector(base, answer, query)]
-    rows = tally(samples)
+    vectors = query_prometheus(base, window, end, queries=_queries(window))
+    rows = tally((name, labels, value) for name, found in vectors.items()
+                 for labels, value in found)  # fmt: skip
     if not rows:
         raise CannotJudge(f"nothing slow counted at {base} over the last {window}")
     return rows

@@ -97,9 +97,9 @@ async def test_each_stall_gets_its_true_cause(
         if not events:
             continue
         parent = spans[span.parent.span_id] if span.parent else span
-        seq = seqs[(parent.attributes or {})["gen_ai.response.id"]]
+        seq = seqs[str((parent.attributes or {})["gen_ai.response.id"])]
         for event in events:
-            attrs = event.attributes or {}
+            attrs: dict[str, Any] = dict(event.attributes or {})
             end_s = (event.timestamp - offset) / 1e9
             start_s = end_s - attrs["llmobs.stall.gap"]
             judged[(truth_of(pauses, seq, start_s, end_s), attrs["llmobs.stall.cause"])] += 1
@@ -161,7 +161,7 @@ async def test_a_client_that_stops_reading_makes_its_own_stall(
         e for s in exporter.get_finished_spans() for e in s.events if e.name == "llmobs.stall"
     ]
     assert events and {(e.attributes or {})["llmobs.stall.cause"] for e in events} == {"client"}
-    assert max((e.attributes or {})["llmobs.stall.gap"] for e in events) > 0.5
+    assert max(float((e.attributes or {})["llmobs.stall.gap"]) for e in events) > 0.5  # type: ignore[arg-type]
 
 
 WHY_ENGINE: dict[str, Any] = {

@@ -57,6 +57,10 @@ async def test_the_data_shows_the_queue_and_the_stalls(
     # every 8th decode step paused 150 ms: stalls, and tokens after a gap over 100 ms
     stalls = sum(v for v in model["stalls"] if v)
     assert stalls == side.value("llmobs_stalls_total") > 0
+    # each the engine's own pause (one stream at a time, no prefill in the gap), as counted
+    assert sum(v for v in model["stalls_engine_pause"] if v) == stalls
+    # the waits for the first token, by phase: all outside the sidecar (the sim reports none)
+    assert max(v for v in model["ttft_other"] if v is not None) > 0.1
     assert sum(v for v in model["itl_100_250ms"] if v) >= stalls
     assert sum(v for v in model["tokens"] if v) == 4 * 24
     assert sum(v for v in model["requests"] if v) == 4

@@ -92,7 +92,8 @@ async def test_the_page_draws_the_queue_and_the_stutter(
     # the queue: four requests at once on a one-at-a-time engine
     assert drawn["queue"]["prefill queue"] >= 2, drawn
     # the stutter: the stalls series is non-zero, and tokens came after gaps over 100 ms
-    assert drawn["stalls"]["stalls/s"] > 0, drawn
+    assert drawn["stalls"]["engine pause"] > 0, drawn  # by cause: the engine's own pause
+    assert drawn["phases"]["other"] > 0.1, drawn  # the first token's wait, by phase
     assert drawn["itl"]["100-250 ms"] > 0 and drawn["itl"]["≤ 50 ms"] > 0, drawn
     assert drawn["ttft"]["p99"] > 0.3, drawn
     assert drawn["tokens"]["output tokens/s"] > 0

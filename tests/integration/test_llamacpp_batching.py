@@ -84,6 +84,22 @@ async def test_queue_in_the_sidecar_and_in_the_engine(engine: LlamaServer, trace
     first_ends = sorted(s.sent + s.times[-1] for s in order[:SLOTS])
     assert order[1].sent + order[1].ttft < first_ends[0]
     assert all(s.sent + s.ttft > first_ends[0] for s in order[SLOTS:])
+    # why the queued ones waited, from their spans: llama.cpp reports its prefill
+    # (timings.prompt_ms) but not its queue, so the wait for a slot is in ``other``, not
+    # guessed into a phase; and the phases sum to the TTFT the sidecar measured
+    spans: dict[Any, dict[str, Any]] = {
+        (x.attributes or {}).get("gen_ai.response.id"): dict(x.attributes or {})
+        for x in traced.spans() if x.parent is None
+    }  # fmt: skip
+    for stream in order:
+        attrs = spans[stream.id]
+        assert tuple(attrs["llmobs.ttft.reported"]) == ("prefill",)
+        parts = [attrs[f"llmobs.ttft.{p}"] for p in ("before_engine", "prefill", "other")]
+        assert sum(parts) == pytest.approx(attrs["llmobs.time_to_first_token"], abs=1e-8)
+    for stream in order[SLOTS:]:
+        attrs = spans[stream.id]
+        assert attrs["llmobs.ttft.other"] > 0.5 * attrs["llmobs.time_to_first_token"]
+        assert attrs["llmobs.ttft.other"] > attrs["llmobs.ttft.prefill"]
     # and both gauges drain to 0 (the engine's at its next scrape)
     assert side.value("llmobs_prefill_queue_depth") == 0
     await eventually(lambda: side.value("llmobs_engine_requests_running", engine="llamacpp") == 0)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from llmobs.export.live import ModelTotals
+from llmobs.export.live import CAUSES, PHASES, ModelTotals
 from llmobs.export.metrics.catalogue import (
     ACTIVE,
     ITL,
@@ -19,9 +19,38 @@ from llmobs.export.metrics.catalogue import (
     STALLS,
     TOKENS,
     TTFT,
+    TTFT_PHASE,
 )
 from llmobs.export.metrics.series import CounterFamily, Family, HistogramFamily
 from llmobs.export.metrics.sink import MetricsSink
+
+
+class _Rows:
+    """Each model's totals as they are added up, every operation together."""
+
+    def __init__(self, ttft: int, itl: int) -> None:
+        self._ttft, self._itl = ttft, itl
+        self.rows: dict[str, dict[str, Any]] = {}
+
+    def row(self, model: str) -> dict[str, Any]:
+        found = self.rows.get(model)
+        if found is None:
+            found = self.rows[model] = {
+                "ttft": [0.0] * self._ttft, "itl": [0.0] * self._itl,
+                "causes": [0.0] * len(CAUSES), "phases": [0.0] * len(PHASES),
+            }  # fmt: skip
+        return found
+
+    def add(self, model: str, name: str, value: float) -> None:
+        target = self.row(model)
+        target[name] = target.get(name, 0.0) + value
+
+    def buckets(self, family: HistogramFamily, name: str, width: int) -> None:
+        """A histogram's bucket counts (``width`` of them: the buckets and +Inf)."""
+        for (_, model), series in family.series.items():
+            counts = self.row(model)[name]
+            for i in range(width):
+                counts[i] += series[i]
 
 
 def live_totals(sink: MetricsSink) -> tuple[dict[str, ModelTotals], float, float]:
@@ -29,45 +58,29 @@ def live_totals(sink: MetricsSink) -> tuple[dict[str, ModelTotals], float, float
     requests now: what the live page reads once a second (``live.LiveRing``)."""
     families = sink.families
     ttft, itl = _histogram(families[TTFT]), _histogram(families[ITL])
-    stalls, tokens = _counter(families[STALLS]), _counter(families[TOKENS])
-    requests, slo_requests = _counter(families[REQUESTS]), _counter(families[SLO_REQUESTS])
-    slo_tokens = _counter(families[SLO_OUTPUT_TOKENS])
-    queue_depth, active_now = _counter(families[QUEUE_DEPTH]), _counter(families[ACTIVE])
-    width = ttft.size  # the buckets and +Inf, without the sum
-    rows: dict[str, dict[str, Any]] = {}
-
-    def row(model: str) -> dict[str, Any]:
-        found = rows.get(model)
-        if found is None:
-            found = rows[model] = {"ttft": [0.0] * width, "itl": [0.0] * itl.size}
-        return found
-
-    def add(target: dict[str, Any], name: str, value: float) -> None:
-        target[name] = target.get(name, 0.0) + value
-
+    phases = _histogram(families[TTFT_PHASE])
+    rows = _Rows(ttft.size, itl.size)  # the buckets and +Inf, without the sum
     with sink.collector.lock:
-        for (_, model), series in ttft.series.items():
-            counts = row(model)["ttft"]
-            for i in range(width):
-                counts[i] += series[i]
-        for (_, model), series in itl.series.items():
-            counts = row(model)["itl"]
-            for i in range(itl.size):
-                counts[i] += series[i]
-        for (_, model, _), value in stalls.series.items():
-            add(row(model), "stalls", value)
-        for (_, model, kind, _), value in tokens.series.items():
+        rows.buckets(ttft, "ttft", ttft.size)
+        rows.buckets(itl, "itl", itl.size)
+        for (_, model, cause), value in _counter(families[STALLS]).series.items():
+            rows.add(model, "stalls", value)
+            rows.row(model)["causes"][CAUSES.index(cause)] += value
+        for (_, model, phase), series in phases.series.items():
+            rows.row(model)["phases"][PHASES.index(phase)] += series[phases.size]  # its sum
+        for (_, model, kind, _), value in _counter(families[TOKENS]).series.items():
             if kind == "output":
-                add(row(model), "tokens", value)
-        for (_, model, *_), value in requests.series.items():
-            add(row(model), "requests", value)
-        for (_, model, verdict), value in slo_requests.series.items():
-            add(row(model), verdict, value)
-        for (_, model, verdict), value in slo_tokens.series.items():
+                rows.add(model, "tokens", value)
+        for (_, model, *_), value in _counter(families[REQUESTS]).series.items():
+            rows.add(model, "requests", value)
+        for (_, model, verdict), value in _counter(families[SLO_REQUESTS]).series.items():
+            rows.add(model, verdict, value)
+        for (_, model, verdict), value in _counter(families[SLO_OUTPUT_TOKENS]).series.items():
             if verdict == "good":
-                add(row(model), "good_tokens", value)
-        queue, active = queue_depth.series[()], active_now.series[()]
-    return {model: ModelTotals(**found) for model, found in rows.items()}, queue, active
+                rows.add(model, "good_tokens", value)
+        queue = _counter(families[QUEUE_DEPTH]).series[()]
+        active = _counter(families[ACTIVE]).series[()]
+    return {model: ModelTotals(**found) for model, found in rows.rows.items()}, queue, active
 
 
 def _histogram(family: Family) -> HistogramFamily:

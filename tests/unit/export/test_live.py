@@ -3,8 +3,10 @@ changed since the second before; bounded in time and in models."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import sys
+from typing import Any
 
 import pytest
 
@@ -22,7 +24,7 @@ def counts(bounds: tuple[float, ...], values: list[float]) -> list[float]:
     return out
 
 
-def totals(ttfts: list[float], gaps: list[float], **extra: float) -> ModelTotals:
+def totals(ttfts: list[float], gaps: list[float], **extra: Any) -> ModelTotals:
     return ModelTotals(counts(TTFT_BOUNDS, ttfts), counts(ITL_BOUNDS, gaps), **extra)
 
 
@@ -31,6 +33,8 @@ def test_a_point_is_what_changed_in_its_second() -> None:
     ring.add(100.0, Totals({"m": totals([], [])}))
     gaps = [0.02] * 40 + [0.07] * 3 + [0.15] * 2 + [0.5]  # a stall of 500 ms among them
     now = totals([0.3] * 4, gaps, stalls=1, tokens=50, requests=4, good=3, bad=1, good_tokens=30)
+    # why: the stall was the client's; the four TTFTs were 0.8 s of queue, 0.4 s of the rest
+    now = dataclasses.replace(now, causes=[0, 0, 0, 1, 0], phases=[0.1, 0, 0.8, 0, 0.3])
     ring.add(101.0, Totals({"m": now}, queue=3, active=5, gauges={"engine_waiting": 2}))
     data = ring.data()
     assert data["t"] == [100.0, 101.0]
@@ -38,6 +42,10 @@ def test_a_point_is_what_changed_in_its_second() -> None:
     assert m["itl_le_50ms"] == [0, 40] and m["itl_50_100ms"] == [0, 3]
     assert m["itl_100_250ms"] == [0, 2] and m["itl_gt_250ms"] == [0, 1]
     assert (m["stalls"], m["tokens"], m["requests"]) == ([0, 1], [0, 50], [0, 4])
+    assert m["stalls_client"] == [0, 1] and m["stalls_prefill"] == [0, 0]
+    # the mean request's TTFT by phase: 0.2 s of queue each, 0.075 of other, 0.025 before
+    assert m["ttft_queue"] == [None, 0.2] and m["ttft_other"] == [None, 0.075]
+    assert m["ttft_before_engine"] == [None, 0.025] and m["ttft_load"] == [None, 0]
     assert m["attainment"] == [None, 0.75] and m["goodput"] == [0, 30]
     # four requests of 0.3 s TTFT: every quantile in the (0.2, 0.3] bucket
     assert m["ttft_p50"][0] is None and 0.2 < m["ttft_p50"][1] <= 0.3
@@ -50,6 +58,7 @@ def test_a_point_is_what_changed_in_its_second() -> None:
     m = ring.data(since=101.0)["models"]["m"]
     assert (m["tokens"], m["stalls"], m["itl_le_50ms"]) == ([0], [0], [0])
     assert 0.2 < m["ttft_p99"][0] <= 0.3  # TTFT quantiles: over the last 10 s
+    assert m["ttft_queue"] == [0.2] and m["stalls_client"] == [0]  # phases: so too
 
 
 def test_ttft_quantiles_forget_requests_older_than_their_window() -> None:
@@ -76,7 +85,7 @@ def test_models_and_time_are_bounded() -> None:
     assert data["models"][ALL]["tokens"][-1] == sum(range(20))
     point = ring.points[-1]
     assert len(point) == len(GLOBAL) + MODEL_SLOTS * len(data["models"][ALL])
-    assert point.itemsize * len(point) <= 1000
+    assert point.itemsize * len(point) <= 1640
 
 
 def test_a_counter_that_goes_back_reads_zero_not_negative() -> None:
@@ -105,6 +114,6 @@ def test_memory_is_what_the_docs_say(seconds: int) -> None:
     for t in range(seconds + 5):
         ring.add(float(t), Totals({f"m{i}": totals([0.1], [0.02]) for i in range(8)}))
     assert len(ring.points) == seconds
-    # 115 numbers a second, 920 bytes, ~1 KB with the array's own header (live's docstring)
-    assert all(len(p) * p.itemsize == 920 for p in ring.points)
-    assert sum(sys.getsizeof(p) for p in ring.points) <= seconds * 1000
+    # 205 numbers a second, 1,640 bytes, ~1.7 KB with the array's own header (live's docstring)
+    assert all(len(p) * p.itemsize == 1640 for p in ring.points)
+    assert sum(sys.getsizeof(p) for p in ring.points) <= seconds * 1720

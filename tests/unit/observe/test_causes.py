@@ -242,9 +242,214 @@ def test_the_clock_holds_and_its_trail() -> None:
 
 
 def test_a_clock_keeps_its_latest_holds() -> None:
+    """64 holds at most: the 65th drops the oldest half."""
     clock = RequestClock(0, lambda window: None)
-    for i in range(100):
+    for i in range(64):
         clock.held(i * 10)
         clock.released(i * 10 + 5)
-    assert len(clock.holds) <= 64
-    assert clock.holds[-1] == (990, 995)
+    assert len(clock.holds) == 64 and clock.holds[0] == (0, 5)
+    clock.held(640)
+    assert len(clock.holds) == 33
+    assert clock.holds[0] == (320, 325) and clock.holds[-1] == (640, OPEN)
+
+
+# -- the rules at their edges (each line below is a boundary a wrong number would cross) ------
+
+S, E = GAP  # the gap judged: 1000 to 1200 ms, its edges an eighth (25 ms), its half 100 ms
+SILENCE = S - 25 * MS  # before this, another stream's silence began before the gap
+FLOWING = Trail(0, 0, [*steady(0, 980 * MS), 990 * MS, 1100 * MS, 1190 * MS, 1300 * MS])
+
+
+def cause_of(
+    *others: Trail,
+    median: float | None = STEP / 1e9,
+    holds: tuple[tuple[int, int], ...] = (),
+    timeline: EngineTimeline | None = None,
+) -> StallCause:
+    timeline = timeline or EngineTimeline()
+    for key, trail in enumerate(others, start=1):
+        timeline.started(key, Live(trail))
+    (cause,) = timeline.classify(0, [GAP], median, holds)
+    return cause
+
+
+def test_a_client_hold_of_exactly_half_the_gap_and_holds_add_up() -> None:
+    assert cause_of(holds=((S, S + 100 * MS),)) is StallCause.CLIENT
+    assert cause_of(holds=((S, S + 100 * MS - 1),)) is StallCause.ENGINE_PAUSE
+    # two holds of 60 and 50 ms: 110 ms held
+    assert cause_of(holds=((S, S + 60 * MS), (1100 * MS, 1150 * MS))) is StallCause.CLIENT
+    # a hold outside the gap adds nothing
+    outside = ((S, S + 100 * MS - 1), (2000 * MS, 2100 * MS))
+    assert cause_of(holds=outside) is StallCause.ENGINE_PAUSE
+
+
+def test_flow_is_a_chunk_strictly_inside_after_one_since_the_silence() -> None:
+    assert cause_of(FLOWING) is StallCause.UNKNOWN
+    # just inside the edges: the last 25 ms before the end is the next step's
+    at_edge = Trail(0, 0, [990 * MS, E - 25 * MS, 1300 * MS])
+    assert cause_of(at_edge) is StallCause.ENGINE_PAUSE
+    assert cause_of(Trail(0, 0, [990 * MS, E - 25 * MS - 1, 1300 * MS])) is StallCause.UNKNOWN
+    # the chunk before it at the silence's start exactly still flowed; one before, not
+    assert cause_of(Trail(0, 0, [SILENCE, 1100 * MS])) is StallCause.UNKNOWN
+    assert cause_of(Trail(0, 0, [SILENCE - 1, 1100 * MS, 1300 * MS])) is StallCause.ENGINE_PAUSE
+    # its second chunk: the first in the gap came after a silence, the next one flowed
+    assert cause_of(Trail(0, 0, [600 * MS, 1100 * MS, 1120 * MS, 1300 * MS])) is StallCause.UNKNOWN
+    assert cause_of(Trail(0, 0, [500 * MS, 990 * MS, 1100 * MS])) is StallCause.UNKNOWN
+    # a first chunk inside the gap is no flow (a first token, its request late to the engine)
+    assert cause_of(Trail(1150 * MS, 1100 * MS, [1100 * MS])) is StallCause.ENGINE_PAUSE
+
+
+def test_a_long_windows_times_are_searched_the_same() -> None:
+    edge = np.array([S - 5 * MS, S + 25 * MS, E + 5 * MS], dtype=np.int64)  # at the edge exactly
+    assert cause_of(Trail(0, 0, edge)) is StallCause.ENGINE_PAUSE
+    inside = np.array([S - 5 * MS, S + 26 * MS, E + 5 * MS], dtype=np.int64)
+    assert cause_of(Trail(0, 0, inside)) is StallCause.UNKNOWN
+
+
+def test_a_first_token_that_can_have_taken_half_the_gap() -> None:
+    # it reached the engine at the gap's start + 100 ms: its prefill took at most half
+    half = Trail(S + 100 * MS, E - 1, [E - 1])
+    assert cause_of(half) is StallCause.ENGINE_PAUSE  # 100 ms - 1 ns: under half
+    assert cause_of(Trail(S + 100 * MS - 1, E - 1, [E - 1])) is StallCause.PREFILL
+    assert cause_of(Trail(S + 100 * MS, E, [E])) is StallCause.PREFILL  # exactly half
+    assert cause_of(Trail(S, E, [E])) is StallCause.PREFILL  # reached it as the gap began
+    # the latest first token of a prefill in the gap: an eighth of the gap after it
+    assert cause_of(Trail(500 * MS, E + 25 * MS, [E + 25 * MS])) is StallCause.PREFILL
+    assert cause_of(Trail(500 * MS, E + 25 * MS + 1, [E + 25 * MS + 1])) is (
+        StallCause.ENGINE_PAUSE)  # fmt: skip
+
+
+def test_a_recompute_that_can_have_taken_half_the_gap() -> None:
+    preempted = preempted_at((700 * MS, 800 * MS))  # in the silence, not in the gap
+    # resumed just in time, or at the latest step (an eighth after the gap)
+    for after in (S + 100 * MS, E + 25 * MS):
+        resumed = Trail(0, 0, [600 * MS, after, 1400 * MS])
+        assert cause_of(resumed, timeline=preempted_at((700 * MS, 800 * MS))) is (
+            StallCause.PREFILL)  # fmt: skip
+    for after in (S + 100 * MS - 1, S + 60 * MS, E + 25 * MS + 1):
+        resumed = Trail(0, 0, [600 * MS, after, 1400 * MS])
+        assert cause_of(resumed, timeline=preempted_at((700 * MS, 800 * MS))) is (
+            StallCause.ENGINE_PAUSE)  # fmt: skip
+    # its silence began at the silence's start exactly: paused with this one
+    assert cause_of(Trail(0, 0, [SILENCE, E]), timeline=preempted) is StallCause.ENGINE_PAUSE
+    assert cause_of(Trail(0, 0, [SILENCE - 1, E]), timeline=preempted_at((980 * MS, 990 * MS))) is (
+        StallCause.PREFILL)  # fmt: skip
+    # its only chunk before the gap, the one it resumed after: read as the one before
+    assert cause_of(Trail(0, 0, [600 * MS, E]), timeline=preempted_at((700 * MS, 800 * MS))) is (
+        StallCause.PREFILL)  # fmt: skip
+
+
+def test_the_stream_rhythm_sets_the_silence() -> None:
+    """A stream of 100 ms steps: another's silence must have begun half a step before the
+    gap (50 ms), not just an edge (25 ms); none known: the edge alone."""
+    rise = preempted_at((S - 45 * MS, S - 20 * MS))  # counted before the gap, after 960 ms
+    resumed = Trail(0, 0, [S - 40 * MS, E])
+    assert cause_of(resumed, median=0.1, timeline=rise) is StallCause.ENGINE_PAUSE
+    assert cause_of(resumed, median=None, timeline=preempted_at((S - 45 * MS, S - 20 * MS))) is (
+        StallCause.PREFILL)  # fmt: skip
+    # a rhythm of 3 s: a silence from 1.5 s before the gap, to the nanosecond
+    long = Trail(0, 0, [S - 1_500_000_001, E])
+    early = preempted_at((S - 1_400_000_000, S - 1 * MS))
+    assert cause_of(long, median=3.0, timeline=early) is StallCause.PREFILL
+    late = Trail(0, 0, [S - 1_500_000_000, E])
+    assert cause_of(late, median=3.0, timeline=preempted_at((S - 1_400_000_000, S - MS))) is (
+        StallCause.ENGINE_PAUSE)  # fmt: skip
+
+
+def test_recomputed_is_within_half_a_step_of_a_first_token() -> None:
+    rise = (900 * MS, 1105 * MS)
+    for first, cause in ((E - 9 * MS, StallCause.PREEMPTION), (E + 8 * MS, StallCause.PREEMPTION),
+                         (E - 10 * MS, StallCause.PREFILL)):  # fmt: skip
+        assert cause_of(Trail(500 * MS, first, [first]), timeline=preempted_at(rise)) is cause
+    # an odd rhythm: half a step rounds down
+    odd = Trail(500 * MS, E - 10 * MS, [E - 10 * MS])
+    assert cause_of(odd, median=0.020000001, timeline=preempted_at(rise)) is StallCause.PREFILL
+
+
+def test_a_preempted_stream_waits_for_flow_before_it_is_called_so() -> None:
+    """A prefill in the gap of a stream the engine preempted: while no other stream is seen
+    to flow it may be a prefill; one that flowed makes it the preemption."""
+    newcomer = Trail(500 * MS, E - 50 * MS, [E - 50 * MS])
+    assert cause_of(newcomer, FLOWING, timeline=preempted_at((900 * MS, 1105 * MS))) is (
+        StallCause.PREEMPTION)  # fmt: skip
+    assert cause_of(newcomer, timeline=preempted_at((900 * MS, 1105 * MS))) is StallCause.PREFILL
+
+
+def test_the_counter_rose_in_an_interval_that_overlaps_the_gap() -> None:
+    def timeline(*samples: tuple[int, int, float]) -> EngineTimeline:
+        found = EngineTimeline()
+        for sample in samples:
+            found.preemptions(*sample)
+        return found
+
+    # asked before the gap's end, read after it: the rise may be in the gap
+    rose = timeline((1150 * MS, 1250 * MS, 0.0), (1300 * MS, 1305 * MS, 1.0))
+    assert cause_of(FLOWING, timeline=rose) is StallCause.PREEMPTION
+    # asked at its end exactly: after it
+    after = timeline((E, E + MS, 0.0), (1300 * MS, 1301 * MS, 1.0))
+    assert cause_of(FLOWING, timeline=after) is StallCause.UNKNOWN
+    # read at its start exactly: before it
+    before = timeline((900 * MS, 901 * MS, 0.0), (990 * MS, S, 1.0))
+    assert cause_of(FLOWING, timeline=before) is StallCause.UNKNOWN
+
+
+def test_the_samples_kept_are_the_latest_512() -> None:
+    def rise_then(count: int) -> EngineTimeline:
+        found = EngineTimeline()
+        found.preemptions(900 * MS, 901 * MS, 0.0)
+        found.preemptions(1100 * MS, 1101 * MS, 1.0)
+        for i in range(count):
+            found.preemptions(2000 * MS + i, 2000 * MS + i, 1.0)
+        return found
+
+    assert cause_of(FLOWING, timeline=rise_then(510)) is StallCause.PREEMPTION  # 512 in all
+    assert cause_of(FLOWING, timeline=rise_then(511)) is StallCause.UNKNOWN  # the first goes
+
+
+def test_ended_streams_two_minutes_2048_and_a_million_times() -> None:
+    def flowing_then(*ends: tuple[int, Trail], **limits: int) -> StallCause:
+        timeline = EngineTimeline(**limits)
+        timeline.ended(1, 1500 * MS, FLOWING)
+        for key, (end, trail) in enumerate(ends, start=2):
+            timeline.ended(key, end, trail)
+        (cause,) = timeline.classify(0, [GAP], 0.02)
+        return cause
+
+    nothing = Trail(0, 0, [0])
+    minutes = 1500 * MS + 120_000 * MS
+    assert flowing_then((minutes, nothing)) is StallCause.UNKNOWN  # kept two minutes
+    assert flowing_then((minutes + 1, nothing)) is StallCause.ENGINE_PAUSE
+    many = [(1500 * MS, nothing)] * 2047
+    assert flowing_then(*many) is StallCause.UNKNOWN  # 2048 kept
+    assert flowing_then(*many, (1500 * MS, nothing)) is StallCause.ENGINE_PAUSE
+    # the times kept: at most the budget, counted out as streams go
+    assert flowing_then(times=len(FLOWING.times)) is StallCause.UNKNOWN
+    big = Trail(0, 0, [0] * 7)
+    timeline = EngineTimeline(times=len(FLOWING.times) + 7)
+    timeline.ended(1, 1500 * MS, big)
+    timeline.ended(2, 1500 * MS, FLOWING)
+    timeline.ended(3, 1500 * MS, Trail(0, 0, [0] * 7))  # the first goes: the rest fit
+    assert timeline.classify(0, [GAP], 0.02) == [StallCause.UNKNOWN]
+    timeline.ended(4, 1500 * MS, Trail(0, 0, [0]))  # one time more than fits: the next goes
+    assert timeline.classify(0, [GAP], 0.02) == [StallCause.ENGINE_PAUSE]
+    # a stream that ended at the gap's start exactly may have had a chunk in it
+    timeline = EngineTimeline()
+    timeline.ended(1, S, FLOWING)
+    assert timeline.classify(0, [GAP], 0.02) == [StallCause.UNKNOWN]
+
+
+def test_the_gaps_of_a_window_at_its_threshold_and_without_one() -> None:
+    times = [*steady(0, 400 * MS), 460 * MS, *steady(480 * MS, 800 * MS)]  # a gap of 3 steps
+    window = small_window(times, None, factor=3.0, min_gap=0.05)
+    assert window.stall_threshold == 0.06 and window.stalls == 1
+    assert stall_gaps(window) == [(400 * MS, 460 * MS)]
+    no_line = window._replace(stall_threshold=None)
+    assert stall_gaps(no_line) == []
+    no_times = window._replace(chunk_times=None)
+    assert stall_gaps(no_times) == []
+
+
+def test_stalls_past_those_judged_add_to_the_unknown_ones() -> None:
+    judged = [Stall(0, 1, StallCause.UNKNOWN), Stall(2, 3, StallCause.CLIENT)]
+    assert count_causes(3, judged) == [(StallCause.CLIENT, 1), (StallCause.UNKNOWN, 2)]
+    assert count_causes(4, judged) == [(StallCause.CLIENT, 1), (StallCause.UNKNOWN, 3)]

@@ -24,6 +24,17 @@ def test_the_engines_phases_and_the_rest() -> None:
     assert sum(ns for _, ns in phases.present()) == 300 * MS
 
 
+def test_the_largest_phase_is_where_a_miss_is_counted() -> None:
+    """The phase that took most of TTFT; of equals, the first in the order they happen."""
+    assert TtftPhases(5 * MS, None, 200 * MS, 80 * MS, 15 * MS).largest() is Phase.QUEUE
+    assert TtftPhases(5 * MS, 300 * MS, 10 * MS, 400 * MS, 0).largest() is Phase.PREFILL
+    assert TtftPhases(9 * MS, None, None, None, 8 * MS).largest() is Phase.BEFORE_ENGINE
+    assert TtftPhases(1, 0, 0, 0, 2).largest() is Phase.OTHER
+    assert TtftPhases(0, 7, 7, 7, 7).largest() is Phase.LOAD  # equals: the first
+    assert TtftPhases(0, None, None, None, 0).largest() is Phase.BEFORE_ENGINE
+    assert TtftPhases(0, None, None, None, 1).largest() is Phase.OTHER
+
+
 def test_an_engine_that_reports_nothing_leaves_its_time_in_other() -> None:
     phases = split_ttft(250 * MS, 3 * MS)
     assert phases == TtftPhases(3 * MS, None, None, None, 247 * MS)

@@ -8,7 +8,14 @@ const CHARTS = {
   itl: { scope: "model", series: [
     ["itl_le_50ms", "≤ 50 ms", "#16a34a"], ["itl_50_100ms", "50-100 ms", "#ca8a04"],
     ["itl_100_250ms", "100-250 ms", "#ea580c"], ["itl_gt_250ms", "> 250 ms", "#dc2626"]] },
-  stalls: { scope: "model", series: [["stalls", "stalls/s", "#dc2626"]] },
+  stalls: { scope: "model", series: [
+    ["stalls_prefill", "prefill", "#ea580c"], ["stalls_preemption", "preemption", "#7c3aed"],
+    ["stalls_engine_pause", "engine pause", "#dc2626"], ["stalls_client", "client", "#0891b2"],
+    ["stalls_unknown", "unknown", "#6b7280"]] },
+  phases: { scope: "model", series: [
+    ["ttft_before_engine", "before engine", "#0891b2"], ["ttft_load", "load", "#6b7280"],
+    ["ttft_queue", "queue", "#7c3aed"], ["ttft_prefill", "prefill", "#ea580c"],
+    ["ttft_other", "other", "#2563eb"]] },
   queue: { scope: "global", series: [
     ["queue", "prefill queue", "#7c3aed"], ["active", "active", "#0891b2"]] },
   tokens: { scope: "model", series: [
