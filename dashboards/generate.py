@@ -106,6 +106,7 @@ GPU_POWER = c.GPU_POWER.prometheus
 GPU_TEMPERATURE = c.GPU_TEMPERATURE.prometheus
 GPU_CLOCK = {"sm": c.GPU_CLOCK_SM.prometheus, "memory": c.GPU_CLOCK_MEMORY.prometheus}
 SLO_REQUESTS = c.SLO_REQUESTS.prometheus
+COST = c.COST.prometheus
 SLO_MISSES = c.SLO_MISSES.prometheus
 SLO_TOKENS = c.SLO_OUTPUT_TOKENS.prometheus
 SLO_TARGET = c.SLO_TARGET.prometheus
@@ -658,6 +659,59 @@ def why_row() -> list[Json]:
     ]
 
 
+def tenants_row() -> list[Json]:
+    """Who it was slow for and what it cost (docs/metrics.md, Tenants and Cost): empty until
+    the sidecar labels tenants (--tenant-header, --tenant-keys) or prices tokens (--price-file)."""
+    bad_selector = MODEL + ', verdict="bad"'
+    bad = f"sum by (tenant) ({rate(SLO_REQUESTS, bad_selector)})"
+    judged = f"sum by (tenant) ({rate(SLO_REQUESTS)})"
+    ttft = f"histogram_quantile(0.99, sum by (le, tenant) ({rate(TTFT + '_bucket')}))"
+    return [
+        timeseries(
+            "Requests by tenant",
+            "Requests per second by tenant: the key file's names, the tenant header's values "
+            "(bounded: other past --max-tenants), unknown when a request names none.",
+            [target(f"sum by (tenant) ({rate(REQUESTS)})", "{{tenant}}")],
+            "reqps",
+            stack=True,
+            width=6,
+        ),
+        timeseries(
+            "P99 TTFT by tenant",
+            "Who waits for the first token: a tenant whose P99 rises alone sends longer prompts "
+            "or more at once; all together, the deployment is short of capacity.",
+            [target(ttft, "{{tenant}}")],
+            "s",
+            width=6,
+        ),
+        timeseries(
+            "SLO: share of good requests by tenant",
+            "Each tenant against its own objective (--slo-file entries naming the tenant).",
+            [target(f"1 - {bad} / {judged}", "{{tenant}}")],
+            "percentunit",
+            width=6,
+            max=1,
+        ),
+        timeseries(
+            "Cost per hour by model and tenant",
+            "What the tokens cost at the price file's prices, per hour, and what the bad "
+            "requests' tokens cost (failed or slow past their objective).",
+            [
+                target(
+                    f"3600 * sum by (gen_ai_request_model, tenant, currency) ({rate(COST)})",
+                    "{{gen_ai_request_model}} {{tenant}} ({{currency}})",
+                ),
+                target(
+                    f"3600 * sum by (currency) ({rate(COST, bad_selector)})",
+                    "bad requests ({{currency}})",
+                ),
+            ],
+            "short",
+            width=6,
+        ),
+    ]
+
+
 def load_row() -> list[Json]:
     engine = (
         "From the engine's own /metrics, re-exported by the sidecar's engine collector under "
@@ -1147,6 +1201,7 @@ def dashboard() -> Json:
         ("Service-level objectives", slo_row()),
         ("User experience", experience_row()),
         ("Why it was slow", why_row()),
+        ("Who it was slow for, and what it cost", tenants_row()),
         ("Load", load_row()),
         ("Errors and outcomes", errors_row()),
         ("Distributions", distribution_row()),

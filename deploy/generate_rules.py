@@ -74,7 +74,8 @@ def values() -> dict[str, str]:
 # SLOs"): page at 14.4x over 1h and 5m, or 6x over 6h and 30m; ticket at 3x over 1d and 2h, or
 # 1x over 3d and 6h.
 BURN_WINDOWS = ("5m", "30m", "1h", "2h", "6h", "1d", "3d")
-_BY = "namespace, job, gen_ai_operation_name, gen_ai_request_model"
+# the label sets of the SLO rules: a tenant's too, where the sidecar labels SLO series by it
+_BY = "namespace, job, gen_ai_operation_name, gen_ai_request_model, tenant"
 
 
 def _indent(text: str, spaces: int) -> str:

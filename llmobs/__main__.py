@@ -1,5 +1,5 @@
-"""Command line: ``llmobs serve | sim | demo | bench | slo | why`` (also ``python -m llmobs ...``).
-Thin."""
+"""Command line: ``llmobs serve | sim | demo | bench | slo | why | tenant-key`` (also
+``python -m llmobs ...``). Thin."""
 
 from __future__ import annotations
 
@@ -24,6 +24,7 @@ from llmobs.sim import add_sim_arguments, run_sim, sim_settings_from_args
 from llmobs.sim.config import SIM_OPTIONS
 from llmobs.tools.demo import add_demo_arguments, demo_flag, run_demo
 from llmobs.tools.slo_report import EXIT_CODES, add_slo_arguments, add_source_arguments, run_slo_cli
+from llmobs.tools.tenant_key import run_tenant_key
 from llmobs.tools.why import run_why_cli
 from llmobs.wire.listen import ListenError
 
@@ -94,6 +95,14 @@ def _parser() -> argparse.ArgumentParser:
         "(docs/metrics.md). Exits 2 when there is nothing to report from.",
     )
     add_source_arguments(why)
+
+    sub.add_parser(
+        "tenant-key",
+        help="print the fingerprint of each API key read from the input, for --tenant-keys",
+        description="Read API keys from the standard input, one a line, and print each one's "
+        "fingerprint (sha256:...) for the --tenant-keys file: the key stays out of the shell's "
+        "history and the process list. Exits 2 when no key was read.",
+    )
     return parser
 
 
@@ -178,6 +187,8 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
             return run_slo_cli(args, sys.stdout, env)
         if args.command == "why":
             return run_why_cli(args, sys.stdout, env)
+        if args.command == "tenant-key":
+            return run_tenant_key(sys.stdin, sys.stdout)
         tune_process()
         return asyncio.run(run_demo(args, env))
     except ConfigError as exc:

@@ -20,7 +20,9 @@ from aiohttp import web
 
 from llmobs.admin import Lifecycle, build_admin_app
 from llmobs.collectors import Collectors, NvmlBackend
+from llmobs.config.prices import Prices
 from llmobs.config.settings import ConfigError, Settings
+from llmobs.config.tenants import Tenancy
 from llmobs.export.metrics.otel import OtelMetrics
 from llmobs.export.metrics.sink import MetricsSink
 from llmobs.export.telemetry import Telemetry
@@ -30,6 +32,7 @@ from llmobs.observe.causes import EngineTimeline
 from llmobs.observe.dialects import Route
 from llmobs.observe.observer import Observer, ObserveSettings
 from llmobs.observe.record import RequestConsumer
+from llmobs.observe.tenants import tenant_of
 from llmobs.observe.timing import unparsed
 from llmobs.relay.observing import ObserverFactory
 from llmobs.relay.proxy import Relay
@@ -82,26 +85,30 @@ def observer_factory(
     tracing: Tracing | None = None,
     consumers: Sequence[RequestConsumer] = (),
     timeline: EngineTimeline | None = None,
+    tenancy: Tenancy | None = None,
+    prices: Prices | None = None,
 ) -> ObserverFactory:
     """New ``Observer`` per request, sharing the sink (the first consumer of each request's
     record, and the keeper of the objectives it is judged by), the tracer, the consumers
-    after the sink, the engine's timeline (stall causes) and the settings' knobs."""
+    after the sink, the engine's timeline (stall causes), the tenants' rules, the prices and
+    the settings' knobs."""
     config = ObserveSettings(
         stall_factor=settings.stall_factor,
         stall_min_gap=settings.stall_min_gap,
         max_line_bytes=settings.max_line_bytes,
         capture_content=settings.capture_content and tracing is not None,
         objectives=sink.objectives,
+        prices=prices,
     )
-
-    return _Observers(sink, config, tracing, tuple(consumers), timeline)
+    tenancy = tenancy if tenancy is not None and tenancy.on else None
+    return _Observers(sink, config, tracing, tuple(consumers), timeline, tenancy)
 
 
 class _Observers:
     """``observer_factory``'s factory: ``traces`` says whether its observers add a trace
     context to the upstream request (the relay then makes them before sending it)."""
 
-    __slots__ = ("_config", "_consumers", "_sink", "_timeline", "_tracing", "traces")
+    __slots__ = ("_config", "_consumers", "_sink", "_tenancy", "_timeline", "_tracing", "traces")
 
     def __init__(
         self,
@@ -110,9 +117,11 @@ class _Observers:
         tracing: Tracing | None,
         consumers: tuple[RequestConsumer, ...],
         timeline: EngineTimeline | None,
+        tenancy: Tenancy | None = None,
     ) -> None:
         self._sink = sink
         self._timeline = timeline
+        self._tenancy = tenancy
         self._config = config
         self._tracing = tracing
         self._consumers = consumers
@@ -124,9 +133,12 @@ class _Observers:
         if tracing is not None:  # what a span needs of the request: made only for one
             meta = RequestMeta(arrival.method, arrival.path, arrival.headers, time.time_ns())
             trace = tracing.start(route, start_ns, meta)
+        tenancy = self._tenancy  # whose request: read off its headers, the key not kept
+        tenant = tenant_of(tenancy, arrival.headers) if tenancy is not None else None
         return Observer(
-            self._sink, self._config, route, start_ns, trace, self._consumers, self._timeline
-        )
+            self._sink, self._config, route, start_ns, trace, self._consumers, self._timeline,
+            tenant,
+        )  # fmt: skip
 
 
 def tracing_for(settings: Settings, telemetry: Telemetry) -> Tracing | None:
@@ -165,15 +177,21 @@ class Proxy:
         """``consumers`` take each finished request's record after the sink."""
         self.settings = settings
         self.telemetry = telemetry
+        self.tenancy = settings.tenancy()
+        self.prices = settings.prices()
         self.sink = MetricsSink(
-            telemetry.registry, settings.max_models, objectives=self.settings.objectives()
-        )
+            telemetry.registry, settings.max_models, objectives=self.settings.objectives(),
+            tenancy=self.tenancy, max_tenants=settings.max_tenants,
+            currency=self.prices.currency if self.prices is not None else "",
+        )  # fmt: skip
         # What takes each finished request's record after the sink (which counts it first):
         # a new consumer is a class with ``consume(record)`` and one line here.
         self.consumers: list[RequestConsumer] = [*consumers]
         push = telemetry.push_meter
         if push is not None:  # request metrics pushed over OTLP too
-            self.consumers.append(OtelMetrics(push, self.sink.objectives, self.sink.live))
+            self.consumers.append(OtelMetrics(
+                push, self.sink.objectives, self.sink.live, self.sink.tenanted, self.sink.currency
+            ))  # fmt: skip
         # the engine's streams and preemptions, against which each stall is judged
         self.timeline = EngineTimeline()
         self.tracing: Tracing | None = None
@@ -189,7 +207,15 @@ class Proxy:
         )
         self.tracing = tracing_for(settings, self.telemetry)
         factory = (
-            observer_factory(settings, self.sink, self.tracing, self.consumers, self.timeline)
+            observer_factory(
+                settings,
+                self.sink,
+                self.tracing,
+                self.consumers,
+                self.timeline,
+                self.tenancy,
+                self.prices,
+            )
             if settings.instrument
             else None
         )

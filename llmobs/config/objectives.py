@@ -7,6 +7,7 @@ The YAML file holds per-model and per-operation overrides of the flags' set::
     objectives:
       - model: llama-3.1-8b        # the requested model, as sent (optional)
         operation: chat            # chat, text_completion, embeddings, ... (optional)
+        tenant: customer-a         # the tenant's label (--tenant-header, --tenant-keys; optional)
         ttft: 500ms
         tpot: 50ms
         max_gap: 1s                # or no_stalls: true
@@ -14,8 +15,9 @@ The YAML file holds per-model and per-operation overrides of the flags' set::
         target: 0.995
         window: 28d
 
-The most specific entry wins (model and operation, then model, then operation); a field an
-entry leaves out is the default set's.
+The most specific entry wins: one naming the tenant first (a customer's objective is its
+contract), then the model and operation, the model, the operation; a field an entry leaves out
+is the default set's.
 """
 
 from __future__ import annotations
@@ -27,9 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import yaml
-
-from llmobs.config.options import ConfigError, parse_duration
+from llmobs.config.options import ConfigError, parse_duration, read_yaml
 
 
 class Objective(enum.StrEnum):
@@ -46,7 +46,10 @@ class Objective(enum.StrEnum):
 DEFAULT_TARGET = 0.999  # the default set bounds no latency: an availability objective
 DEFAULT_WINDOW = 28 * 86400.0
 
-_Key = tuple[str | None, str | None]  # (operation, model) an override matches; None: any
+# (operation, model, tenant) an override matches; None: any
+_Key = tuple[str | None, str | None, str | None]
+# the keys looked up for a request, most specific first: tenant, then model and operation
+_ORDER = ((1, 1, 1), (0, 1, 1), (1, 0, 1), (0, 0, 1), (1, 1, 0), (0, 1, 0), (1, 0, 0))
 
 
 class ObjectiveError(ConfigError):
@@ -96,7 +99,8 @@ class ObjectiveSet:
 
 
 class Objectives:
-    """The default set and its overrides: which set judges a request of (operation, model)."""
+    """The default set and its overrides: which set judges a request of (operation, model,
+    tenant)."""
 
     def __init__(
         self,
@@ -105,22 +109,23 @@ class Objectives:
     ) -> None:
         self.default = default
         self.overrides = dict(overrides or {})
-        self._by_model = any(model is not None for _, model in self.overrides)
-        self._by_operation = any(op is not None for op, _ in self.overrides)
+        # the lookups that can match: those whose named fields some override names
+        used = {tuple(int(v is not None) for v in key) for key in self.overrides}
+        self._order = tuple(shape for shape in _ORDER if shape in used)
 
-    def for_request(self, operation: str, model: str | None) -> ObjectiveSet:
-        """The most specific set: (operation, model), model, operation, the default."""
+    def for_request(
+        self, operation: str, model: str | None, tenant: str | None = None
+    ) -> ObjectiveSet:
+        """The most specific set (tenant first, then model and operation), or the default."""
         if not self.overrides:
             return self.default
-        get = self.overrides.get
-        if self._by_model and model is not None:
-            found = get((operation, model)) or get((None, model))
-            if found is not None:
-                return found
-        if self._by_operation:
-            found = get((operation, None))
-            if found is not None:
-                return found
+        get, values = self.overrides.get, (operation, model, tenant)
+        for shape in self._order:
+            key = tuple(v if on else None for v, on in zip(values, shape, strict=True))
+            if all(v is not None for v, on in zip(key, shape, strict=True) if on):
+                found = get(key)  # type: ignore[arg-type]
+                if found is not None:
+                    return found
         return self.default
 
     @property
@@ -136,7 +141,7 @@ class Objectives:
 
 # fields an entry of the file may give, and how each is read
 _DURATIONS = ("ttft", "tpot", "max_gap", "duration", "window")
-_MATCH = ("model", "operation")
+_MATCH = ("model", "operation", "tenant")
 
 
 def _field(name: str, value: Any) -> Any:
@@ -153,9 +158,7 @@ def _field(name: str, value: Any) -> Any:
     return float(value)
 
 
-def _entry(
-    default: ObjectiveSet, raw: Any, where: str
-) -> tuple[tuple[str | None, str | None], ObjectiveSet]:
+def _entry(default: ObjectiveSet, raw: Any, where: str) -> tuple[_Key, ObjectiveSet]:
     if not isinstance(raw, dict):
         raise ConfigError(f"{where}: expected a mapping of fields")
     fields = {f.name for f in dataclasses.fields(ObjectiveSet)}
@@ -164,23 +167,20 @@ def _entry(
         raise ConfigError(f"{where}: unknown field {unknown[0]!r}")
     match = tuple(raw.get(k) for k in _MATCH)
     if not any(match) or not all(v is None or isinstance(v, str) for v in match):
-        raise ConfigError(f"{where}: name a model or an operation (or both) to match")
+        raise ConfigError(f"{where}: name a model, an operation or a tenant to match")
     try:
         changes = {k: _field(k, v) for k, v in raw.items() if k in fields}
         objective_set = dataclasses.replace(default, **changes)
     except (ConfigError, ValueError) as exc:
         raise ConfigError(f"{where}: {exc}") from None
-    model, operation = match
-    return (operation, model), objective_set
+    model, operation, tenant = match
+    return (operation, model, tenant), objective_set
 
 
 def load_overrides(path: str | Path, default: ObjectiveSet) -> dict[_Key, ObjectiveSet]:
     """The overrides of an objectives file (see the module's docstring); ConfigError, naming
     the file and the entry, for anything that is not one."""
-    try:
-        loaded = yaml.safe_load(Path(path).read_text())
-    except (OSError, yaml.YAMLError) as exc:
-        raise ConfigError(f"--slo-file {path}: {exc}") from None
+    loaded = read_yaml(path, "--slo-file")
     entries = loaded.get("objectives") if isinstance(loaded, dict) else None
     if not isinstance(entries, list):
         raise ConfigError(f"--slo-file {path}: expected a top-level list 'objectives:'")

@@ -16,7 +16,10 @@ import dataclasses
 import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
+
+import yaml
 
 _OPTION = "llmobs.option"  # the key of a field's option in its metadata
 
@@ -233,3 +236,12 @@ def add_arguments(parser: argparse.ArgumentParser, options: tuple[Option, ...]) 
 def flags_of(args: argparse.Namespace, options: tuple[Option, ...]) -> dict[str, Any]:
     """The values of ``options`` found on parsed arguments."""
     return {o.field: getattr(args, o.field, None) for o in options}
+
+
+def read_yaml(path: str | Path, flag: str) -> Any:
+    """A configuration file's YAML; ``ConfigError`` naming ``flag`` and the file when it
+    cannot be read or parsed (its shape is the caller's to check)."""
+    try:
+        return yaml.safe_load(Path(path).read_text())
+    except (OSError, yaml.YAMLError) as exc:
+        raise ConfigError(f"{flag} {path}: {exc}") from None

@@ -39,6 +39,10 @@ from llmobs.config.options import (
     source_of,
 )
 from llmobs.config.options import add_arguments as _add_arguments
+from llmobs.config.prices import Prices, load_prices
+from llmobs.config.tenants import DEFAULT_METRICS as DEFAULT_TENANT_METRICS
+from llmobs.config.tenants import METRIC_NAMES as TENANT_METRIC_NAMES
+from llmobs.config.tenants import Tenancy, check_metrics, load_keys
 
 __all__ = ["OPTIONS", "ConfigError", "Settings", "add_arguments", "settings_from_args"]
 
@@ -293,8 +297,32 @@ class Settings:
         "DURATION",
     )  # fmt: skip
     slo_file: str = option(
-        "", str, "SLO: a YAML file of per-model and per-operation objectives (docs/slo.md)",
-        "PATH",
+        "", str, "SLO: a YAML file of per-model, per-operation and per-tenant objectives "
+        "(docs/slo.md)", "PATH",
+    )  # fmt: skip
+    tenant_header: str = option(
+        "", str, "tenants: the request header whose value names the request's tenant "
+        "(X-Tenant-Id); client-sent, so bounded as models are", "NAME",
+    )  # fmt: skip
+    tenant_keys: str = option(
+        "", str, "tenants: a YAML file of API-key fingerprints and the tenant each names "
+        "(`llmobs tenant-key` prints a key's; keys are never shown)", "PATH",
+    )  # fmt: skip
+    tenant_fingerprints: bool = option(
+        False, parse_bool, "tenants: a key the --tenant-keys file does not name is labelled "
+        "key-<12 hex digits of its SHA-256> (else by --tenant-header, or unknown)", "BOOL",
+    )  # fmt: skip
+    max_tenants: int = option(
+        32, int, "distinct tenant label values before new ones are reported as 'other' (the "
+        "--tenant-keys file's names always have their own)", "N",
+    )  # fmt: skip
+    tenant_metrics: tuple[str, ...] = option(
+        DEFAULT_TENANT_METRICS, parse_list, "tenants: the request families labelled by tenant: "
+        f"some of {', '.join(TENANT_METRIC_NAMES)}", "LIST",
+    )  # fmt: skip
+    price_file: str = option(
+        "", str, "a YAML file of token prices per model and one currency: a cost counter "
+        "by model (and tenant) (docs/metrics.md)", "PATH",
     )  # fmt: skip
     traces_good_ratio: float = option(
         1.0,
@@ -325,6 +353,17 @@ class Settings:
         )  # fmt: skip
         return build_objectives(default, self.slo_file)
 
+    def tenancy(self) -> Tenancy:
+        """How tenants are found (the key file read), and the families labelled by them."""
+        keys = load_keys(self.tenant_keys) if self.tenant_keys else {}
+        return Tenancy(
+            self.tenant_header.strip(), keys, self.tenant_fingerprints, self.tenant_metrics
+        )
+
+    def prices(self) -> Prices | None:
+        """The price file's prices (read); None: no price file, no cost."""
+        return load_prices(self.price_file) if self.price_file else None
+
     @property
     def upstream_base(self) -> str:
         """The upstream URL without a trailing slash, ready to prefix request paths."""
@@ -353,7 +392,8 @@ def _validate(s: Settings) -> None:
             raise ConfigError(f"{_source(name)}: must be > 0, got {getattr(s, name)}")
     if s.stall_min_gap < 0:
         raise ConfigError(f"{_source('stall_min_gap')}: must be >= 0")
-    for name in ("max_body_bytes", "max_models", "max_line_bytes"):
+    check_metrics(s.tenant_metrics)
+    for name in ("max_body_bytes", "max_models", "max_line_bytes", "max_tenants"):
         if getattr(s, name) < 1:
             raise ConfigError(f"{_source(name)}: must be >= 1, got {getattr(s, name)}")
     if s.event_loop not in EVENT_LOOPS:

@@ -7,8 +7,8 @@ seconds, output tokens per second split by the gap before each token (the stutte
 visible), stalls per second, requests, the queue, SLO attainment and goodput, the engine's and
 the GPU's gauges. Pure: the clock and the totals are passed in.
 
-Bounded memory: one ``array('d')`` of ``len(GLOBAL) + MODEL_SLOTS * len(PER_MODEL)`` = 205
-numbers per second (1,640 bytes, ~1.7 KB with the array's header), ``seconds`` of them (600
+Bounded memory: one ``array('d')`` of ``len(GLOBAL) + MODEL_SLOTS * len(PER_MODEL)`` = 214
+numbers per second (1,712 bytes, ~1.8 KB with the array's header), ``seconds`` of them (600
 by default: ~1 MB); the first ``MODEL_SLOTS - 1`` models seen get a slot of their own, and all
 of them are in ``all``.
 """
@@ -42,7 +42,7 @@ CAUSE_NAMES = tuple(f"stalls_{cause}" for cause in CAUSES)
 PHASE_NAMES = tuple(f"ttft_{phase}" for phase in PHASES)
 PER_MODEL = (
     "ttft_p50", "ttft_p95", "ttft_p99", *BAND_NAMES, "stalls", "tokens", "requests",
-    "attainment", "goodput", *CAUSE_NAMES, *PHASE_NAMES,
+    "attainment", "goodput", *CAUSE_NAMES, *PHASE_NAMES, "cost",
 )  # fmt: skip
 GLOBAL = (
     "queue", "active", "engine_waiting", "engine_running", "engine_kv_cache",
@@ -67,6 +67,7 @@ class ModelTotals:
     good_tokens: float = 0.0
     causes: Sequence[float] = (0.0,) * 5  # stalls by cause, in ``CAUSES``' order
     phases: Sequence[float] = (0.0,) * 5  # seconds of TTFT by phase, in ``PHASES``' order
+    cost: float | None = None  # what the tokens cost, in the price file's (None: no file)
 
 
 @dataclass(frozen=True)
@@ -142,9 +143,11 @@ class LiveRing:
         every = list(models.values())
         fields = ("stalls", "tokens", "requests", "good", "bad", "good_tokens")
         counts = {f: sum(getattr(m, f) for m in every) for f in fields}
+        costs = [m.cost for m in every if m.cost is not None]
         models[ALL] = ModelTotals(
             ttft=_sum([m.ttft for m in every]), itl=_sum([m.itl for m in every]), **counts,
             causes=_sum([m.causes for m in every]), phases=_sum([m.phases for m in every]),
+            cost=sum(costs) if costs else None,
         )  # fmt: skip
         for slot, name in enumerate(self.models):
             found = models.get(name)
@@ -183,6 +186,8 @@ class LiveRing:
         values.update(zip(BAND_NAMES, bands, strict=True))
         for field_name in ("stalls", "tokens", "requests"):
             values[field_name] = max(getattr(now, field_name) - getattr(last, field_name), 0.0)
+        if now.cost is not None:  # a price file: what this second's tokens cost
+            values["cost"] = max(now.cost - (last.cost or 0.0), 0.0)
         values.update(zip(CAUSE_NAMES, _minus(now.causes, last.causes), strict=False))
         self._phases(state, now, last, values)
         values["goodput"] = max(now.good_tokens - last.good_tokens, 0.0)

@@ -64,6 +64,8 @@ OUTCOME = "llmobs.outcome"
 DIALECT = "llmobs.dialect"
 SLO_VERDICT = "llmobs.slo.verdict"  # good or bad (absent: judged in no SLO series)
 SLO_MISSED = "llmobs.slo.missed"  # the objectives a bad request missed
+TENANT = "llmobs.tenant"  # the tenant's label (the operator's name for it, never a key)
+COST = "llmobs.cost"  # what the request's tokens cost, in the price file's currency
 SLO_CAUSES = "llmobs.slo.miss_causes"  # why, one per objective missed (``slo.miss_cause``)
 EVENTS_CAP = "llmobs.token_events.cap"
 EVENTS_DROPPED = "llmobs.token_events.dropped"
@@ -346,6 +348,8 @@ def _attributes(
         TPOT: record.tpot_s,
         SMOOTHNESS: record.smoothness,
         MAX_TOKENS: details.max_tokens,
+        TENANT: details.tenant or None,
+        COST: details.cost,
         TEMPERATURE: details.temperature,
         INPUT_MESSAGES: details.prompt,
         OUTPUT_MESSAGES: details.completion,

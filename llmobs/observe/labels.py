@@ -15,11 +15,14 @@ MAX_LABEL_LENGTH = 128
 class BoundedLabel:
     """Maps arbitrary strings onto at most ``limit`` values plus ``other`` and ``unknown``."""
 
-    __slots__ = ("_known", "limit")
+    __slots__ = ("_known", "_reserved", "limit")
 
-    def __init__(self, limit: int) -> None:
+    def __init__(self, limit: int, reserved: frozenset[str] = frozenset()) -> None:
+        """``reserved``: values the operator named (tenants of a key file), always their
+        own label and not counted against ``limit``."""
         self.limit = limit
         self._known: set[str] = set()
+        self._reserved = reserved
 
     def get(self, value: str | None, admit: bool = True) -> str:
         """The label for ``value``; a new value takes a free slot only when ``admit``.
@@ -30,7 +33,7 @@ class BoundedLabel:
         if not value:
             return UNKNOWN
         value = value[:MAX_LABEL_LENGTH]
-        if value in self._known:
+        if value in self._known or value in self._reserved:
             return value
         if admit and len(self._known) < self.limit and _encodes(value):
             self._known.add(value)

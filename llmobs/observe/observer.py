@@ -16,8 +16,10 @@ from collections.abc import Callable, MutableMapping, Sequence
 from dataclasses import dataclass, field
 
 from llmobs.config.objectives import Objectives, ObjectiveSet
+from llmobs.config.prices import Prices
 from llmobs.observe.causes import EngineTimeline, Stall, stall_gaps
 from llmobs.observe.clock import RequestClock
+from llmobs.observe.cost import request_cost
 from llmobs.observe.dialects import UNKNOWN, Route
 from llmobs.observe.dialects.base import ABORTED, ERROR, NONE
 from llmobs.observe.dialects.request import NO_BODY, parse_request, truncate
@@ -52,6 +54,7 @@ class ObserveSettings:
     capture_content: bool = False
     # what each request is judged by (the sink's: the app passes the same object)
     objectives: Objectives = field(default_factory=lambda: Objectives(ObjectiveSet()))
+    prices: Prices | None = None  # the price file's (None: no cost)
 
 
 class Observer:
@@ -65,6 +68,7 @@ class Observer:
         "_reader",
         "_sink",
         "_stalls",
+        "_tenant",
         "_timeline",
         "_trace",
         "chunk",
@@ -83,11 +87,14 @@ class Observer:
         trace: TraceHandle | None = None,
         consumers: Sequence[RequestConsumer] = (),
         timeline: EngineTimeline | None = None,
+        tenant: str | None = None,
     ) -> None:
         """``sink`` counts the request live and is the record's first consumer; ``consumers``
         take the record after it, in order; ``timeline``: the engine's streams, shared by
-        every request, against which a stall is judged (``causes``)."""
+        every request, against which a stall is judged (``causes``); ``tenant``: whose
+        request it is (``tenants.tenant_of``), labelled at its end if tenants are."""
         self._sink = sink
+        self._tenant = tenant
         self._timeline = timeline
         self._stalls: list[Stall] | None = None  # those of windows taken mid-stream
         self._consumers = consumers
@@ -169,8 +176,11 @@ class Observer:
         # a long stream of a 2xx/3xx response: its model gets its label now, as its request
         # will at the end, so that its first window is not counted under "other"
         sink = self._sink
-        label = sink.models.get(self.info.model, 200 <= self.status < 400)
-        sink.record_tokens(self.operation, label, window)
+        ok = 200 <= self.status < 400
+        label = sink.models.get(self.info.model, ok)
+        tenants = sink.tenants
+        tenant = tenants.get(self._tenant, ok) if tenants is not None else ""
+        sink.record_tokens(self.operation, label, window, tenant)
         if window.stalls and (self._stalls is None or len(self._stalls) < MAX_STALLS):
             stalls = self._judge_stalls((window,))
             if self._stalls is None:
@@ -259,23 +269,35 @@ class Observer:
         What fails here is counted, and the record goes on with what was made."""
         verdict: Verdict | None = None
         trace_ref: TraceRef | None = None
-        label = OTHER
+        label, tenant = OTHER, ""
         phases: TtftPhases | None = None
         stalls: tuple[Stall, ...] = ()
+        cost: float | None = None
         try:  # the guards of _guard, inline: once per request
-            # a new model takes a label only from a successful request (``BoundedLabel``)
-            label = self._sink.models.get(record.model, 200 <= record.status < 400)
-            objectives = self._config.objectives.for_request(record.operation, record.model)
+            # a new model (tenant) takes a label only from a successful request (``labels``)
+            ok = 200 <= record.status < 400
+            label = self._sink.models.get(record.model, ok)
+            tenants = self._sink.tenants
+            if tenants is not None:
+                tenant = tenants.get(self._tenant, ok)
+            config = self._config
+            objectives = config.objectives.for_request(
+                record.operation, record.model, tenant or None
+            )
             if record.ttft_s is not None:
                 phases = self._clock.ttft_phases(record)
             if record.stalls:
                 stalls = self._all_stalls(windows)
             verdict = judge(objectives, record, phases, stalls)
+            if config.prices is not None:
+                cost = request_cost(config.prices.of(label), record)
             if self._trace is not None:
                 trace_ref = self._trace_ref(self._trace)
         except Exception:
             self._fail("finish")
-        return RequestRecord(record, tuple(windows), verdict, trace_ref, label, phases, stalls)
+        return RequestRecord(
+            record, tuple(windows), verdict, trace_ref, label, phases, stalls, tenant, cost
+        )
 
     @staticmethod
     def _trace_ref(trace: TraceHandle) -> TraceRef | None:
@@ -293,6 +315,8 @@ class Observer:
             verdict=finished.verdict,
             phases=finished.phases,
             stalls=finished.stalls,
+            tenant=finished.tenant,
+            cost=finished.cost,
         )
         trace.finish(finished.stats, finished.windows, self._clock.phases(t_ns), details)
 

@@ -50,6 +50,8 @@ class RequestRecord(NamedTuple):
     # its stalls with their causes (``causes``), the first ``observer.MAX_STALLS``: those
     # past them (``stats.stalls`` counts all) are counted as unknown
     stalls: tuple[Stall, ...] = ()
+    tenant: str = ""  # its tenant's label ("": tenants are not labelled), admitted as models are
+    cost: float | None = None  # what its tokens cost (``observe.cost``; None: no price)
 
 
 class RequestDetails(NamedTuple):
@@ -62,6 +64,8 @@ class RequestDetails(NamedTuple):
     verdict: Verdict | None = None  # against the request's objectives (None: not judged)
     phases: TtftPhases | None = None  # the TTFT in phases (``phases``)
     stalls: tuple[Stall, ...] = ()  # each stall with its cause (``causes``)
+    tenant: str = ""  # the tenant's label ("": tenants not labelled)
+    cost: float | None = None  # what its tokens cost, in the price file's currency
 
 
 class RequestConsumer(Protocol):
@@ -72,10 +76,11 @@ class RequestConsumer(Protocol):
 
 
 class LiveCounts(Protocol):
-    """What the observer tells the metrics sink while a request runs; ``models`` is the
-    bounded set of model labels that the sink's series are labelled by."""
+    """What the observer tells the metrics sink while a request runs; ``models`` (and
+    ``tenants``) are the bounded sets of labels that the sink's series are labelled by."""
 
     models: BoundedLabel
+    tenants: BoundedLabel | None  # None: requests are not labelled by tenant
 
     def request_started(self) -> None: ...
     def request_ended(self) -> None: ...
@@ -83,7 +88,9 @@ class LiveCounts(Protocol):
     def queue_leave(self) -> None: ...
     def observer_error(self) -> None: ...
     def malformed(self, count: int) -> None: ...
-    def record_tokens(self, operation: str, label: str, window: TokenWindow) -> None: ...
+    def record_tokens(
+        self, operation: str, label: str, window: TokenWindow, tenant: str = ""
+    ) -> None: ...
 
 
 class RequestSink(LiveCounts, RequestConsumer, Protocol):

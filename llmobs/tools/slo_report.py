@@ -33,11 +33,17 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from llmobs.config.objectives import Objective
 from llmobs.config.options import ConfigError
-from llmobs.export.metrics.catalogue import SLO_MISSES, SLO_OUTPUT_TOKENS, SLO_REQUESTS, SLO_TARGET
+from llmobs.export.metrics.catalogue import (
+    COST,
+    SLO_MISSES,
+    SLO_OUTPUT_TOKENS,
+    SLO_REQUESTS,
+    SLO_TARGET,
+)
 
-_OP, _MODEL = "gen_ai_operation_name", "gen_ai_request_model"
+_OP, _MODEL, _TENANT = "gen_ai_operation_name", "gen_ai_request_model", "tenant"
 _RANGE = re.compile(r"(\d+(ms|s|m|h|d|w|y))+")
-Key = tuple[str, str]
+Key = tuple[str, str, str]  # (operation, model, tenant: "" when tenants are not labelled)
 
 
 @dataclass
@@ -50,6 +56,8 @@ class Row:
     tokens: float = 0.0
     target: float | None = None
     misses: dict[str, float] = field(default_factory=dict)
+    cost: float | None = None  # what its tokens cost (None: no price file)
+    bad_cost: float = 0.0  # of which the bad requests'
 
     @property
     def judged(self) -> float:
@@ -71,7 +79,8 @@ def _add(rows: dict[Key, Row], labels: Mapping[str, str], name: str, value: floa
     """One sample of an SLO family into its label set's row."""
     if not math.isfinite(value):
         return
-    row = rows.setdefault((labels.get(_OP, ""), labels.get(_MODEL, "")), Row())
+    key = (labels.get(_OP, ""), labels.get(_MODEL, ""), labels.get(_TENANT, ""))
+    row = rows.setdefault(key, Row())
     verdict = labels.get("verdict")
     if name == SLO_REQUESTS.prometheus:
         if verdict == "good":
@@ -87,6 +96,10 @@ def _add(rows: dict[Key, Row], labels: Mapping[str, str], name: str, value: floa
         row.misses[objective] = row.misses.get(objective, 0.0) + value
     elif name == SLO_TARGET.prometheus:
         row.target = value if row.target is None else max(row.target, value)
+    elif name == COST.prometheus:
+        row.cost = (row.cost or 0.0) + value
+        if verdict == "bad":
+            row.bad_cost += value
 
 
 def _judged(rows: dict[Key, Row]) -> dict[Key, Row]:
@@ -104,7 +117,7 @@ def _sidecar_rows(text: str) -> tuple[dict[Key, Row], bool]:
     """``rows_from_metrics``, and whether the page has any llmobs series (a sidecar's does,
     an engine's does not); ``ValueError`` when it is not in the exposition format."""
     rows: dict[Key, Row] = {}
-    names = {m.prometheus for m in (SLO_REQUESTS, SLO_OUTPUT_TOKENS, SLO_MISSES, SLO_TARGET)}
+    names = {m.prometheus for m in (SLO_REQUESTS, SLO_OUTPUT_TOKENS, SLO_MISSES, SLO_TARGET, COST)}
     ours = False
     for family in text_string_to_metric_families(text):
         ours = ours or family.name.startswith("llmobs_")
@@ -130,27 +143,36 @@ def _pct(value: float | None) -> str:
 
 
 def render(rows: Mapping[Key, Row], target: float | None = None) -> str:
-    """The table: one line per label set, then the verdict."""
-    header = ("operation", "model", "judged", "good", "attainment", "target", "met",
-              "good tokens", "misses")  # fmt: skip
+    """The table: one line per label set, then the verdict; a tenant column when tenants are
+    labelled, a cost column when requests are priced."""
+    tenants = any(tenant for _, _, tenant in rows)
+    priced = any(row.cost is not None for row in rows.values())
+    header = ("operation", "model", *(("tenant",) if tenants else ()), "judged", "good",
+              "attainment", "target", "met", "good tokens", *(("cost (bad)",) if priced else ()),
+              "misses")  # fmt: skip
     lines = [header]
-    order = [o.value for o in Objective]
-    for (op, model), row in sorted(rows.items()):
-        misses = ", ".join(
-            f"{name} {row.misses[name]:.0f}"
-            for name in sorted(row.misses, key=lambda n: order.index(n) if n in order else 99)
-            if row.misses[name] > 0
-        )
+    for (op, model, tenant), row in sorted(rows.items()):
         goal = target if target is not None else row.target
         tokens = f"{row.good_tokens:.0f}/{row.tokens:.0f}" if row.tokens else "-"
+        cost = f"{row.cost or 0:.2f} ({row.bad_cost:.2f})" if row.cost is not None else "-"
         lines.append((
-            op, model, f"{row.judged:.0f}", f"{row.good:.0f}", _pct(row.attainment),
-            _pct(goal), "yes" if row.met(target) else "NO", tokens, misses or "-",
+            op, model, *((tenant,) if tenants else ()), f"{row.judged:.0f}", f"{row.good:.0f}",
+            _pct(row.attainment), _pct(goal), "yes" if row.met(target) else "NO", tokens,
+            *((cost,) if priced else ()), _misses(row) or "-",
         ))  # fmt: skip
     widths = [max(len(line[i]) for line in lines) for i in range(len(header))]
     text = ["  ".join(cell.ljust(w) for cell, w in zip(line, widths, strict=True)).rstrip()
             for line in lines]  # fmt: skip
     return "\n".join(text)
+
+
+def _misses(row: Row) -> str:
+    order = [o.value for o in Objective]
+    return ", ".join(
+        f"{name} {row.misses[name]:.0f}"
+        for name in sorted(row.misses, key=lambda n: order.index(n) if n in order else 99)
+        if row.misses[name] > 0
+    )
 
 
 def passed(rows: Mapping[Key, Row], target: float | None = None) -> bool:
@@ -170,13 +192,15 @@ def as_json(rows: Mapping[Key, Row], target: float | None = None, error: str = "
     label sets."""
     out = [
         {
-            "operation": op, "model": model, "judged": row.judged, "good": row.good,
+            "operation": op, "model": model, **({"tenant": tenant} if tenant else {}),
+            "judged": row.judged, "good": row.good,
             "bad": row.bad, "attainment": row.attainment,
             "target": target if target is not None else row.target, "met": row.met(target),
             "good_output_tokens": row.good_tokens, "output_tokens": row.tokens,
             "misses": row.misses,
+            **({"cost": row.cost, "bad_cost": row.bad_cost} if row.cost is not None else {}),
         }
-        for (op, model), row in sorted(rows.items())
+        for (op, model, tenant), row in sorted(rows.items())
     ]  # fmt: skip
     report: dict[str, Any] = {"passed": passed(rows, target), "outcome": outcome(rows, target)}
     if error:
@@ -311,11 +335,12 @@ def read_sidecar(url: str, token: str = "", timeout: float = 10.0) -> dict[Key, 
 
 
 def _queries(window: str) -> dict[str, str]:
-    by = f"{_OP}, {_MODEL}"
+    by = f"{_OP}, {_MODEL}, {_TENANT}"  # (a series without a tenant has it empty)
     out = {
         metric.prometheus: f"sum by ({by}, {label}) (increase({metric.prometheus}[{window}]))"
         for metric, label in (
             (SLO_REQUESTS, "verdict"), (SLO_OUTPUT_TOKENS, "verdict"), (SLO_MISSES, "objective"),
+            (COST, "verdict"),
         )
     }  # fmt: skip
     target = SLO_TARGET.prometheus

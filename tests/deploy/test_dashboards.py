@@ -40,7 +40,8 @@ PROVISIONING = ROOT / "dashboards" / "provisioning"
 
 DATASOURCE = {"type": "prometheus", "uid": "${datasource}"}
 ROWS = (
-    "Overview", "Service-level objectives", "User experience", "Why it was slow", "Load",
+    "Overview", "Service-level objectives", "User experience", "Why it was slow",
+    "Who it was slow for, and what it cost", "Load",
     "Errors and outcomes",
     "Distributions", "GPU", "Sidecar health",
 )  # fmt: skip
@@ -376,7 +377,11 @@ async def test_every_panel_returns_data(
     )  # fmt: skip
     # Tracing on (into memory), so that llmobs_spans_dropped_total is exported.
     telemetry = build_telemetry(span_exporter=InMemorySpanExporter())
-    side = await start_sidecar(sim.url, telemetry, nvml=FakeNvml(GPUS), **COLLECTORS, **MODEL_SHAPE)
+    # Tokens priced, so that the cost panels have a series to show
+    prices = tmp_path / "prices.yaml"
+    prices.write_text("currency: USD\nprices:\n  '*': {input: 0.5, output: 1.5}\n")
+    side = await start_sidecar(sim.url, telemetry, nvml=FakeNvml(GPUS), **COLLECTORS,
+                               **MODEL_SHAPE, price_file=str(prices))  # fmt: skip
     # Only the sidecar is scraped: the engine's queue and KV cache come through its collector.
     targets = [Target("llmobs", side.metrics_url, LABELS)]
     d = load()

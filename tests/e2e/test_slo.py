@@ -90,7 +90,7 @@ async def test_requests_are_judged_exactly_and_bad_traces_kept(
     await traffic(side)
     await eventually(lambda: side.value("llmobs_requests_total") == ALL)
     rows = rows_from_metrics(await metrics_text(side))
-    row = rows[("chat", MODEL)]
+    row = rows[("chat", MODEL, "")]
     assert (row.good, row.bad) == (GOOD, SLOW + FAILED)
     assert row.misses == {"ttft": SLOW, "error": FAILED}
     assert row.target == 0.9

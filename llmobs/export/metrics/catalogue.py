@@ -17,6 +17,7 @@ the order /metrics lists it), its recording (``sink.MetricsSink``, or a collecto
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 from dataclasses import dataclass
 
@@ -43,6 +44,8 @@ VERDICT = "verdict"  # good, bad (llmobs.slo)
 PHASE = "phase"  # a part of TTFT (llmobs.observe.phases.Phase)
 OBJECTIVE = "objective"  # the objective a bad request missed (llmobs.slo.Objective)
 CAUSE = "cause"  # why: a stall's (llmobs.observe.causes.StallCause), a miss's (slo.miss_cause)
+TENANT = "tenant"  # who: the operator's name for a tenant (--tenant-header, --tenant-keys)
+CURRENCY = "currency"  # the price file's currency (one per sidecar)
 
 _OP_MODEL = (OPERATION, MODEL)
 
@@ -110,6 +113,14 @@ class MetricDef:
     @property
     def prometheus_labels(self) -> tuple[str, ...]:
         return tuple(label.replace(".", "_") for label in self.labels)
+
+    def with_tenant(self) -> MetricDef:
+        """This metric with the tenant label after the model's: its series are (operation,
+        model, tenant, the rest). A copy (compared by identity): the sink makes one per
+        family the operator chose to label by tenant."""
+        labels = self.labels
+        at = labels.index(MODEL) + 1 if MODEL in labels else len(labels)
+        return dataclasses.replace(self, labels=(*labels[:at], TENANT, *labels[at:]))
 
 
 TTFT = MetricDef(
@@ -208,6 +219,12 @@ SLO_WINDOW = MetricDef(
     "llmobs.slo.window", Kind.UPDOWN, "s",
     "The window the objective's target is measured over (per label set).",
     _OP_MODEL,
+)  # fmt: skip
+COST = MetricDef(
+    "llmobs.cost", Kind.COUNTER, "1",
+    "What requests' tokens cost at the price file's prices (input, cached input, output, "
+    "reasoning), in its currency, by verdict (good, bad, none: not judged).",
+    (*_OP_MODEL, VERDICT, CURRENCY),
 )  # fmt: skip
 ACTIVE = MetricDef(
     "llmobs.requests.active", Kind.UPDOWN, "{request}",
@@ -386,7 +403,7 @@ COLLECTOR_METRICS: tuple[MetricDef, ...] = (
 CATALOGUE: tuple[MetricDef, ...] = (
     TTFT, TTFT_PHASE, TPOT, DURATION, TOKEN_USAGE, ITL, ITL_SQUARES, STALLS, SMOOTHNESS, REQUESTS,
     TOKENS, ENGINE_PROMPT_EVAL, ENGINE_LOAD, ACTIVE, QUEUE_DEPTH, MALFORMED, OBSERVER_ERRORS,
-    SPANS_DROPPED, SLO_REQUESTS, SLO_MISSES, SLO_OUTPUT_TOKENS, SLO_TARGET, SLO_WINDOW,
+    SPANS_DROPPED, SLO_REQUESTS, SLO_MISSES, SLO_OUTPUT_TOKENS, SLO_TARGET, SLO_WINDOW, COST,
     *COLLECTOR_METRICS, *PROCESS_METRICS,
 )  # fmt: skip
 
@@ -396,8 +413,24 @@ CATALOGUE: tuple[MetricDef, ...] = (
 REQUEST_METRICS: tuple[MetricDef, ...] = (
     ACTIVE, QUEUE_DEPTH, OBSERVER_ERRORS, MALFORMED, REQUESTS, DURATION, TTFT, TTFT_PHASE, TPOT,
     SMOOTHNESS, TOKEN_USAGE, TOKENS, STALLS, ENGINE_PROMPT_EVAL, ENGINE_LOAD, ITL, ITL_SQUARES,
-    SLO_REQUESTS, SLO_MISSES, SLO_OUTPUT_TOKENS, SLO_TARGET, SLO_WINDOW,
+    SLO_REQUESTS, SLO_MISSES, SLO_OUTPUT_TOKENS, SLO_TARGET, SLO_WINDOW, COST,
 )  # fmt: skip
+
+# The request families a tenant label can be put on, by the names ``--tenant-metrics`` takes
+# (``config.tenants.METRIC_NAMES``)
+TENANT_METRICS: dict[str, tuple[MetricDef, ...]] = {
+    "requests": (REQUESTS,),
+    "ttft": (TTFT,),
+    "phases": (TTFT_PHASE,),
+    "tpot": (TPOT,),
+    "duration": (DURATION,),
+    "itl": (ITL, ITL_SQUARES),
+    "stalls": (STALLS,),
+    "smoothness": (SMOOTHNESS,),
+    "tokens": (TOKENS, TOKEN_USAGE),
+    "slo": (SLO_REQUESTS, SLO_MISSES, SLO_OUTPUT_TOKENS, SLO_TARGET, SLO_WINDOW),
+    "cost": (COST,),
+}
 
 
 def status_class(status: int) -> str:

@@ -25,6 +25,8 @@ from llmobs.config.objectives import Objectives
 from llmobs.export.metrics.catalogue import (
     ACTIVE,
     CAUSE,
+    COST,
+    CURRENCY,
     DURATION,
     ENGINE_LOAD,
     ENGINE_PROMPT_EVAL,
@@ -49,6 +51,7 @@ from llmobs.export.metrics.catalogue import (
     SMOOTHNESS,
     STALLS,
     STATUS_CLASS,
+    TENANT,
     TOKEN_SOURCE,
     TOKEN_TYPE,
     TOKEN_USAGE,
@@ -108,10 +111,17 @@ class OtelMetrics:
         meter: Meter,
         objectives: Objectives,
         live: Callable[[], Mapping[MetricDef, float]],
+        tenanted: frozenset[MetricDef] = frozenset(),
+        currency: str = "",
     ) -> None:
+        """``tenanted``: the families labelled by tenant (the sink's); ``currency``: the price
+        file's (a cost counter)."""
         self._by_metric = {
             m: _instrument(meter, m) for m in REQUEST_METRICS if m not in (ITL, ITL_SQUARES, *_LIVE)
         }
+        self._tenanted = tenanted
+        self._tenant = ""  # the tenant of the request being recorded
+        self._currency = currency
         self._live = live
         for m in _LIVE:
             make = (
@@ -121,7 +131,7 @@ class OtelMetrics:
             )
             make(m.name, [self._observe(m)], m.unit, m.description)
         self._objectives = objectives
-        self._seen: set[tuple[str, str]] = set()  # label sets whose objective was added
+        self._seen: set[tuple[str, str, str]] = set()  # label sets whose objective was added
 
     def _observe(self, metric: MetricDef) -> Callable[[CallbackOptions], Iterable[Observation]]:
         def observe(options: CallbackOptions) -> Iterable[Observation]:
@@ -131,11 +141,12 @@ class OtelMetrics:
 
     def consume(self, record: RequestRecord) -> None:
         """A finished request: its series, its verdict, its label set's objective once."""
-        s, _, verdict, _, label, phases, stalls = record
+        s, _, verdict, _, label, phases, stalls, tenant, cost = record
         op = s.operation
-        if (op, label) not in self._seen:
-            self._seen.add((op, label))
-            objective_set = self._objectives.for_request(op, label)
+        self._tenant = tenant or "unknown"
+        if (op, label, tenant) not in self._seen:
+            self._seen.add((op, label, tenant))
+            objective_set = self._objectives.for_request(op, label, tenant or None)
             attrs = {OPERATION: op, MODEL: label}
             self.add(SLO_TARGET, objective_set.target, attrs)
             self.add(SLO_WINDOW, objective_set.window, attrs)
@@ -145,19 +156,28 @@ class OtelMetrics:
                 self.record(TTFT_PHASE, ns / 1e9, {OPERATION: op, MODEL: label, PHASE: phase})
         if verdict is not None:
             self.record_verdict(verdict, s.output_tokens, op, label)
+        if cost is not None and self._currency:
+            judged = "none" if verdict is None else "good" if verdict.good else "bad"
+            attrs = {OPERATION: op, MODEL: label, VERDICT: judged, CURRENCY: self._currency}
+            self.add(COST, cost, attrs)
 
     def add(
         self, metric: MetricDef, value: float, attributes: dict[str, str] | None = None
     ) -> None:
-        """Add to a counter or an up-down counter."""
+        """Add to a counter or an up-down counter (with the request's tenant, if its family
+        is labelled by tenant)."""
         instrument = self._by_metric[metric]
         assert not isinstance(instrument, Histogram)
+        if metric in self._tenanted and attributes is not None:
+            attributes = {**attributes, TENANT: self._tenant}
         instrument.add(value, attributes)
 
     def record(self, metric: MetricDef, value: float, attributes: dict[str, str]) -> None:
-        """Record into a histogram."""
+        """Record into a histogram (with the request's tenant, as ``add``)."""
         instrument = self._by_metric[metric]
         assert isinstance(instrument, Histogram)
+        if metric in self._tenanted:
+            attributes = {**attributes, TENANT: self._tenant}
         instrument.record(value, attributes)
 
     def record_verdict(self, verdict: Verdict, output_tokens: int, op: str, model: str) -> None:

@@ -25,8 +25,10 @@ from collections.abc import Callable, Mapping, Sequence
 from prometheus_client import CollectorRegistry
 
 from llmobs.config.objectives import Objectives, ObjectiveSet
+from llmobs.config.tenants import Tenancy
 from llmobs.export.metrics.catalogue import (
     ACTIVE,
+    COST,
     DURATION,
     ENGINE_LOAD,
     ENGINE_PROMPT_EVAL,
@@ -44,6 +46,7 @@ from llmobs.export.metrics.catalogue import (
     SLO_WINDOW,
     SMOOTHNESS,
     STALLS,
+    TENANT_METRICS,
     TOKEN_USAGE,
     TOKENS,
     TPOT,
@@ -62,7 +65,7 @@ from llmobs.export.metrics.series import (
     TokenHistogram,
 )
 from llmobs.observe.causes import STALL_CAUSES, count_causes
-from llmobs.observe.labels import BoundedLabel
+from llmobs.observe.labels import UNKNOWN, BoundedLabel
 from llmobs.observe.phases import Phase, TtftPhases
 from llmobs.observe.record import RequestRecord, TraceRef
 from llmobs.observe.slo import Verdict, judge, miss_causes
@@ -80,18 +83,27 @@ _NO_PHASES = (None,) * len(_PHASES)
 
 
 class _LabelSet:
-    """The request series of one (operation, model) label set, bound once: recording a
-    request then observes into a row it holds (``HistogramRow``), with no label tuple built
-    and no dict lookup."""
+    """The request series of one (operation, model, tenant) label set, bound once: recording
+    a request then observes into a row it holds (``HistogramRow``), with no label tuple built
+    and no dict lookup. Each family's series start with the label set's values, the tenant's
+    among them where the family is labelled by tenant (``prefix``)."""
 
-    __slots__ = ("bad", "good", "key", "row")
+    __slots__ = ("bad", "cost", "good", "itl", "key", "prefix", "requests", "row", "slo",
+                 "stalls", "tokens")  # fmt: skip
 
-    def __init__(self, key: tuple[str, str], row: HistogramRow) -> None:
-        self.key = key
-        # _OBSERVED's series, then the usage histogram's for input and output tokens
-        self.row = row
-        self.good = (*key, "good")  # the SLO series' label values, by verdict
-        self.bad = (*key, "bad")
+    def __init__(self, key: tuple[str, str], tenant: str, tenanted: frozenset[MetricDef]) -> None:
+        self.key = key  # (operation, model)
+        full = (*key, tenant)
+
+        def prefix(metric: MetricDef) -> tuple[str, ...]:
+            return full if metric in tenanted else key
+
+        self.requests, self.tokens, self.stalls = prefix(REQUESTS), prefix(TOKENS), prefix(STALLS)
+        self.slo, self.cost, self.itl = prefix(SLO_REQUESTS), prefix(COST), prefix(ITL)
+        self.good = (*self.slo, "good")  # the SLO series' label values, by verdict
+        self.bad = (*self.slo, "bad")
+        self.row: HistogramRow | None = None  # made by the sink, which holds the families
+        self.prefix = prefix
 
 
 class MetricsSink:
@@ -108,24 +120,38 @@ class MetricsSink:
         max_models: int,
         objectives: Objectives | None = None,
         clock: Callable[[], float] = time.time,
+        tenancy: Tenancy | None = None,
+        max_tenants: int = 32,
+        currency: str = "",
     ) -> None:
+        """``tenancy``: the tenants' rules (labels by tenant on the families it names);
+        ``currency``: the price file's (a cost counter; "": no price file, no cost)."""
         self.models = BoundedLabel(max_models)
+        tenancy = tenancy or Tenancy()
+        self.tenants = BoundedLabel(max_tenants, tenancy.names) if tenancy.on else None
+        self._tenanted = frozenset(
+            m for name in tenancy.metrics for m in TENANT_METRICS[name]
+        ) if tenancy.on else frozenset()  # fmt: skip
+        self.currency = currency
         self._clock = clock  # unix seconds: when an exemplar was seen
         # what each request is judged by (the default: no latency bound, 99.9 % not failing)
         self.objectives = objectives or Objectives(ObjectiveSet())
-        self._sets: dict[tuple[str, str], _LabelSet] = {}  # by (operation, model label)
-        self._itl = TokenHistogram(ITL, ITL_SQUARES)
+        self._sets: dict[tuple[str, str, str], _LabelSet] = {}  # by (operation, model, tenant)
+        self._itl = TokenHistogram(self._def(ITL), self._def(ITL_SQUARES))
         # every request series, by the catalogue's metric (readers: the live page's totals)
         self.families: dict[MetricDef, HistogramFamily | CounterFamily] = {}
         for metric in REQUEST_METRICS:
+            if metric is COST and not currency:
+                continue
             if metric is ITL:
                 self.families[metric] = self._itl.histogram
             elif metric is ITL_SQUARES:
                 self.families[metric] = self._itl.squares
             elif metric.kind is Kind.HISTOGRAM:
-                self.families[metric] = HistogramFamily(metric)
+                self.families[metric] = HistogramFamily(self._def(metric))
             else:
-                self.families[metric] = CounterFamily(metric, gauge=metric.kind is Kind.UPDOWN)
+                gauge = metric.kind is Kind.UPDOWN
+                self.families[metric] = CounterFamily(self._def(metric), gauge=gauge)
         self._histograms = {
             m: f for m, f in self.families.items() if isinstance(f, HistogramFamily)
         }
@@ -135,6 +161,7 @@ class MetricsSink:
         self._slo_requests = self._counter(SLO_REQUESTS)
         self._slo_misses = self._counter(SLO_MISSES)
         self._slo_tokens = self._counter(SLO_OUTPUT_TOKENS)
+        self._cost = self._counter(COST) if currency else None
         # the label-less ones (gauges, and counters of the sidecar's own errors): zero-valued
         # series up front, so dashboards and alerts see 0 rather than no data
         self._active = self._counter(ACTIVE)
@@ -148,16 +175,26 @@ class MetricsSink:
         if registry is not None:
             registry.register(self.collector)
 
+    @property
+    def tenanted(self) -> frozenset[MetricDef]:
+        """The families labelled by tenant."""
+        return self._tenanted
+
+    def _def(self, metric: MetricDef) -> MetricDef:
+        """The metric as this sink exposes it: with the tenant label, if labelled so."""
+        return metric.with_tenant() if metric in self._tenanted else metric
+
     def _counter(self, metric: MetricDef) -> CounterFamily:
         family = self.families[metric]
         assert isinstance(family, CounterFamily)
         return family
 
-    def _label_set(self, operation: str, label: str) -> _LabelSet:
+    def _label_set(self, operation: str, label: str, tenant: str = "") -> _LabelSet:
         """The series of a request's labels, bound on first use."""
-        found = self._sets.get((operation, label))
+        found = self._sets.get((operation, label, tenant))
         if found is None:
-            found = self._sets[(operation, label)] = self._new_label_set(operation, label)
+            found = self._new_label_set(operation, label, tenant)
+            self._sets[(operation, label, tenant)] = found
         return found
 
     # The label-less series (requests active and queued, the sidecar's own error counts) are
@@ -189,34 +226,37 @@ class MetricsSink:
         if count:
             self._malformed.series[()] += count
 
-    def record_tokens(self, operation: str, label: str, window: TokenWindow) -> None:
+    def record_tokens(
+        self, operation: str, label: str, window: TokenWindow, tenant: str = ""
+    ) -> None:
         """Add a window of ITLs taken mid-stream (a long stream's; the last windows go with
-        the request's record) under the request's model label."""
+        the request's record) under the request's model (and tenant) label."""
         if window.size:
-            key = self._label_set(operation, label).key
+            key = self._label_set(operation, label, tenant).itl
             with self._lock:
                 self._itl.record(key, window)
 
-    def _new_label_set(self, operation: str, model: str) -> _LabelSet:
-        key = (operation, model)
+    def _new_label_set(self, operation: str, model: str, tenant: str) -> _LabelSet:
+        labels = _LabelSet((operation, model), tenant, self._tenanted)
+        prefix = labels.prefix
         usage = self._histograms[TOKEN_USAGE]
         members: list[tuple[HistogramFamily, tuple[str, ...]]]
-        members = [(self._histograms[metric], key) for metric in _OBSERVED]
-        members += [(usage, (*key, "input")), (usage, (*key, "output"))]
+        members = [(self._histograms[metric], prefix(metric)) for metric in _OBSERVED]
+        members += [(usage, (*prefix(TOKEN_USAGE), kind)) for kind in ("input", "output")]
         phases = self._histograms[TTFT_PHASE]
-        members += [(phases, (*key, phase._value_)) for phase in _PHASES]
-        labels = _LabelSet(key, HistogramRow(members))
+        members += [(phases, (*prefix(TTFT_PHASE), phase._value_)) for phase in _PHASES]
+        labels.row = HistogramRow(members)
         with self._lock:  # at 0 from the start: rate() over a healthy model reads 0
             for cause in STALL_CAUSES:
-                self._stalls.series.setdefault((*key, cause._value_), 0)
-        self._slo_series(labels)
+                self._stalls.series.setdefault((*labels.stalls, cause._value_), 0)
+        self._slo_series(labels, tenant)
         return labels
 
-    def _slo_series(self, labels: _LabelSet) -> None:
+    def _slo_series(self, labels: _LabelSet, tenant: str) -> None:
         """A new label set's SLO series, at 0 (``rate()`` then reads 0, not "no data"), and its
         objective's target and window."""
-        key = labels.key
-        objective_set = self.objectives.for_request(*key)
+        key = labels.slo
+        objective_set = self.objectives.for_request(*labels.key, tenant or None)
         settings = ((SLO_TARGET, objective_set.target), (SLO_WINDOW, objective_set.window))
         with self._lock:
             for family in (self._slo_requests, self._slo_tokens):
@@ -228,16 +268,16 @@ class MetricsSink:
             for metric, value in settings:
                 self._counter(metric).series[key] = value
 
-    def _record_tokens(self, op: str, model: str, s: RequestStats) -> list[int | None]:
+    def _record_tokens(self, labels: _LabelSet, s: RequestStats) -> list[int | None]:
         """The request's token counts into the counter by type and source; returns the
         input and output counts (None: not recorded) for the usage histogram."""
         usage: list[int | None] = [None, None]
-        tokens = self._tokens
+        tokens, prefix = self._tokens, labels.tokens
         for kind, source, count in token_counts(s):
             index = _USAGE_TYPES.get(kind)
             if index is not None:
                 usage[index] = count
-            tokens.add((op, model, kind, source), count)
+            tokens.add((*prefix, kind, source), count)
         return usage
 
     def record_request(
@@ -265,12 +305,14 @@ class MetricsSink:
         observations are their buckets' exemplars (if the trace is kept).
         A window that fails to record is raised after everything else about the request is
         recorded."""
-        s, windows, verdict, trace, label, phases, stalls = record
-        labels = self._sets.get((s.operation, label))
+        s, windows, verdict, trace, label, phases, stalls, tenant, cost = record
+        if self.tenants is not None and not tenant:
+            tenant = UNKNOWN  # a request no observer saw to its end (refused unparsed)
+        labels = self._sets.get((s.operation, label, tenant))
         if labels is None:
-            labels = self._label_set(s.operation, label)
-        key = labels.key
-        op, model = key
+            labels = self._label_set(s.operation, label, tenant)
+        row = labels.row
+        assert row is not None
         status = _STATUS_CLASSES.get(s.status) or status_class(s.status)
         exemplar = None
         if trace is not None and (trace.kept_if_good or (verdict is not None and not verdict.good)):
@@ -278,26 +320,29 @@ class MetricsSink:
         failed: Exception | None = None
         with self._lock:
             # an enum's ``_value_`` is a plain attribute; ``.value`` is a Python-level property
-            self._requests.add((op, model, s.outcome._value_, status, s.finish_reason), 1)
-            usage = self._record_tokens(op, model, s)
+            self._requests.add((*labels.requests, s.outcome._value_, status, s.finish_reason), 1)
+            usage = self._record_tokens(labels, s)
             # the row's members in order: _OBSERVED's, the usage histogram's, the phases'
             values = (s.duration_s, s.ttft_s, s.tpot_s, s.smoothness, s.engine_prompt_eval_s,
                       s.engine_load_s, *usage,
                       *(_NO_PHASES if phases is None else _seconds(phases)))  # fmt: skip
-            labels.row.observe_all(values, exemplar)
+            row.observe_all(values, exemplar)
             if s.stalls:
                 for cause, count in count_causes(s.stalls, stalls):
-                    self._stalls.add((op, model, cause._value_), count)
+                    self._stalls.add((*labels.stalls, cause._value_), count)
             if verdict is not None:
                 self._record_verdict(labels, verdict, s.output_tokens)
+            if cost is not None and self._cost is not None:
+                judged = "none" if verdict is None else "good" if verdict.good else "bad"
+                self._cost.add((*labels.cost, judged, self.currency), cost)
             for window in windows:
                 if len(window.values):
                     try:
-                        self._itl.record(key, window)
+                        self._itl.record(labels.itl, window)
                     except Exception as exc:  # raised below, once the request is recorded
                         failed = exc
             if exemplar is not None and s.itl_count:  # the ITL's: the request's worst gap
-                self._itl.exemplar(key, s.itl_max, exemplar)
+                self._itl.exemplar(labels.itl, s.itl_max, exemplar)
         if failed is not None:
             raise failed
 
@@ -310,9 +355,9 @@ class MetricsSink:
             return
         self._slo_requests.add(labels.bad, 1)
         self._slo_tokens.add(labels.bad, output_tokens)
-        op, model = labels.key
+        key = labels.slo
         for objective, cause in zip(verdict.missed, verdict.causes, strict=True):
-            self._slo_misses.add((op, model, objective._value_, cause), 1)
+            self._slo_misses.add((*key, objective._value_, cause), 1)
 
 
 def _seconds(phases: TtftPhases) -> tuple[float | None, ...]:

@@ -11,6 +11,7 @@ from typing import Any
 from llmobs.export.live import CAUSES, PHASES, ModelTotals
 from llmobs.export.metrics.catalogue import (
     ACTIVE,
+    COST,
     ITL,
     QUEUE_DEPTH,
     REQUESTS,
@@ -47,8 +48,8 @@ class _Rows:
 
     def buckets(self, family: HistogramFamily, name: str, width: int) -> None:
         """A histogram's bucket counts (``width`` of them: the buckets and +Inf)."""
-        for (_, model), series in family.series.items():
-            counts = self.row(model)[name]
+        for key, series in family.series.items():  # (operation, model, [tenant])
+            counts = self.row(key[1])[name]
             for i in range(width):
                 counts[i] += series[i]
 
@@ -63,21 +64,28 @@ def live_totals(sink: MetricsSink) -> tuple[dict[str, ModelTotals], float, float
     with sink.collector.lock:
         rows.buckets(ttft, "ttft", ttft.size)
         rows.buckets(itl, "itl", itl.size)
-        for (_, model, cause), value in _counter(families[STALLS]).series.items():
-            rows.add(model, "stalls", value)
-            rows.row(model)["causes"][CAUSES.index(cause)] += value
-        for (_, model, phase), series in phases.series.items():
-            rows.row(model)["phases"][PHASES.index(phase)] += series[phases.size]  # its sum
-        for (_, model, kind, _), value in _counter(families[TOKENS]).series.items():
-            if kind == "output":
-                rows.add(model, "tokens", value)
-        for (_, model, *_), value in _counter(families[REQUESTS]).series.items():
-            rows.add(model, "requests", value)
-        for (_, model, verdict), value in _counter(families[SLO_REQUESTS]).series.items():
-            rows.add(model, verdict, value)
-        for (_, model, verdict), value in _counter(families[SLO_OUTPUT_TOKENS]).series.items():
-            if verdict == "good":
-                rows.add(model, "good_tokens", value)
+        # keys: (operation, model, [tenant,] its own labels): the model second, theirs last
+        for key, value in _counter(families[STALLS]).series.items():
+            rows.add(key[1], "stalls", value)
+            rows.row(key[1])["causes"][CAUSES.index(key[-1])] += value
+        for key, series in phases.series.items():
+            rows.row(key[1])["phases"][PHASES.index(key[-1])] += series[phases.size]  # its sum
+        for key, value in _counter(families[TOKENS]).series.items():
+            if key[-2] == "output":
+                rows.add(key[1], "tokens", value)
+        for key, value in _counter(families[REQUESTS]).series.items():
+            rows.add(key[1], "requests", value)
+        for key, value in _counter(families[SLO_REQUESTS]).series.items():
+            rows.add(key[1], key[-1], value)
+        for key, value in _counter(families[SLO_OUTPUT_TOKENS]).series.items():
+            if key[-1] == "good":
+                rows.add(key[1], "good_tokens", value)
+        cost = families.get(COST)
+        if cost is not None:  # (operation, model, [tenant,] verdict, currency)
+            for name in rows.rows:
+                rows.row(name).setdefault("cost", 0.0)
+            for key, value in _counter(cost).series.items():
+                rows.add(key[1], "cost", value)
         queue = _counter(families[QUEUE_DEPTH]).series[()]
         active = _counter(families[ACTIVE]).series[()]
     return {model: ModelTotals(**found) for model, found in rows.rows.items()}, queue, active

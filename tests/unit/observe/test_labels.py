@@ -61,3 +61,13 @@ def test_a_value_that_is_not_unicode_is_other_and_takes_no_slot() -> None:
     assert len(models) == 0
     assert models.get("modèle-日本") == "modèle-日本"  # not ASCII, but valid Unicode
     assert len(models) == 1
+
+
+def test_the_operators_own_names_always_keep_theirs() -> None:
+    """Tenants a key file names: their own label whatever the slots, admitted or not, and
+    none of the slots taken."""
+    labels = BoundedLabel(1, frozenset({"team-a", "team-b"}))
+    assert labels.get("team-a", admit=False) == "team-a"
+    assert labels.get("x") == "x"
+    assert labels.get("y") == "other"
+    assert labels.get("team-b") == "team-b" and len(labels) == 1

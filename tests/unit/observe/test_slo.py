@@ -168,8 +168,9 @@ def test_the_most_specific_set_judges_a_request() -> None:
     by_pair, by_model, by_op = (ObjectiveSet(ttft=t) for t in (0.1, 0.2, 0.3))
     objectives = Objectives(
         default,
-        {("chat", "llama"): by_pair, (None, "llama"): by_model, ("text_completion", None): by_op},
-    )
+        {("chat", "llama", None): by_pair, (None, "llama", None): by_model,
+         ("text_completion", None, None): by_op},
+    )  # fmt: skip
     assert objectives.for_request("chat", "llama") is by_pair
     assert objectives.for_request("text_completion", "llama") is by_model
     assert objectives.for_request("text_completion", "qwen") is by_op
@@ -178,12 +179,29 @@ def test_the_most_specific_set_judges_a_request() -> None:
     assert Objectives(default).for_request("chat", "llama") is default
 
 
+def test_a_tenants_set_comes_first() -> None:
+    """A customer's objective is its contract: an entry naming the tenant wins over one
+    naming the model; with the model too, over the tenant's alone."""
+    default, a, a_llama, llama, chat_a = (ObjectiveSet(ttft=t) for t in (1, 2, 3, 4, 5))
+    objectives = Objectives(default, {
+        (None, None, "a"): a, (None, "llama", "a"): a_llama, (None, "llama", None): llama,
+        ("chat", None, "a"): chat_a,
+    })  # fmt: skip
+    assert objectives.for_request("chat", "llama", "a") is a_llama
+    assert objectives.for_request("chat", "qwen", "a") is chat_a
+    assert objectives.for_request("text_completion", "qwen", "a") is a
+    assert objectives.for_request("chat", "llama", "b") is llama
+    assert objectives.for_request("chat", "llama") is llama
+    assert objectives.for_request("chat", None, None) is default
+
+
 def test_an_objectives_file_overrides_the_defaults(tmp_path: Path) -> None:
     path = tmp_path / "slo.yaml"
     path.write_text(
         "objectives:\n"
         "  - model: llama\n    ttft: 500ms\n    tpot: 0.05\n    no_stalls: true\n"
         "  - operation: text_completion\n    duration: 1m\n    target: 0.99\n    window: 7d\n"
+        "  - tenant: customer-a\n    ttft: 300ms\n    target: 0.995\n"
     )
     default = ObjectiveSet(ttft=2.0, max_gap=1.0)
     objectives = build_objectives(default, str(path))
@@ -193,6 +211,8 @@ def test_an_objectives_file_overrides_the_defaults(tmp_path: Path) -> None:
     text = objectives.for_request("text_completion", "qwen")
     assert text == ObjectiveSet(ttft=2.0, max_gap=1.0, duration=60.0, target=0.99, window=7 * 86400)
     assert objectives.windows == [7 * 86400, 28 * 86400]
+    assert objectives.for_request("chat", "llama", "customer-a") == ObjectiveSet(
+        ttft=0.3, max_gap=1.0, target=0.995)  # fmt: skip
     assert (
         describe(llama)
         == "ttft <= 0.5s, tpot <= 0.05s, max gap <= 1s, no stalls; 0.999 good over 28d"
@@ -204,7 +224,7 @@ def test_an_objectives_file_overrides_the_defaults(tmp_path: Path) -> None:
     [
         ("objectives: {}\n", "top-level list"),
         ("- model: a\n", "top-level list"),
-        ("objectives:\n  - ttft: 1s\n", r"objectives\[0\]: name a model or an operation"),
+        ("objectives:\n  - ttft: 1s\n", r"objectives\[0\]: name a model, an operation or a"),
         ("objectives:\n  - model: a\n    ttfb: 1s\n", "unknown field 'ttfb'"),
         ("objectives:\n  - model: a\n    ttft: soon\n", r"objectives\[0\]"),
         ("objectives:\n  - model: a\n    ttft: -1\n", "ttft: must be > 0"),

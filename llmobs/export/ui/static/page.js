@@ -20,6 +20,7 @@ const CHARTS = {
     ["queue", "prefill queue", "#7c3aed"], ["active", "active", "#0891b2"]] },
   tokens: { scope: "model", series: [
     ["tokens", "output tokens/s", "#2563eb"], ["requests", "requests/s", "#6b7280"]] },
+  cost: { scope: "model", when: "values", series: [["cost", "cost/s", "#16a34a"]] },
   slo: { scope: "model", when: "objectives", series: [
     ["attainment", "good share (0-1)", "#16a34a", "ratio"], ["goodput", "goodput tokens/s", "#2563eb"]] },
   engine: { scope: "global", when: "values", series: [

@@ -123,9 +123,8 @@ def _record(
 
 def test_the_sink_counts_each_verdict_and_starts_every_series_at_zero() -> None:
     registry = CollectorRegistry()
-    objectives = Objectives(
-        ObjectiveSet(ttft=0.5), {(None, "qwen"): ObjectiveSet(ttft=0.2, no_stalls=True, target=0.9)}
-    )
+    qwen_set = ObjectiveSet(ttft=0.2, no_stalls=True, target=0.9)
+    objectives = Objectives(ObjectiveSet(ttft=0.5), {(None, "qwen", None): qwen_set})
     sink = MetricsSink(registry, 8, objectives=objectives)
     verdicts = [
         sink.record_request(_record(0.1)),
