@@ -107,6 +107,7 @@ GPU_TEMPERATURE = c.GPU_TEMPERATURE.prometheus
 GPU_CLOCK = {"sm": c.GPU_CLOCK_SM.prometheus, "memory": c.GPU_CLOCK_MEMORY.prometheus}
 SLO_REQUESTS = c.SLO_REQUESTS.prometheus
 COST = c.COST.prometheus
+MODEL_INFO = c.MODEL_INFO.prometheus
 SLO_MISSES = c.SLO_MISSES.prometheus
 SLO_TOKENS = c.SLO_OUTPUT_TOKENS.prometheus
 SLO_TARGET = c.SLO_TARGET.prometheus
@@ -708,6 +709,23 @@ def tenants_row() -> list[Json]:
             ],
             "short",
             width=6,
+        ),
+        timeseries(
+            "Requests by base model (LoRA adapters)",
+            "Requests per second to each LoRA adapter, summed by the base model the engine's "
+            "/v1/models names for it (llmobs_model_info): how much of a base model's traffic "
+            "its adapters carry.",
+            [
+                target(
+                    f"sum by (base_model) ({rate(REQUESTS)} * on (gen_ai_request_model) "
+                    f"group_left (base_model) max by (gen_ai_request_model, base_model) "
+                    f"({MODEL_INFO}))",
+                    "{{base_model}}",
+                )
+            ],
+            "reqps",
+            stack=True,
+            width=24,
         ),
     ]
 

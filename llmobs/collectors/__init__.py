@@ -61,7 +61,8 @@ class Collectors:
             register_gpu(meter, self.gpu)
         if settings.engine_scrape_interval > 0:
             url = settings.engine_metrics_url or settings.upstream_base + "/metrics"
-            self.engine = EngineCollector(url, settings.engine_scrape_interval)
+            models = settings.upstream_base + "/v1/models"  # the adapters' base models
+            self.engine = EngineCollector(url, settings.engine_scrape_interval, models_url=models)
             register_engine(meter, self.engine)
         self.collectors: tuple[PollingCollector[Any], ...] = tuple(
             c for c in (self.gpu, self.engine) if c is not None

@@ -17,6 +17,8 @@ start. Triton publishes its metrics on a port of their own (8002): point
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import json
 import math
 import time
 from collections.abc import Callable, Iterable
@@ -28,8 +30,11 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from llmobs.collectors.base import PollingCollector, Unavailable
 from llmobs.export.metrics import catalogue as m
+from llmobs.observe.labels import MAX_LABEL_LENGTH
 
 MAX_BYTES = 16 * 1024**2  # a larger exposition is refused (an error)
+MAX_MODELS_BYTES = 1024**2  # a model list larger than this is not read
+MAX_ADAPTERS = 64  # adapters labelled at most (the engine's configuration, not clients')
 TIMEOUT_S = 10.0
 
 
@@ -126,6 +131,7 @@ class EngineReading:
     running: float | None = None
     kv_usage: float | None = None
     preemptions: float | None = None  # the engine's preemption counter, summed
+    adapters: tuple[tuple[str, str], ...] = ()  # (LoRA adapter, its base model), /v1/models
 
 
 Samples = dict[str, list[tuple[dict[str, str], float]]]
@@ -201,16 +207,20 @@ class EngineCollector(PollingCollector[EngineReading]):
         first_delay: float | None = None,
         clock: Callable[[], float] = time.perf_counter,
         on_preemptions: Callable[[int, int, float], None] | None = None,
+        models_url: str = "",
     ) -> None:
         """``on_preemptions(sent_ns, read_ns, total)``: each scrape's preemption counter,
         with when it was asked and read (``perf_counter_ns``, the relay's clock): the stall
-        causes' (``observe.causes.EngineTimeline.preemptions``)."""
+        causes' (``observe.causes.EngineTimeline.preemptions``). ``models_url``: the engine's
+        OpenAI model list, read for the LoRA adapters it serves and their base models (best
+        effort: an engine without one, or without parents in it, has none)."""
         # at start by default: a pod just started shows its engine at once (up, or down with
         # the reason) instead of absent for a whole interval
         delay = 0.0 if first_delay is None else first_delay
         super().__init__("engine", interval, first_delay=delay, clock=clock)
         self.url = url
         self.on_preemptions = on_preemptions
+        self.models_url = models_url
         self._session: aiohttp.ClientSession | None = None
 
     async def poll(self) -> EngineReading:
@@ -239,7 +249,22 @@ class EngineCollector(PollingCollector[EngineReading]):
             raise Unavailable(f"no known engine metrics at {self.url}")
         if reading.preemptions is not None and self.on_preemptions is not None:
             self.on_preemptions(sent, read, reading.preemptions)
+        if self.models_url:
+            reading = dataclasses.replace(reading, adapters=await self._adapters(timeout))
         return reading
+
+    async def _adapters(self, limit: aiohttp.ClientTimeout) -> tuple[tuple[str, str], ...]:
+        """The adapters /v1/models lists with a parent (vLLM's, SGLang's); none when it
+        cannot be read: the model list is a nicety, not what the collector is up for."""
+        assert self._session is not None
+        try:
+            async with self._session.get(self.models_url, timeout=limit) as resp:
+                if resp.status != 200:
+                    return ()
+                body = await _read_bounded(resp, MAX_MODELS_BYTES)
+        except (aiohttp.ClientError, TimeoutError, ValueError):
+            return ()
+        return adapters_of(body)
 
     async def close(self) -> None:
         if self._session is not None:
@@ -247,15 +272,34 @@ class EngineCollector(PollingCollector[EngineReading]):
             self._session = None
 
 
-async def _read_bounded(resp: aiohttp.ClientResponse) -> bytes:
+async def _read_bounded(resp: aiohttp.ClientResponse, limit: int = MAX_BYTES) -> bytes:
     parts: list[bytes] = []
     size = 0
     async for chunk in resp.content.iter_chunked(65536):
         size += len(chunk)
-        if size > MAX_BYTES:
-            raise ValueError(f"engine metrics larger than {MAX_BYTES} bytes")
+        if size > limit:
+            raise ValueError(f"an engine answer larger than {limit} bytes")
         parts.append(chunk)
     return b"".join(parts)
+
+
+def adapters_of(body: bytes) -> tuple[tuple[str, str], ...]:
+    """(adapter, base model) for each model an OpenAI model list gives a ``parent`` other
+    than itself (vLLM's LoRA adapters), the first ``MAX_ADAPTERS``; none from anything else."""
+    try:
+        data = json.loads(body).get("data")
+    except (ValueError, AttributeError):
+        return ()
+    if not isinstance(data, list):
+        return ()
+    found = []
+    for card in data:
+        if not isinstance(card, dict):
+            continue
+        name, parent = card.get("id"), card.get("parent")
+        if isinstance(name, str) and isinstance(parent, str) and parent and parent != name:
+            found.append((name[:MAX_LABEL_LENGTH], parent[:MAX_LABEL_LENGTH]))
+    return tuple(found[:MAX_ADAPTERS])
 
 
 def register_engine(meter: Meter, collector: EngineCollector) -> None:
@@ -276,3 +320,15 @@ def register_engine(meter: Meter, collector: EngineCollector) -> None:
     gauge(m.ENGINE_WAITING, lambda r: r.waiting)
     gauge(m.ENGINE_RUNNING, lambda r: r.running)
     gauge(m.ENGINE_KV_CACHE, lambda r: r.kv_usage)
+
+    def adapters(options: CallbackOptions) -> Iterable[Observation]:
+        reading = collector.snapshot
+        if reading is None:
+            return []
+        return [Observation(1, {m.MODEL: name, m.BASE_MODEL: base})
+                for name, base in reading.adapters]  # fmt: skip
+
+    info = m.MODEL_INFO
+    meter.create_observable_gauge(
+        info.name, [adapters], unit=info.unit, description=info.description
+    )

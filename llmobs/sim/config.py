@@ -21,6 +21,7 @@ from llmobs.config.options import (
     option,
     options_of,
     parse_bool,
+    parse_list,
     source_of,
 )
 from llmobs.sim.faults import FAULT_MODES
@@ -100,6 +101,13 @@ class SimSettings:
         float,
         "milliseconds a stalled decode step takes in addition",
         "MS",
+    )
+    lora_adapters: tuple[str, ...] = option(
+        (),
+        parse_list,
+        "LoRA adapters served besides the model (/v1/models lists each with the model as its "
+        "parent, as vLLM does); requests may name any model anyway",
+        "LIST",
     )
     kv_capacity: int = option(
         0,

@@ -228,9 +228,15 @@ def _faulted(engine: SimEngine, seq: int, exchange: Exchange) -> Faulted:
 
 
 async def _models(request: web.Request) -> web.Response:
-    model = request.app[ENGINE_KEY].settings.model
-    card = {"id": model, "object": "model", "created": 0, "owned_by": "llmobs-sim", "root": model}
-    return web.json_response({"object": "list", "data": [card]})
+    """The served models as vLLM lists them: the base model, then each LoRA adapter with
+    its base as ``parent``."""
+    settings = request.app[ENGINE_KEY].settings
+    model = settings.model
+    card = {"id": model, "object": "model", "created": 0, "owned_by": "llmobs-sim", "root": model,
+            "parent": None}  # fmt: skip
+    adapters = [{**card, "id": name, "root": f"/adapters/{name}", "parent": model}
+                for name in settings.lora_adapters]  # fmt: skip
+    return web.json_response({"object": "list", "data": [card, *adapters]})
 
 
 async def _health(request: web.Request) -> web.Response:

@@ -371,8 +371,9 @@ async def test_every_panel_returns_data(
     start_sim: SimFactory, start_sidecar: SidecarFactory, tmp_path: Path
 ) -> None:
     # Stalls every 10 steps and 10 % injected 500s, so that no panel is trivially zero.
+    # The model requested is a LoRA adapter of the sim's base model (its /v1/models says so).
     sim = await start_sim(
-        model=MODEL, stall_every=10, error_rate=0.1, max_batch=64,
+        model="sim-base", lora_adapters=(MODEL,), stall_every=10, error_rate=0.1, max_batch=64,
         output_tokens_min=16, output_tokens_max=48,
     )  # fmt: skip
     # Tracing on (into memory), so that llmobs_spans_dropped_total is exported.

@@ -254,6 +254,7 @@ COLLECTOR = "collector"
 GPU_LABELS = ("gpu", "uuid", "name")
 BANDWIDTH_SOURCE = "source"
 ENGINE = "engine"
+BASE_MODEL = "base_model"  # the model a LoRA adapter was trained on (the engine's /v1/models)
 
 COLLECTOR_UP = MetricDef(
     "llmobs.collector.up", Kind.GAUGE, "1",
@@ -332,6 +333,12 @@ ENGINE_RUNNING = MetricDef(
     "Requests in the engine's running batch, from the engine's own /metrics.",
     (ENGINE,),
 )  # fmt: skip
+MODEL_INFO = MetricDef(
+    "llmobs.model.info", Kind.GAUGE, "1",
+    "1 for each LoRA adapter the engine serves (its /v1/models), with its base model: join "
+    "on gen_ai_request_model to aggregate adapters by base_model.",
+    (MODEL, BASE_MODEL),
+)  # fmt: skip
 ENGINE_KV_CACHE = MetricDef(
     "llmobs.engine.kv_cache.usage", Kind.GAUGE, "1",
     "Fraction of the engine's KV cache in use (0-1), from the engine's own /metrics.",
@@ -397,7 +404,8 @@ COLLECTOR_METRICS: tuple[MetricDef, ...] = (
     COLLECTOR_UP, COLLECTOR_DURATION, COLLECTOR_ERRORS, GPU_MEMORY_USED, GPU_MEMORY_FREE,
     GPU_MEMORY_TOTAL, GPU_MEMORY_RESERVED, GPU_UTILIZATION, GPU_MEMORY_CONTROLLER,
     GPU_BANDWIDTH_UTILIZATION, GPU_BANDWIDTH, GPU_BANDWIDTH_PEAK, GPU_POWER, GPU_TEMPERATURE,
-    GPU_CLOCK_SM, GPU_CLOCK_MEMORY, ENGINE_WAITING, ENGINE_RUNNING, ENGINE_KV_CACHE, MBU, MFU,
+    GPU_CLOCK_SM, GPU_CLOCK_MEMORY, ENGINE_WAITING, ENGINE_RUNNING, ENGINE_KV_CACHE, MODEL_INFO,
+    MBU, MFU,
 )  # fmt: skip
 
 CATALOGUE: tuple[MetricDef, ...] = (

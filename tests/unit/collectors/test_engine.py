@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import socket
 from collections.abc import Callable
@@ -12,7 +13,13 @@ import pytest
 from prometheus_client import generate_latest
 
 from llmobs.collectors.base import register_status
-from llmobs.collectors.engine import EngineCollector, EngineReading, read_engine, register_engine
+from llmobs.collectors.engine import (
+    EngineCollector,
+    EngineReading,
+    adapters_of,
+    read_engine,
+    register_engine,
+)
 from llmobs.export.telemetry import build_telemetry
 from tests.support import FIXTURES
 from tests.support.scripted import Script, ScriptedUpstream
@@ -232,3 +239,41 @@ async def test_engine_gauges_are_exposed_under_uniform_names(start_app: AppFacto
     assert 'llmobs_collector_up{collector="engine"} 1.0' in text
     telemetry.shutdown()
     await collector.close()
+
+
+async def test_lora_adapters_and_their_base_models(start_sim: SimFactory) -> None:
+    """The engine's /v1/models, as vLLM lists LoRA adapters (each with its base model as
+    ``parent``): one llmobs_model_info series each, to join adapters to their base."""
+    sim = await start_sim(lora_adapters=("sql-lora", "chat-lora"))
+    collector = EngineCollector(sim.url + "/metrics", 0.05, models_url=sim.url + "/v1/models")
+    telemetry = build_telemetry()
+    register_engine(telemetry.meter, collector)
+    await poll(collector)
+    assert collector.snapshot is not None
+    base = sim.settings.model
+    assert collector.snapshot.adapters == (("sql-lora", base), ("chat-lora", base))
+    text = generate_latest(telemetry.registry).decode()
+    assert f'llmobs_model_info{{base_model="{base}",gen_ai_request_model="sql-lora"}} 1.0' in text
+    assert f'gen_ai_request_model="{base}"' not in text  # the base model is no adapter
+    # no model list (or a broken one): no adapters, and the collector is up all the same
+    collector.models_url = sim.url + "/nothing"
+    await poll(collector)
+    after: EngineReading | None = collector.snapshot
+    assert collector.up and after is not None and not after.adapters
+    telemetry.shutdown()
+    await collector.close()
+
+
+@pytest.mark.parametrize(
+    "body",
+    [b"", b"[]", b'{"data": {}}', b'{"data": [1, {"id": 2, "parent": "x"}, {"id": "a"}]}',
+     b'{"data": [{"id": "a", "parent": "a"}, {"id": "b", "parent": ""}]}', b"\xff"],
+)  # fmt: skip
+def test_a_model_list_with_no_adapters_in_it(body: bytes) -> None:
+    assert adapters_of(body) == ()
+
+
+def test_adapters_are_bounded() -> None:
+    cards = [{"id": f"lora-{i}", "parent": "base" * 100} for i in range(100)]
+    found = adapters_of(json.dumps({"data": cards}).encode())
+    assert len(found) == 64 and found[0] == ("lora-0", ("base" * 100)[:128])
