@@ -22,7 +22,7 @@ from aiohttp import web
 
 from llmobs.collectors import Collectors
 from llmobs.config.settings import Settings
-from llmobs.export.metrics.exposition import negotiate, render
+from llmobs.export.metrics.exposition import accepts_gzip, negotiate, render
 from llmobs.export.telemetry import Telemetry
 from llmobs.export.ui import LivePage, add_routes
 
@@ -30,6 +30,7 @@ SESSION = web.AppKey("session", aiohttp.ClientSession)
 COLLECTORS = web.AppKey("collectors", Collectors)
 
 READY_TIMEOUT = 2.0
+GZIP_INLINE = 4096  # a /metrics body smaller than this is compressed on the loop itself
 
 
 def _client_session(limit: int = 0) -> aiohttp.ClientSession:
@@ -105,9 +106,13 @@ def build_admin_app(
         fmt = negotiate(request.headers.get("Accept", ""))
         body = await render(fmt, registry, pool)
         content_type = fmt.value
-        resp = web.Response(body=body)
+        # gzip when the scraper takes it (Prometheus does): compressed in the rendering
+        # thread, which zlib runs without the GIL (docs/benchmarks.md, "/metrics in gzip")
+        resp = web.Response(body=body, zlib_executor=pool, zlib_executor_size=GZIP_INLINE)
+        if accepts_gzip(request.headers.get("Accept-Encoding", "")):
+            resp.enable_compression(web.ContentCoding.gzip)
         resp.headers["Content-Type"] = content_type
-        resp.headers["Vary"] = "Accept"
+        resp.headers["Vary"] = "Accept, Accept-Encoding"
         return resp
 
     async def healthz(request: web.Request) -> web.Response:

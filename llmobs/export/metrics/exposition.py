@@ -137,6 +137,34 @@ def _media(item: str) -> tuple[Format | None, float]:
     return None, 0.0
 
 
+def _quality(params: list[str]) -> float:
+    """An Accept or Accept-Encoding entry's ``q`` (RFC 9110 12.4.2): 1 when absent, 0 when
+    it is not a quality (NaN, negative, above 1, not a number)."""
+    for param in params:
+        name, _, value = param.partition("=")
+        if name.strip().lower() == "q":
+            try:
+                quality = float(value.strip().strip('"'))
+            except ValueError:
+                return 0.0
+            return quality if 0.0 <= quality <= 1.0 else 0.0
+    return 1.0
+
+
+def accepts_gzip(accept_encoding: str) -> bool:
+    """Whether the scraper takes gzip (RFC 9110 12.5.3: ``gzip`` or ``*`` with a quality
+    above 0, ``gzip`` named first); Prometheus sends ``Accept-Encoding: gzip``."""
+    wildcard = None
+    for item in accept_encoding.split(","):
+        coding, *params = (part.strip() for part in item.split(";"))
+        coding = coding.lower()
+        if coding in ("gzip", "x-gzip"):
+            return _quality(params) > 0
+        if coding == "*":
+            wildcard = _quality(params) > 0
+    return bool(wildcard)
+
+
 def negotiate(accept: str) -> Format:
     """Content negotiation (RFC 9110 12.5.1, as Prometheus' scrape Accept header uses it): the
     format the scraper likes best, the richer one on a tie; the text format when it names

@@ -10,6 +10,8 @@ from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 
 from llmobs.config.objectives import Objectives, ObjectiveSet
+from llmobs.config.prices import Price, Prices
+from llmobs.config.tenants import Tenancy
 from llmobs.export.metrics.otel import OtelMetrics
 from llmobs.export.metrics.sink import MetricsSink
 from llmobs.observe.dialects import OPENAI_CHAT
@@ -101,3 +103,31 @@ def test_the_label_less_series_are_read_from_the_sink_at_each_export(
                     "llmobs.stream.malformed_events": 3, "llmobs.observer.errors": 0}  # fmt: skip
     sink.queue_leave()
     assert points(reader)["llmobs.prefill.queue_depth"][0][1].value == 0
+
+
+def test_a_tenants_families_and_cost_are_pushed_as_counted() -> None:
+    """Tenants on requests and TTFT (not TPOT), and a price: OTLP carries the tenant where
+    the series do, and the cost with its verdict and currency."""
+    reader = InMemoryMetricReader()
+    meter = MeterProvider(metric_readers=[reader]).get_meter("test")
+    tenancy = Tenancy(header="x-tenant", metrics=("requests", "ttft", "cost"))
+    sink = MetricsSink(None, 4, tenancy=tenancy, currency="EUR")
+    otel = OtelMetrics(meter, sink.objectives, sink.live, sink.tenanted, sink.currency)
+    prices = Prices("EUR", {"m": Price(1000.0, 2000.0, 1000.0, 2000.0)})
+    obs = Observer(sink, ObserveSettings(prices=prices), OPENAI_CHAT, 0, consumers=[otel],
+                   tenant="team-a")  # fmt: skip
+    obs.request_body(b'{"model": "m", "stream": true}')
+    obs.forwarded(0)
+    obs.response(200, "text/event-stream")
+    for i, chunk in enumerate(sse(chat_chunk("a"), chat_chunk("b"), chat_chunk("c"))):
+        obs.chunk((100 + 20 * i) * 1_000_000, chunk)
+    obs.finish(200_000_000, Outcome.OK)
+    got = points(reader)
+    ((ttft, _),) = got["gen_ai.server.time_to_first_token"]
+    assert ttft["tenant"] == "team-a"
+    ((tpot, _),) = got["gen_ai.server.time_per_output_token"]
+    assert "tenant" not in tpot
+    ((cost, value),) = got["llmobs.cost"]
+    assert cost == {"gen_ai.operation.name": "chat", "gen_ai.request.model": "m",
+                    "verdict": "good", "currency": "EUR", "tenant": "team-a"}  # fmt: skip
+    assert value.value == pytest.approx(3 * 2000 / 1e6)  # three counted output tokens
