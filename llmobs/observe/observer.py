@@ -168,6 +168,8 @@ class Observer:
         self.status = status
         try:
             self._reader.response(content_type)
+            if 200 <= status < 400:  # its series appear now, before it is counted
+                self._sink.answered(self.operation, self.info.model, self._tenant)
         except Exception:
             self._fail("response")
 

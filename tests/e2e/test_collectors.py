@@ -53,7 +53,8 @@ async def stream(session: aiohttp.ClientSession, url: str) -> None:
 
 async def test_gpu_engine_and_mbu_on_the_admin_port(start_sim: SimFactory) -> None:
     sim = await start_sim(max_batch=4, prefill_base=0.02, decode_base=0.01, decode_per_seq=0.0,
-                          output_tokens_min=30, output_tokens_max=30)  # fmt: skip
+                          output_tokens_min=30, output_tokens_max=30,
+                          lora_adapters=("sql-lora",))  # fmt: skip
     settings = Settings(
         upstream=sim.url, host="127.0.0.1", port=0, metrics_host="127.0.0.1", metrics_port=0,
         gpu_sample_interval=0.02, engine_scrape_interval=0.02, **MODEL_SHAPE,

@@ -19,7 +19,7 @@ from llmobs.__main__ import main
 from llmobs.export.telemetry import build_telemetry
 from llmobs.sim.faults import FAULT_HEADER
 from llmobs.tools.slo_report import rows_from_metrics
-from tests.support.prom import Prometheus, Target, needs_prometheus
+from tests.support.prom import RULES, Prometheus, Target, needs_prometheus
 from tests.support.servers import SidecarFactory, SidecarHandle, SimFactory, eventually
 
 MODEL = "sim-llama-3-8b"
@@ -156,3 +156,33 @@ async def test_the_gate_reads_prometheus_over_a_range(
         code, text = await asyncio.to_thread(slo_cli, "--prometheus", prom.url, "--range", "5m")
     assert code == 1, text
     assert "ttft" in text and "error" in text and MODEL in text
+
+
+@needs_prometheus
+async def test_a_first_burst_of_errors_burns_the_budget(
+    start_sim: SimFactory, start_sidecar: SidecarFactory, tmp_path: Path
+) -> None:
+    """An engine that fails every request from the start, for a model never admitted
+    (``other``): the label set's series were there at 0 before the burst, so the shipped
+    burn-rate rules see it as an increase, a ratio of 1, not a series born at its count."""
+    sim = await start_sim(**{**ENGINE, "fault": "none"}, error_rate=1.0)
+    side = await start_sidecar(sim.url, **SLO)
+    targets = [Target("llmobs", side.metrics_url, {"namespace": "ci", "pod": "llm-0"})]
+    ratio = (
+        'namespace_job_operation_model:llmobs_slo_errors:ratio_rate5m{gen_ai_request_model="other"}'
+    )
+    async with (
+        Prometheus(tmp_path, targets, {"rules.yml": RULES.read_text()}) as prom,
+        aiohttp.ClientSession() as session,
+    ):
+        # the sidecar's first scrape, before any request: other's series at 0
+        await until(prom, 'sum(llmobs_slo_requests_total{gen_ai_request_model="other"})', 0)
+        statuses = await asyncio.gather(*(chat(session, side.url, SHORT) for _ in range(5)))
+        assert statuses == [500] * 5
+        await until(prom, 'sum(llmobs_slo_requests_total{gen_ai_request_model="other"})', 5)
+        await until(prom, f"max({ratio})", 1.0)
+        misses = await prom.query(
+            'sum(increase(llmobs_slo_misses_total{gen_ai_request_model="other",'
+            'objective="error"}[5m]))'
+        )
+    assert misses and misses[0][1] >= 5

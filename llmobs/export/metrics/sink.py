@@ -65,7 +65,8 @@ from llmobs.export.metrics.series import (
     TokenHistogram,
 )
 from llmobs.observe.causes import STALL_CAUSES, count_causes
-from llmobs.observe.labels import UNKNOWN, BoundedLabel
+from llmobs.observe.dialects import OPERATIONS
+from llmobs.observe.labels import OTHER, UNKNOWN, BoundedLabel
 from llmobs.observe.phases import Phase, TtftPhases
 from llmobs.observe.record import RequestRecord, TraceRef
 from llmobs.observe.slo import Verdict, judge, miss_causes
@@ -172,6 +173,14 @@ class MetricsSink:
             family.series[()] = 0
         self.collector = SeriesCollector(tuple(self.families.values()))
         self._lock = self.collector.lock
+        # The closed label sets' series exist from the start, at 0: the first burst of errors
+        # of a model not admitted (other), or of requests that name none (unknown), is an
+        # increase a scrape can see, not a series born already counting them
+        tenants = (UNKNOWN, OTHER) if self.tenants is not None else ("",)
+        for operation in OPERATIONS:
+            for model in (OTHER, UNKNOWN):
+                for tenant in tenants:
+                    self._label_set(operation, model, tenant)
         if registry is not None:
             registry.register(self.collector)
 
@@ -225,6 +234,16 @@ class MetricsSink:
     def malformed(self, count: int) -> None:
         if count:
             self._malformed.series[()] += count
+
+    def answered(self, operation: str, model: str | None, tenant: str | None) -> None:
+        """The engine answered a request (a 2xx or 3xx head): its model (and tenant) take
+        their labels now, and their label set's series appear at 0 before the request is
+        counted at its end, so that even its first requests are an increase to a scrape."""
+        label = self.models.get(model)
+        tenants = self.tenants
+        tenant_label = tenants.get(tenant) if tenants is not None else ""
+        if (operation, label, tenant_label) not in self._sets:
+            self._label_set(operation, label, tenant_label)
 
     def record_tokens(
         self, operation: str, label: str, window: TokenWindow, tenant: str = ""

@@ -23,6 +23,7 @@ from llmobs.observe.dialects.triton import TritonStream
 CHAT = "chat"
 TEXT_COMPLETION = "text_completion"
 OTHER = "other"
+OPERATIONS = (CHAT, TEXT_COMPLETION, OTHER)  # the operation label's values: a closed set
 
 
 @dataclass(frozen=True, slots=True)

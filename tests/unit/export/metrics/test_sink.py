@@ -51,7 +51,30 @@ def test_model_label_is_bounded() -> None:
         for s in fam.samples
         if "gen_ai_request_model" in s.labels
     }
-    assert models == {"model-0", "model-1", "model-2", "other"}
+    # and unknown: its series (and other's) exist from the start, at 0
+    assert models == {"model-0", "model-1", "model-2", "other", "unknown"}
+
+
+def test_the_closed_label_sets_are_there_before_any_request_and_a_model_at_its_answer() -> None:
+    """A first burst of errors must be an increase a scrape sees: the label sets of models
+    not admitted (other) or not named (unknown) exist at 0 from the start, for each
+    operation; a model's own from the engine's first answer (its 2xx head), before it ends."""
+    registry = CollectorRegistry()
+    sink = MetricsSink(registry, 4)
+
+    def value(name: str, **labels: str) -> float | None:
+        return registry.get_sample_value(name, labels)
+
+    for op in ("chat", "text_completion", "other"):
+        for model in ("other", "unknown"):
+            labels = {"gen_ai_operation_name": op, "gen_ai_request_model": model}
+            assert value("llmobs_slo_requests_total", **labels, verdict="bad") == 0
+            assert value("llmobs_slo_misses_total", **labels, objective="error", cause="none") == 0
+    llama = {"gen_ai_operation_name": "chat", "gen_ai_request_model": "llama"}
+    assert value("llmobs_slo_requests_total", **llama, verdict="bad") is None
+    sink.answered("chat", "llama", None)
+    assert value("llmobs_slo_requests_total", **llama, verdict="bad") == 0
+    assert sink.models.get("llama", admit=False) == "llama"  # admitted at its answer
 
 
 def test_a_model_name_that_is_not_unicode_is_other() -> None:
