@@ -183,6 +183,7 @@ class Proxy:
             telemetry.registry, settings.max_models, objectives=self.settings.objectives(),
             tenancy=self.tenancy, max_tenants=settings.max_tenants,
             currency=self.prices.currency if self.prices is not None else "",
+            buckets=settings.buckets,
         )  # fmt: skip
         # What takes each finished request's record after the sink (which counts it first):
         # a new consumer is a class with ``consume(record)`` and one line here.
@@ -190,7 +191,8 @@ class Proxy:
         push = telemetry.push_meter
         if push is not None:  # request metrics pushed over OTLP too
             self.consumers.append(OtelMetrics(
-                push, self.sink.objectives, self.sink.live, self.sink.tenanted, self.sink.currency
+                push, self.sink.objectives, self.sink.live, self.sink.tenanted, self.sink.currency,
+                self.sink.define,
             ))  # fmt: skip
         # the engine's streams and preemptions, against which each stall is judged
         self.timeline = EngineTimeline()

@@ -16,6 +16,8 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
 
+from llmobs.config.buckets import FAMILIES as BUCKET_FAMILIES
+from llmobs.config.buckets import parse_buckets
 from llmobs.config.model import DTYPE_BYTES, KV_DTYPES
 from llmobs.config.objectives import (
     DEFAULT_TARGET,
@@ -319,6 +321,11 @@ class Settings:
     tenant_metrics: tuple[str, ...] = option(
         DEFAULT_TENANT_METRICS, parse_list, "tenants: the request families labelled by tenant: "
         f"some of {', '.join(TENANT_METRIC_NAMES)}", "LIST",
+    )  # fmt: skip
+    buckets: tuple[tuple[str, tuple[float, ...]], ...] = option(
+        (), parse_buckets, "classic histogram bounds in seconds, per family: "
+        "'ttft=0.1,0.25,0.5,1;itl=0.01,0.05,0.1' (families: " + ", ".join(BUCKET_FAMILIES)
+        + "; the rest keep theirs; docs/metrics.md)", "SPEC",
     )  # fmt: skip
     price_file: str = option(
         "", str, "a YAML file of token prices per model and one currency: a cost counter "

@@ -34,6 +34,7 @@ from llmobs.config.logs import method_label
 from llmobs.config.settings import Settings
 from llmobs.observe.dialects import Route, route_for_request
 from llmobs.observe.dialects.base import Passthrough
+from llmobs.observe.dialects.errors import error_body
 from llmobs.observe.dialects.openai import OpenAIStream
 from llmobs.observe.timing import Outcome
 from llmobs.relay.deferred import Deferred
@@ -320,7 +321,8 @@ class _Exchange:
     def _answer(self, status: int, message: str, close: bool = False) -> None:
         """A response the sidecar produces itself (the observer records its status)."""
         self._observer().response(status, "")
-        self.request.respond_error(status, message, close=close)
+        body = error_body(self.route.name, status, message)  # in the API's own shape
+        self.request.respond_error(status, message, close=close, body=body)
 
     def _finish(self) -> None:
         """Exactly one outcome: the connection back to the pool or closed, and the record."""

@@ -340,8 +340,12 @@ class Request:
         self.write(body)
         self.end()
 
-    def respond_error(self, status: int, message: str, *, close: bool = False) -> None:
-        self.respond(status, error_body(status, message), close=close)
+    def respond_error(
+        self, status: int, message: str, *, close: bool = False, body: bytes | None = None
+    ) -> None:
+        """An error the sidecar answers itself: ``body`` in the request's API's shape (the
+        relay's), else the OpenAI shape."""
+        self.respond(status, body if body is not None else error_body(status, message), close=close)
 
     def on_flow(self, pause: Callable[[], None] | None, resume: Callable[[], None] | None) -> None:
         """Call ``pause`` when the client's write buffer passes ``HIGH_WATER`` and ``resume``

@@ -424,6 +424,11 @@ REQUEST_METRICS: tuple[MetricDef, ...] = (
     SLO_REQUESTS, SLO_MISSES, SLO_OUTPUT_TOKENS, SLO_TARGET, SLO_WINDOW, COST,
 )  # fmt: skip
 
+# The histograms whose classic buckets ``--buckets`` can set (``config.buckets.FAMILIES``)
+BUCKET_METRICS: dict[str, MetricDef] = {
+    "ttft": TTFT, "phases": TTFT_PHASE, "tpot": TPOT, "duration": DURATION, "itl": ITL,
+}  # fmt: skip
+
 # The request families a tenant label can be put on, by the names ``--tenant-metrics`` takes
 # (``config.tenants.METRIC_NAMES``)
 TENANT_METRICS: dict[str, tuple[MetricDef, ...]] = {

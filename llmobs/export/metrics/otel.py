@@ -113,11 +113,15 @@ class OtelMetrics:
         live: Callable[[], Mapping[MetricDef, float]],
         tenanted: frozenset[MetricDef] = frozenset(),
         currency: str = "",
+        define: Callable[[MetricDef], MetricDef] | None = None,
     ) -> None:
         """``tenanted``: the families labelled by tenant (the sink's); ``currency``: the price
-        file's (a cost counter)."""
+        file's (a cost counter); ``define``: each metric as the sink defines it (its bucket
+        bounds, the operator's if set)."""
         self._by_metric = {
-            m: _instrument(meter, m) for m in REQUEST_METRICS if m not in (ITL, ITL_SQUARES, *_LIVE)
+            m: _instrument(meter, define(m) if define is not None else m)
+            for m in REQUEST_METRICS
+            if m not in (ITL, ITL_SQUARES, *_LIVE)
         }
         self._tenanted = tenanted
         self._tenant = ""  # the tenant of the request being recorded

@@ -19,15 +19,18 @@ slot only from a successful request); the sink labels by it.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Callable, Mapping, Sequence
 
 from prometheus_client import CollectorRegistry
 
+from llmobs.config.buckets import Buckets
 from llmobs.config.objectives import Objectives, ObjectiveSet
 from llmobs.config.tenants import Tenancy
 from llmobs.export.metrics.catalogue import (
     ACTIVE,
+    BUCKET_METRICS,
     COST,
     DURATION,
     ENGINE_LOAD,
@@ -124,9 +127,12 @@ class MetricsSink:
         tenancy: Tenancy | None = None,
         max_tenants: int = 32,
         currency: str = "",
+        buckets: Buckets = (),
     ) -> None:
         """``tenancy``: the tenants' rules (labels by tenant on the families it names);
-        ``currency``: the price file's (a cost counter; "": no price file, no cost)."""
+        ``currency``: the price file's (a cost counter; "": no price file, no cost);
+        ``buckets``: classic bucket bounds the operator set (``--buckets``)."""
+        self._bounds = {BUCKET_METRICS[name]: bounds for name, bounds in buckets}
         self.models = BoundedLabel(max_models)
         tenancy = tenancy or Tenancy()
         self.tenants = BoundedLabel(max_tenants, tenancy.names) if tenancy.on else None
@@ -138,7 +144,7 @@ class MetricsSink:
         # what each request is judged by (the default: no latency bound, 99.9 % not failing)
         self.objectives = objectives or Objectives(ObjectiveSet())
         self._sets: dict[tuple[str, str, str], _LabelSet] = {}  # by (operation, model, tenant)
-        self._itl = TokenHistogram(self._def(ITL), self._def(ITL_SQUARES))
+        self._itl = TokenHistogram(self.define(ITL), self.define(ITL_SQUARES))
         # every request series, by the catalogue's metric (readers: the live page's totals)
         self.families: dict[MetricDef, HistogramFamily | CounterFamily] = {}
         for metric in REQUEST_METRICS:
@@ -149,10 +155,10 @@ class MetricsSink:
             elif metric is ITL_SQUARES:
                 self.families[metric] = self._itl.squares
             elif metric.kind is Kind.HISTOGRAM:
-                self.families[metric] = HistogramFamily(self._def(metric))
+                self.families[metric] = HistogramFamily(self.define(metric))
             else:
                 gauge = metric.kind is Kind.UPDOWN
-                self.families[metric] = CounterFamily(self._def(metric), gauge=gauge)
+                self.families[metric] = CounterFamily(self.define(metric), gauge=gauge)
         self._histograms = {
             m: f for m, f in self.families.items() if isinstance(f, HistogramFamily)
         }
@@ -189,9 +195,12 @@ class MetricsSink:
         """The families labelled by tenant."""
         return self._tenanted
 
-    def _def(self, metric: MetricDef) -> MetricDef:
-        """The metric as this sink exposes it: with the tenant label, if labelled so."""
-        return metric.with_tenant() if metric in self._tenanted else metric
+    def define(self, metric: MetricDef) -> MetricDef:
+        """The metric as this sink exposes it: with the tenant label if labelled so, with
+        the operator's bucket bounds if set."""
+        bounds = self._bounds.get(metric)
+        defined = metric if bounds is None else dataclasses.replace(metric, buckets=bounds)
+        return defined.with_tenant() if metric in self._tenanted else defined
 
     def _counter(self, metric: MetricDef) -> CounterFamily:
         family = self.families[metric]

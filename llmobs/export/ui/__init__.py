@@ -95,7 +95,8 @@ class LivePage:
         self.sink = sink
         self.collectors = collectors
         self.clock = clock
-        self.ring = LiveRing(TTFT.buckets, ITL.buckets, seconds)
+        # the bounds the sink's TTFT and ITL histograms have (the operator's, if set)
+        self.ring = LiveRing(sink.define(TTFT).buckets, sink.define(ITL).buckets, seconds)
         self.files = _files()
         self.rendering = asyncio.Lock()
 

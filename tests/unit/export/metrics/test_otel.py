@@ -131,3 +131,15 @@ def test_a_tenants_families_and_cost_are_pushed_as_counted() -> None:
     assert cost == {"gen_ai.operation.name": "chat", "gen_ai.request.model": "m",
                     "verdict": "good", "currency": "EUR", "tenant": "team-a"}  # fmt: skip
     assert value.value == pytest.approx(3 * 2000 / 1e6)  # three counted output tokens
+
+
+def test_the_operators_buckets_are_pushed_too() -> None:
+    reader = InMemoryMetricReader()
+    meter = MeterProvider(metric_readers=[reader]).get_meter("test")
+    sink = MetricsSink(None, 4, buckets=(("ttft", (0.1, 0.8, 2.0)),))
+    otel = OtelMetrics(meter, sink.objectives, sink.live, define=sink.define)
+    request(sink, otel, "m")
+    ((_, ttft),) = points(reader)["gen_ai.server.time_to_first_token"]
+    assert list(ttft.explicit_bounds) == [0.1, 0.8, 2.0]
+    ((_, tpot),) = points(reader)["gen_ai.server.time_per_output_token"]
+    assert len(tpot.explicit_bounds) > 3  # the catalogue's

@@ -1,0 +1,87 @@
+"""The errors the sidecar answers itself, in each API's own shape: with the engine gone (a 502)
+each real SDK raises its own error type, carrying llmobs's message, rather than showing a
+body it cannot read."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+
+import anthropic
+import huggingface_hub
+import ollama
+import openai
+import pytest
+from huggingface_hub.errors import GenerationError
+
+from llmobs.observe.dialects.errors import error_body
+from tests.support.servers import SidecarFactory
+
+MESSAGE = "upstream unavailable"
+
+
+def closed_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.fixture
+async def gone(start_sidecar: SidecarFactory) -> str:
+    """A sidecar whose engine is not there: every request gets the sidecar's 502."""
+    side = await start_sidecar(f"http://127.0.0.1:{closed_port()}")
+    return side.url
+
+
+async def test_openai(gone: str) -> None:
+    async with openai.AsyncOpenAI(base_url=gone + "/v1", api_key="k", max_retries=0) as client:
+        with pytest.raises(openai.APIStatusError) as caught:
+            await client.chat.completions.create(
+                model="m", messages=[{"role": "user", "content": "hi"}])  # fmt: skip
+    assert caught.value.status_code == 502 and MESSAGE in caught.value.message
+    assert isinstance(caught.value.body, dict) and caught.value.body["type"] == "upstream_error"
+
+
+async def test_anthropic(gone: str) -> None:
+    async with anthropic.AsyncAnthropic(base_url=gone, api_key="k", max_retries=0) as client:
+        with pytest.raises(anthropic.InternalServerError) as caught:
+            await client.messages.create(
+                model="m", max_tokens=8, messages=[{"role": "user", "content": "hi"}])  # fmt: skip
+    assert caught.value.status_code == 502 and MESSAGE in caught.value.message
+    body = caught.value.body
+    assert isinstance(body, dict) and body["error"]["type"] == "api_error"
+
+
+async def test_ollama(gone: str) -> None:
+    async with ollama.AsyncClient(host=gone) as client:
+        with pytest.raises(ollama.ResponseError) as caught:
+            await client.chat(model="m", messages=[{"role": "user", "content": "hi"}])
+    assert caught.value.status_code == 502 and MESSAGE in caught.value.error
+
+
+async def test_tgi_through_the_hugging_face_client(gone: str) -> None:
+    """TGI's ``error_type`` makes the Hugging Face client raise its own error for it."""
+
+    def generate() -> None:
+        huggingface_hub.InferenceClient(model=gone).text_generation("hi", max_new_tokens=4)
+
+    with pytest.raises(GenerationError) as caught:
+        await asyncio.to_thread(generate)
+    assert MESSAGE in str(caught.value)
+
+
+def test_each_shape() -> None:
+    assert error_body("openai", 502, "x") is None  # the wire's own, OpenAI's
+    assert error_body("none", 502, "x") is None
+    assert json.loads(error_body("anthropic", 413, "big") or b"") == {
+        "type": "error", "error": {"type": "request_too_large", "message": "big"}}  # fmt: skip
+    assert json.loads(error_body("anthropic", 504, "x") or b"")["error"]["type"] == "timeout_error"
+    assert json.loads(error_body("anthropic", 408, "x") or b"")["error"]["type"] == "timeout_error"
+    assert json.loads(error_body("anthropic", 431, "x") or b"")["error"]["type"] == (
+        "invalid_request_error")  # fmt: skip
+    assert json.loads(error_body("ollama", 502, "gone") or b"") == {"error": "gone"}
+    assert json.loads(error_body("triton", 504, "slow") or b"") == {"error": "slow"}
+    assert json.loads(error_body("tgi", 413, "big") or b"") == {
+        "error": "big", "error_type": "validation"}  # fmt: skip
+    assert json.loads(error_body("tgi", 503, "x") or b"")["error_type"] == "overloaded"
