@@ -30,6 +30,9 @@ class OtelSettings:
     metrics_protocol: str = "http/protobuf"
     metrics_headers: tuple[tuple[str, str], ...] = ()
     metric_export_interval_s: float = 60.0
+    # OTEL_EXPORTER_OTLP_METRICS_DEFAULT_HISTOGRAM_AGGREGATION: the latency histograms go out
+    # as base-2 exponential ones (the native histograms' counterpart) unless it says explicit
+    exponential_histograms: bool = True
     bsp_max_queue_size: int = 2048
     bsp_schedule_delay_s: float = 1.0
     bsp_max_export_batch_size: int = 512
@@ -88,6 +91,19 @@ def _number(environ: Mapping[str, str], name: str, default: float) -> float:
     return value
 
 
+_AGGREGATIONS = ("base2_exponential_bucket_histogram", "explicit_bucket_histogram")
+
+
+def _exponential(environ: Mapping[str, str]) -> bool:
+    """Whether pushed latency histograms are exponential: the spec's variable, with our
+    default (exponential: the counterpart of the native histograms /metrics serves)."""
+    name = "OTEL_EXPORTER_OTLP_METRICS_DEFAULT_HISTOGRAM_AGGREGATION"
+    value = environ.get(name, "").strip().lower() or _AGGREGATIONS[0]
+    if value not in _AGGREGATIONS:
+        raise ConfigError(f"{name}: expected one of {', '.join(_AGGREGATIONS)}")
+    return value == _AGGREGATIONS[0]
+
+
 def otel_settings(environ: Mapping[str, str]) -> OtelSettings:
     """Read the standard OpenTelemetry environment variables once; fail naming the variable."""
     if environ.get("OTEL_SDK_DISABLED", "").strip().lower() == "true":
@@ -138,6 +154,7 @@ def otel_settings(environ: Mapping[str, str]) -> OtelSettings:
             "OTEL_EXPORTER_OTLP_HEADERS",
         ),
         metric_export_interval_s=_number(environ, "OTEL_METRIC_EXPORT_INTERVAL", 60_000.0) / 1000,
+        exponential_histograms=_exponential(environ),
         bsp_max_queue_size=int(_number(environ, "OTEL_BSP_MAX_QUEUE_SIZE", 2048)),
         bsp_schedule_delay_s=_number(environ, "OTEL_BSP_SCHEDULE_DELAY", 1000.0) / 1000,
         bsp_max_export_batch_size=int(_number(environ, "OTEL_BSP_MAX_EXPORT_BATCH_SIZE", 512)),

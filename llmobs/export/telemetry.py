@@ -20,6 +20,7 @@ from opentelemetry.exporter.prometheus import PrometheusMetricReader
 from opentelemetry.metrics import Meter
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import MetricReader, PeriodicExportingMetricReader
+from opentelemetry.sdk.metrics.view import ExponentialBucketHistogramAggregation, View
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import ReadableSpan, Span, SpanProcessor, TracerProvider
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
@@ -36,7 +37,7 @@ from prometheus_client import CollectorRegistry
 from llmobs import __version__
 from llmobs.config.otel import OtelSettings
 from llmobs.export.metrics import process
-from llmobs.export.metrics.catalogue import SPANS_DROPPED
+from llmobs.export.metrics.catalogue import REQUEST_METRICS, SPANS_DROPPED, Kind
 from llmobs.export.metrics.exposition import Registry
 from llmobs.export.metrics.process import BuildInfo
 
@@ -222,6 +223,23 @@ def _otlp_metric_reader(otel: OtelSettings) -> MetricReader:
     return PeriodicExportingMetricReader(http, export_interval_millis=interval)
 
 
+def _exponential_views() -> list[View]:
+    """The request histograms that /metrics also serves as native ones, pushed as base-2
+    exponential histograms from the same start: OTel's scale is Prometheus' schema, so a
+    family starts at its native schema and keeps at most as many buckets (downscaling alike
+    when its values spread wider)."""
+    return [
+        View(
+            instrument_name=metric.name,
+            aggregation=ExponentialBucketHistogramAggregation(
+                max_size=metric.native.limit, max_scale=metric.native.schema
+            ),
+        )
+        for metric in REQUEST_METRICS
+        if metric.native is not None and metric.kind is Kind.HISTOGRAM
+    ]
+
+
 def build_telemetry(
     registry: CollectorRegistry | None = None,
     otel: OtelSettings | None = None,
@@ -245,8 +263,9 @@ def build_telemetry(
     if "otlp" in otel.metrics_exporters and otel.metrics_endpoint:
         readers.append(_otlp_metric_reader(otel))
         push_provider = MeterProvider(
-            metric_readers=[_otlp_metric_reader(otel)], resource=resource, shutdown_on_exit=False
-        )
+            metric_readers=[_otlp_metric_reader(otel)], resource=resource, shutdown_on_exit=False,
+            views=_exponential_views() if otel.exponential_histograms else (),
+        )  # fmt: skip
     provider = MeterProvider(metric_readers=readers, resource=resource, shutdown_on_exit=False)
     meter = provider.get_meter(SCOPE, __version__)
     if span_exporter is None and not otel.tracing:

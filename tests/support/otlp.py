@@ -1,5 +1,5 @@
-"""An OTLP/HTTP trace receiver on loopback: what a collector (Jaeger, Tempo, the OpenTelemetry
-Collector) does with the sidecar's exports, decoded with the protocol's own messages
+"""An OTLP/HTTP trace and metrics receiver on loopback: what a collector (Jaeger, Tempo, the
+OpenTelemetry Collector) does with the sidecar's exports, decoded with the protocol's own messages
 (``opentelemetry-proto``), so a test sees the spans exactly as a tracing backend gets them."""
 
 from __future__ import annotations
@@ -7,19 +7,43 @@ from __future__ import annotations
 from typing import Any
 
 from aiohttp import web
+from opentelemetry.proto.collector.metrics.v1 import metrics_service_pb2
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2
 
 
 class OtlpReceiver:
-    """``app()`` serves ``POST /v1/traces``; ``requests`` are the export requests received."""
+    """``app()`` serves ``POST /v1/traces`` and ``/v1/metrics``; ``requests`` and
+    ``metric_requests`` are the export requests received."""
 
     def __init__(self) -> None:
         self.requests: list[trace_service_pb2.ExportTraceServiceRequest] = []
+        self.metric_requests: list[metrics_service_pb2.ExportMetricsServiceRequest] = []
 
     def app(self) -> web.Application:
         app = web.Application()
         app.router.add_post("/v1/traces", self._traces)
+        app.router.add_post("/v1/metrics", self._metrics)
         return app
+
+    async def _metrics(self, request: web.Request) -> web.Response:
+        if request.content_type != "application/x-protobuf":
+            return web.Response(status=415, text="OTLP/HTTP protobuf only")
+        message = metrics_service_pb2.ExportMetricsServiceRequest()
+        message.ParseFromString(await request.read())
+        self.metric_requests.append(message)
+        reply = metrics_service_pb2.ExportMetricsServiceResponse()
+        return web.Response(body=reply.SerializeToString(), content_type="application/x-protobuf")
+
+    def metrics(self, name: str) -> list[Any]:
+        """Every metric named ``name`` received, in order (each with its data points)."""
+        return [
+            metric
+            for message in self.metric_requests
+            for rm in message.resource_metrics
+            for sm in rm.scope_metrics
+            for metric in sm.metrics
+            if metric.name == name
+        ]
 
     async def _traces(self, request: web.Request) -> web.Response:
         if request.content_type != "application/x-protobuf":
