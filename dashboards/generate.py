@@ -91,6 +91,12 @@ COLLECTOR_ERRORS = c.COLLECTOR_ERRORS.prometheus
 ENGINE_WAITING = c.ENGINE_WAITING.prometheus
 ENGINE_RUNNING = c.ENGINE_RUNNING.prometheus
 ENGINE_KV_CACHE = c.ENGINE_KV_CACHE.prometheus
+PREFIX_HITS = c.ENGINE_PREFIX_HITS.prometheus
+PREFIX_QUERIES = c.ENGINE_PREFIX_QUERIES.prometheus
+PREFIX_RATIO = c.ENGINE_PREFIX_RATIO.prometheus
+SPEC_ACCEPTED = c.ENGINE_SPEC_ACCEPTED.prometheus
+SPEC_DRAFTED = c.ENGINE_SPEC_DRAFTED.prometheus
+PREEMPTIONS = c.ENGINE_PREEMPTIONS.prometheus
 GPU_MEMORY = {
     "used": c.GPU_MEMORY_USED.prometheus,
     "free": c.GPU_MEMORY_FREE.prometheus,
@@ -796,6 +802,35 @@ def load_row() -> list[Json]:
             min=0,
             max=1,
             thresholds=thresholds((None, "transparent"), (KV_CACHE_MAX, "red")),
+        ),
+        timeseries(
+            "Engine prefix cache and speculation",
+            "The share of prompt tokens the engine found in its prefix cache (vLLM's counters; "
+            "SGLang's own ratio), and the share of speculative draft tokens it accepted: a "
+            "falling cache ratio lengthens prefill, a falling acceptance slows decode. " + engine,
+            [
+                target(
+                    f"sum by (pod, engine) ({rate(PREFIX_HITS, POD)}) / sum by (pod, engine) "
+                    f"({rate(PREFIX_QUERIES, POD)}) or avg by (pod, engine) "
+                    f"({PREFIX_RATIO}{{{POD}}})",
+                    "{{pod}} prefix cache ({{engine}})",
+                ),
+                target(
+                    f"sum by (pod, engine) ({rate(SPEC_ACCEPTED, POD)}) / sum by (pod, engine) "
+                    f"({rate(SPEC_DRAFTED, POD)})",
+                    "{{pod}} draft tokens accepted ({{engine}})",
+                ),
+            ],
+            "percentunit",
+            min=0,
+            max=1,
+        ),
+        timeseries(
+            "Engine preemptions",
+            "Requests the engine preempted per second (the KV cache full): each stops its "
+            "stream until recomputed (stalls by cause: preemption). " + engine,
+            [target(f"sum by (pod, engine) ({rate(PREEMPTIONS, POD)})", "{{pod}} ({{engine}})")],
+            "reqps",
         ),
     ]
 

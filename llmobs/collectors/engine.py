@@ -32,6 +32,7 @@ from llmobs.collectors.base import PollingCollector, Unavailable
 from llmobs.export.metrics import catalogue as m
 from llmobs.observe.labels import MAX_LABEL_LENGTH
 
+Callback = Callable[[CallbackOptions], Iterable[Observation]]
 MAX_BYTES = 16 * 1024**2  # a larger exposition is refused (an error)
 MAX_MODELS_BYTES = 1024**2  # a model list larger than this is not read
 MAX_ADAPTERS = 64  # adapters labelled at most (the engine's configuration, not clients')
@@ -62,11 +63,18 @@ class EngineSpec:
     kv_usage: tuple[Series, ...] = ()
     kv_blocks: tuple[Series, Series] | None = None
     preemptions: tuple[Series, ...] = ()  # a counter of requests preempted (stall causes)
+    # the prefix cache (counters of prompt tokens, or a ratio) and speculative decoding
+    prefix_hits: tuple[Series, ...] = ()
+    prefix_queries: tuple[Series, ...] = ()
+    prefix_ratio: tuple[Series, ...] = ()
+    spec_accepted: tuple[Series, ...] = ()
+    spec_drafted: tuple[Series, ...] = ()
 
     @property
     def series(self) -> tuple[Series, ...]:
         return (*self.waiting, *self.running, *self.kv_usage, *(self.kv_blocks or ()),
-                *self.preemptions)  # fmt: skip
+                *self.preemptions, *self.prefix_hits, *self.prefix_queries, *self.prefix_ratio,
+                *self.spec_accepted, *self.spec_drafted)  # fmt: skip
 
 
 def _names(*names: str) -> tuple[Series, ...]:
@@ -87,6 +95,11 @@ ENGINES: tuple[EngineSpec, ...] = (
         # a 0-1 ratio despite "perc"
         _names("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc"),
         preemptions=_names("vllm:num_preemptions_total"),
+        prefix_hits=_names("vllm:prefix_cache_hits_total"),
+        prefix_queries=_names("vllm:prefix_cache_queries_total"),
+        prefix_ratio=_names("vllm:gpu_prefix_cache_hit_rate"),  # V0's
+        spec_accepted=_names("vllm:spec_decode_num_accepted_tokens_total"),
+        spec_drafted=_names("vllm:spec_decode_num_draft_tokens_total"),
     ),
     EngineSpec(
         "sglang",
@@ -95,6 +108,7 @@ ENGINES: tuple[EngineSpec, ...] = (
         _names("sglang:token_usage"),
         # a retraction is SGLang's preemption (``num_retracted_reqs`` is a gauge of deltas)
         preemptions=_names("sglang:num_retracted_requests_total"),
+        prefix_ratio=_names("sglang:cache_hit_rate"),
     ),
     EngineSpec("tgi", _names("tgi_queue_size"), _names("tgi_batch_current_size")),
     # llama-server's own /metrics has no KV-cache gauge; older builds had the ratio
@@ -132,6 +146,11 @@ class EngineReading:
     kv_usage: float | None = None
     preemptions: float | None = None  # the engine's preemption counter, summed
     adapters: tuple[tuple[str, str], ...] = ()  # (LoRA adapter, its base model), /v1/models
+    prefix_hits: float | None = None  # prompt tokens found in the prefix cache (a counter)
+    prefix_queries: float | None = None  # ... looked up in it (a counter)
+    prefix_hit_ratio: float | None = None  # where the engine gives only a ratio (mean)
+    spec_accepted: float | None = None  # draft tokens accepted (a counter)
+    spec_drafted: float | None = None  # draft tokens proposed (a counter)
 
 
 Samples = dict[str, list[tuple[dict[str, str], float]]]
@@ -186,14 +205,25 @@ def read_engine(text: str) -> EngineReading | None:
     if kv is None and best.kv_blocks is not None:
         used, total = (sum(_values(found, s)) for s in best.kv_blocks)
         kv = used / total if total > 0 else None
-    preempted = _first(found, best.preemptions)
+    ratio = _first(found, best.prefix_ratio)
     return EngineReading(
         best.engine,
         sum(waiting) if waiting else None,
         sum(running) if running else None,
         kv,
-        sum(preempted) if preempted else None,
+        _sum(found, best.preemptions),
+        prefix_hits=_sum(found, best.prefix_hits),
+        prefix_queries=_sum(found, best.prefix_queries),
+        prefix_hit_ratio=sum(ratio) / len(ratio) if ratio else None,
+        spec_accepted=_sum(found, best.spec_accepted),
+        spec_drafted=_sum(found, best.spec_drafted),
     )
+
+
+def _sum(found: Samples, choices: tuple[Series, ...]) -> float | None:
+    """A counter summed over its label sets (models, ranks); None when absent."""
+    values = _first(found, choices)
+    return sum(values) if values else None
 
 
 class EngineCollector(PollingCollector[EngineReading]):
@@ -303,9 +333,9 @@ def adapters_of(body: bytes) -> tuple[tuple[str, str], ...]:
 
 
 def register_engine(meter: Meter, collector: EngineCollector) -> None:
-    """The three uniform engine gauges, reading the last snapshot."""
+    """The uniform engine gauges and counters, reading the last snapshot."""
 
-    def gauge(metric: m.MetricDef, value: Callable[[EngineReading], float | None]) -> None:
+    def reads(value: Callable[[EngineReading], float | None]) -> Callback:
         def observe(options: CallbackOptions) -> Iterable[Observation]:
             reading = collector.snapshot
             v = value(reading) if reading is not None else None
@@ -313,13 +343,28 @@ def register_engine(meter: Meter, collector: EngineCollector) -> None:
                 return []
             return [Observation(v, {m.ENGINE: reading.engine})]
 
-        meter.create_observable_gauge(
-            metric.name, [observe], unit=metric.unit, description=metric.description
-        )
+        return observe
 
-    gauge(m.ENGINE_WAITING, lambda r: r.waiting)
-    gauge(m.ENGINE_RUNNING, lambda r: r.running)
-    gauge(m.ENGINE_KV_CACHE, lambda r: r.kv_usage)
+    for metric, value in (
+        (m.ENGINE_WAITING, lambda r: r.waiting), (m.ENGINE_RUNNING, lambda r: r.running),
+        (m.ENGINE_KV_CACHE, lambda r: r.kv_usage),
+        (m.ENGINE_PREFIX_RATIO, lambda r: r.prefix_hit_ratio),
+    ):  # fmt: skip
+        meter.create_observable_gauge(
+            metric.name, [reads(value)], unit=metric.unit, description=metric.description
+        )
+    # the engine's counters as it reads them (one restarts with the engine: rate() takes
+    # that as a reset)
+    for metric, value in (
+        (m.ENGINE_PREEMPTIONS, lambda r: r.preemptions),
+        (m.ENGINE_PREFIX_HITS, lambda r: r.prefix_hits),
+        (m.ENGINE_PREFIX_QUERIES, lambda r: r.prefix_queries),
+        (m.ENGINE_SPEC_ACCEPTED, lambda r: r.spec_accepted),
+        (m.ENGINE_SPEC_DRAFTED, lambda r: r.spec_drafted),
+    ):  # fmt: skip
+        meter.create_observable_counter(
+            metric.name, [reads(value)], unit=metric.unit, description=metric.description
+        )
 
     def adapters(options: CallbackOptions) -> Iterable[Observation]:
         reading = collector.snapshot

@@ -102,6 +102,19 @@ class SimSettings:
         "milliseconds a stalled decode step takes in addition",
         "MS",
     )
+    spec_tokens: int = option(
+        0,
+        int,
+        "draft tokens each running request proposes per decode step, counted as vLLM's "
+        "speculative decoding counts them (the timing model does not change); 0: none",
+        "N",
+    )
+    spec_acceptance: float = option(
+        0.7,
+        float,
+        "... of which this share is accepted (rounded down per request and step)",
+        "FRACTION",
+    )
     lora_adapters: tuple[str, ...] = option(
         (),
         parse_list,
@@ -203,6 +216,10 @@ def _validate(s: SimSettings) -> None:
             f"{_source('output_tokens_max')}: must be >= output_tokens_min "
             f"({s.output_tokens_min}), got {s.output_tokens_max}"
         )
+    if not 0.0 <= s.spec_acceptance <= 1.0:
+        raise ConfigError(f"{_source('spec_acceptance')}: must be within [0, 1]")
+    if s.spec_tokens < 0:
+        raise ConfigError(f"{_source('spec_tokens')}: must be >= 0, got {s.spec_tokens}")
     if not 0.0 <= s.error_rate <= 1.0:
         raise ConfigError(f"{_source('error_rate')}: must be within [0, 1], got {s.error_rate}")
     if s.dialect not in SIM_DIALECTS:

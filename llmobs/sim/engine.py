@@ -28,6 +28,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import enum
+import hashlib
 import random
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -101,6 +102,11 @@ class SimCounters:
     prefill_steps: int = 0
     decode_steps: int = 0
     preemptions: int = 0
+    # vLLM's prefix cache (prompt tokens) and speculative decoding (draft tokens) counters
+    prefix_queries: int = 0
+    prefix_hits: int = 0
+    spec_drafted: int = 0
+    spec_accepted: int = 0
     # Headers of the last completion request, keys lower-cased (trace-context tests read it).
     last_headers: dict[str, str] = field(default_factory=dict)
 
@@ -191,6 +197,8 @@ class SimEngine:
         self.pauses: collections.deque[SimPause] = collections.deque(maxlen=MAX_PAUSES)
         # the sequence number of each request that named itself (X-Request-Id), the latest
         self.seqs: collections.OrderedDict[str, int] = collections.OrderedDict()
+        # the prompts seen (a digest each), the latest: the sim's prefix cache
+        self._prompts: collections.OrderedDict[bytes, None] = collections.OrderedDict()
 
     def receive(self, headers: Mapping[str, str]) -> int:
         """Count an incoming completion request and give it its sequence number."""
@@ -204,6 +212,19 @@ class SimEngine:
             if len(self.seqs) > MAX_PAUSES:
                 self.seqs.popitem(last=False)
         return seq
+
+    def look_up_prefix(self, body: bytes, prompt_tokens: int) -> None:
+        """The sim's prefix cache, counted as vLLM counts its own: a request whose body was
+        seen before finds its whole prompt cached, any other none of it."""
+        digest = hashlib.blake2b(body, digest_size=16).digest()
+        self.counters.prefix_queries += prompt_tokens
+        if digest in self._prompts:
+            self.counters.prefix_hits += prompt_tokens
+            self._prompts.move_to_end(digest)
+            return
+        self._prompts[digest] = None
+        if len(self._prompts) > MAX_PAUSES:
+            self._prompts.popitem(last=False)
 
     def injects_error(self, seq: int) -> bool:
         """Whether request ``seq`` is answered with an injected 500 (deterministic)."""
@@ -357,6 +378,11 @@ class SimEngine:
             held = tuple(r.seq for r in self._running)
             self.pauses.append(SimPause(clock, clock + pause, PauseCause.ENGINE_PAUSE, held))
             clock += pause
+        if s.spec_tokens:  # each request's drafts, and the share of them accepted
+            self.counters.spec_drafted += s.spec_tokens * len(self._running)
+            self.counters.spec_accepted += int(s.spec_tokens * s.spec_acceptance) * len(
+                self._running
+            )
         await asyncio.sleep(max(0.0, clock - loop.time()))
         # Only requests admitted before this step are in the batch: admission happens in this
         # loop alone, and cancelled ones have already been removed.

@@ -64,7 +64,13 @@ class _EngineCollector(Collector):
                 "Cumulative number of preemption from the engine.",
                 counts.preemptions,
             ),
-        )
+            ("vllm:prefix_cache_queries", "Prefix cache queries, in queried tokens.",
+             counts.prefix_queries),
+            ("vllm:prefix_cache_hits", "Prefix cache hits, in cached tokens.", counts.prefix_hits),
+            ("vllm:spec_decode_num_draft_tokens", "Number of draft tokens.", counts.spec_drafted),
+            ("vllm:spec_decode_num_accepted_tokens", "Number of accepted tokens.",
+             counts.spec_accepted),
+        )  # fmt: skip
         for name, doc, count in counters:
             counter = CounterMetricFamily(name, doc, labels=["model_name"])
             counter.add_metric(model, count)
@@ -170,6 +176,7 @@ def _handler(endpoint: Endpoint) -> Handler:
         if fault is not None:
             return await serve_fault(request, fault, _faulted(engine, seq, exchange))
         plan = exchange.plan
+        engine.look_up_prefix(body, plan.prompt_tokens)
         jobs = [
             engine.submit(
                 seq, plan.prompt_tokens, plan.max_tokens, plan.seed, plan.ignore_eos, i, plan.eos

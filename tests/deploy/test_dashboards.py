@@ -374,7 +374,7 @@ async def test_every_panel_returns_data(
     # The model requested is a LoRA adapter of the sim's base model (its /v1/models says so).
     sim = await start_sim(
         model="sim-base", lora_adapters=(MODEL,), stall_every=10, error_rate=0.1, max_batch=64,
-        output_tokens_min=16, output_tokens_max=48,
+        output_tokens_min=16, output_tokens_max=48, spec_tokens=4,
     )  # fmt: skip
     # Tracing on (into memory), so that llmobs_spans_dropped_total is exported.
     telemetry = build_telemetry(span_exporter=InMemorySpanExporter())

@@ -333,6 +333,40 @@ ENGINE_RUNNING = MetricDef(
     "Requests in the engine's running batch, from the engine's own /metrics.",
     (ENGINE,),
 )  # fmt: skip
+ENGINE_PREEMPTIONS = MetricDef(
+    "llmobs.engine.preemptions", Kind.COUNTER, "{request}",
+    "Requests the engine preempted (the KV cache full), from its own /metrics: vLLM's "
+    "num_preemptions, SGLang's retracted requests.",
+    (ENGINE,),
+)  # fmt: skip
+ENGINE_PREFIX_HITS = MetricDef(
+    "llmobs.engine.prefix_cache.hits", Kind.COUNTER, "{token}",
+    "Prompt tokens found in the engine's prefix cache (vLLM's prefix_cache_hits).",
+    (ENGINE,),
+)  # fmt: skip
+ENGINE_PREFIX_QUERIES = MetricDef(
+    "llmobs.engine.prefix_cache.queries", Kind.COUNTER, "{token}",
+    "Prompt tokens looked up in the engine's prefix cache (vLLM's prefix_cache_queries).",
+    (ENGINE,),
+)  # fmt: skip
+ENGINE_PREFIX_RATIO = MetricDef(
+    "llmobs.engine.prefix_cache.hit_ratio", Kind.GAUGE, "1",
+    "The prefix cache's hit ratio where the engine exports only a ratio (SGLang's "
+    "cache_hit_rate); elsewhere rate(hits) / rate(queries).",
+    (ENGINE,),
+)  # fmt: skip
+ENGINE_SPEC_ACCEPTED = MetricDef(
+    "llmobs.engine.spec_decode.accepted_tokens", Kind.COUNTER, "{token}",
+    "Draft tokens the target model accepted in speculative decoding (vLLM's "
+    "spec_decode_num_accepted_tokens).",
+    (ENGINE,),
+)  # fmt: skip
+ENGINE_SPEC_DRAFTED = MetricDef(
+    "llmobs.engine.spec_decode.draft_tokens", Kind.COUNTER, "{token}",
+    "Draft tokens proposed in speculative decoding (vLLM's spec_decode_num_draft_tokens): "
+    "the acceptance rate is rate(accepted) / rate(draft).",
+    (ENGINE,),
+)  # fmt: skip
 MODEL_INFO = MetricDef(
     "llmobs.model.info", Kind.GAUGE, "1",
     "1 for each LoRA adapter the engine serves (its /v1/models), with its base model: join "
@@ -405,7 +439,8 @@ COLLECTOR_METRICS: tuple[MetricDef, ...] = (
     GPU_MEMORY_TOTAL, GPU_MEMORY_RESERVED, GPU_UTILIZATION, GPU_MEMORY_CONTROLLER,
     GPU_BANDWIDTH_UTILIZATION, GPU_BANDWIDTH, GPU_BANDWIDTH_PEAK, GPU_POWER, GPU_TEMPERATURE,
     GPU_CLOCK_SM, GPU_CLOCK_MEMORY, ENGINE_WAITING, ENGINE_RUNNING, ENGINE_KV_CACHE, MODEL_INFO,
-    MBU, MFU,
+    ENGINE_PREEMPTIONS, ENGINE_PREFIX_HITS, ENGINE_PREFIX_QUERIES, ENGINE_PREFIX_RATIO,
+    ENGINE_SPEC_ACCEPTED, ENGINE_SPEC_DRAFTED, MBU, MFU,
 )  # fmt: skip
 
 CATALOGUE: tuple[MetricDef, ...] = (

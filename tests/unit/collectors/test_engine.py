@@ -164,7 +164,10 @@ async def test_the_simulated_engine_live(start_sim: SimFactory) -> None:
         sim.url + "/metrics", interval=0.05, on_preemptions=lambda *s: scrapes.append(s)
     )
     await poll(collector)
-    assert collector.snapshot == EngineReading("vllm", 0.0, 0.0, 0.0, 0.0)
+    assert collector.snapshot == EngineReading(
+        "vllm", 0.0, 0.0, 0.0, 0.0, prefix_hits=0.0, prefix_queries=0.0, spec_accepted=0.0,
+        spec_drafted=0.0,
+    )  # fmt: skip
     # each scrape's preemption counter goes to the stall causes, asked before it was read
     ((sent, read, total),) = scrapes
     assert 0 < sent < read and total == 0.0
@@ -277,3 +280,39 @@ def test_adapters_are_bounded() -> None:
     cards = [{"id": f"lora-{i}", "parent": "base" * 100} for i in range(100)]
     found = adapters_of(json.dumps({"data": cards}).encode())
     assert len(found) == 64 and found[0] == ("lora-0", ("base" * 100)[:128])
+
+
+async def test_the_prefix_cache_speculation_and_preemptions_uniform(start_sim: SimFactory) -> None:
+    """The simulated engine counts them as vLLM does; the collector re-exports them under the
+    uniform names, as counters (and SGLang's hit rate, a gauge, from its page)."""
+    sim = await start_sim(decode_base=0.001, output_tokens_min=5, output_tokens_max=5,
+                          spec_tokens=4, spec_acceptance=0.5)  # fmt: skip
+    body = {"model": "m", "stream": True, "messages": [{"role": "user", "content": "hi there"}]}
+    async with aiohttp.ClientSession() as session:
+        for _ in range(2):  # the same prompt twice: the second finds it cached
+            async with session.post(sim.url + "/v1/chat/completions", json=body) as r:
+                await r.read()
+    counters = sim.engine.counters
+    assert counters.prefix_hits * 2 == counters.prefix_queries > 0
+    assert counters.spec_drafted > 0 and counters.spec_accepted * 2 == counters.spec_drafted
+    collector = EngineCollector(sim.url + "/metrics", 0.05)
+    telemetry = build_telemetry()
+    register_engine(telemetry.meter, collector)
+    await poll(collector)
+    reading = collector.snapshot
+    assert reading is not None
+    assert (reading.prefix_hits, reading.prefix_queries) == (
+        counters.prefix_hits, counters.prefix_queries)  # fmt: skip
+    assert (reading.spec_accepted, reading.spec_drafted) == (
+        counters.spec_accepted, counters.spec_drafted)  # fmt: skip
+    text = generate_latest(telemetry.registry).decode()
+    assert (
+        f'llmobs_engine_prefix_cache_hits_total{{engine="vllm"}} {counters.prefix_hits}.0' in text
+    )
+    assert (f'llmobs_engine_spec_decode_draft_tokens_total{{engine="vllm"}} '
+            f"{counters.spec_drafted}.0") in text  # fmt: skip
+    assert 'llmobs_engine_preemptions_total{engine="vllm"} 0.0' in text
+    telemetry.shutdown()
+    await collector.close()
+    sglang = read_engine(SGLANG + 'sglang:cache_hit_rate{model_name="qwen",tp_rank="0"} 0.25\n')
+    assert sglang is not None and sglang.prefix_hit_ratio == 0.25 and sglang.preemptions == 2.0
