@@ -87,10 +87,6 @@ class Trail(NamedTuple):
     times: Times
     holds: Holds = ()
 
-    @property
-    def last_ns(self) -> int | None:
-        return self.times[-1] if len(self.times) else None
-
 
 class Traced(Protocol):
     """A stream in flight: its trail now (``clock.RequestClock``)."""

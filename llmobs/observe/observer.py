@@ -178,10 +178,7 @@ class Observer:
         # a long stream of a 2xx/3xx response: its model gets its label now, as its request
         # will at the end, so that its first window is not counted under "other"
         sink = self._sink
-        ok = 200 <= self.status < 400
-        label = sink.models.get(self.info.model, ok)
-        tenants = sink.tenants
-        tenant = tenants.get(self._tenant, ok) if tenants is not None else ""
+        label, tenant = sink.labels(self.info.model, self._tenant, 200 <= self.status < 400)
         sink.record_tokens(self.operation, label, window, tenant)
         if window.stalls and (self._stalls is None or len(self._stalls) < MAX_STALLS):
             stalls = self._judge_stalls((window,))
@@ -277,11 +274,9 @@ class Observer:
         cost: float | None = None
         try:  # the guards of _guard, inline: once per request
             # a new model (tenant) takes a label only from a successful request (``labels``)
-            ok = 200 <= record.status < 400
-            label = self._sink.models.get(record.model, ok)
-            tenants = self._sink.tenants
-            if tenants is not None:
-                tenant = tenants.get(self._tenant, ok)
+            label, tenant = self._sink.labels(
+                record.model, self._tenant, 200 <= record.status < 400
+            )
             config = self._config
             objectives = config.objectives.for_request(
                 record.operation, record.model, tenant or None

@@ -21,7 +21,6 @@ from collections.abc import MutableMapping, Sequence
 from typing import NamedTuple, Protocol
 
 from llmobs.observe.causes import Stall
-from llmobs.observe.labels import BoundedLabel
 from llmobs.observe.phases import TtftPhases
 from llmobs.observe.slo import Verdict
 from llmobs.observe.timing import RequestStats
@@ -76,13 +75,11 @@ class RequestConsumer(Protocol):
 
 
 class LiveCounts(Protocol):
-    """What the observer tells the metrics sink while a request runs; ``models`` (and
-    ``tenants``) are the bounded sets of labels that the sink's series are labelled by."""
-
-    models: BoundedLabel
-    tenants: BoundedLabel | None  # None: requests are not labelled by tenant
+    """What the observer tells the metrics sink while a request runs; ``labels`` maps a
+    request's model and tenant onto the bounded sets the sink's series are labelled by."""
 
     def request_started(self) -> None: ...
+    def labels(self, model: str | None, tenant: str | None, admit: bool) -> tuple[str, str]: ...
     def answered(self, operation: str, model: str | None, tenant: str | None) -> None: ...
     def request_ended(self) -> None: ...
     def queue_enter(self) -> None: ...

@@ -25,9 +25,9 @@ import sys
 import urllib.error
 import urllib.parse
 import urllib.request
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -43,6 +43,7 @@ from llmobs.export.metrics.catalogue import (
 
 _OP, _MODEL, _TENANT = "gen_ai_operation_name", "gen_ai_request_model", "tenant"
 _RANGE = re.compile(r"(\d+(ms|s|m|h|d|w|y))+")
+T = TypeVar("T")
 Key = tuple[str, str, str]  # (operation, model, tenant: "" when tenants are not labelled)
 
 
@@ -445,14 +446,25 @@ def checked_range(args: argparse.Namespace) -> str:
     return window
 
 
-def _read(args: argparse.Namespace, environ: Mapping[str, str]) -> tuple[dict[Key, Row], str]:
-    """The rows to judge, and where they come from."""
+def read_source(
+    args: argparse.Namespace,
+    environ: Mapping[str, str],
+    sidecar: Callable[[str, str], T],
+    prometheus: Callable[[str, str, float | None], T],
+) -> tuple[T, str]:
+    """What ``add_source_arguments``' flags name, read by ``sidecar`` (URL, token) or
+    ``prometheus`` (base URL, window, end), and where it came from: ``llmobs slo``'s and
+    ``llmobs why``'s."""
     if args.metrics_url:
         check_url("--metrics-url", args.metrics_url)
-        return read_sidecar(args.metrics_url, token_of(args, environ)), args.metrics_url
+        return sidecar(args.metrics_url, token_of(args, environ)), args.metrics_url
     window = checked_range(args)
-    rows = read_prometheus(args.prometheus, window, args.end)
-    return rows, f"{args.prometheus}, the last {window}"
+    return prometheus(args.prometheus, window, args.end), f"{args.prometheus}, the last {window}"
+
+
+def _read(args: argparse.Namespace, environ: Mapping[str, str]) -> tuple[dict[Key, Row], str]:
+    """The rows to judge, and where they come from."""
+    return read_source(args, environ, read_sidecar, read_prometheus)
 
 
 def run_slo_cli(

@@ -32,11 +32,9 @@ from llmobs.tools.slo_report import (
     _MODEL,
     _OP,
     CannotJudge,
-    check_url,
-    checked_range,
     fetch_metrics,
     query_prometheus,
-    token_of,
+    read_source,
 )
 
 Key = tuple[str, str]
@@ -193,23 +191,13 @@ def read_prometheus(base: str, window: str, end: float | None = None) -> dict[Ke
     return rows
 
 
-def _read(args: argparse.Namespace, environ: Mapping[str, str]) -> tuple[dict[Key, Why], str]:
-    """The counts, and where they come from."""
-    if args.metrics_url:
-        check_url("--metrics-url", args.metrics_url)
-        return read_sidecar(args.metrics_url, token_of(args, environ)), args.metrics_url
-    window = checked_range(args)
-    return read_prometheus(
-        args.prometheus, window, args.end
-    ), f"{args.prometheus}, the last {window}"
-
-
 def run_why_cli(
     args: argparse.Namespace, out: Any, environ: Mapping[str, str] | None = None
 ) -> int:
     """Print the report; 0 with one, 2 when there is nothing to report from."""
     try:
-        rows, source = _read(args, os.environ if environ is None else environ)
+        env = os.environ if environ is None else environ
+        rows, source = read_source(args, env, read_sidecar, read_prometheus)
     except CannotJudge as exc:
         print(f"llmobs why: {exc}.", file=sys.stderr)
         if args.json:

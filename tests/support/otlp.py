@@ -25,14 +25,15 @@ class OtlpReceiver:
         app.router.add_post("/v1/metrics", self._metrics)
         return app
 
+    async def _traces(self, request: web.Request) -> web.Response:
+        message = trace_service_pb2.ExportTraceServiceRequest()
+        reply = trace_service_pb2.ExportTraceServiceResponse()
+        return await _receive(request, message, reply, self.requests)
+
     async def _metrics(self, request: web.Request) -> web.Response:
-        if request.content_type != "application/x-protobuf":
-            return web.Response(status=415, text="OTLP/HTTP protobuf only")
         message = metrics_service_pb2.ExportMetricsServiceRequest()
-        message.ParseFromString(await request.read())
-        self.metric_requests.append(message)
         reply = metrics_service_pb2.ExportMetricsServiceResponse()
-        return web.Response(body=reply.SerializeToString(), content_type="application/x-protobuf")
+        return await _receive(request, message, reply, self.metric_requests)
 
     def metrics(self, name: str) -> list[Any]:
         """Every metric named ``name`` received, in order (each with its data points)."""
@@ -44,15 +45,6 @@ class OtlpReceiver:
             for metric in sm.metrics
             if metric.name == name
         ]
-
-    async def _traces(self, request: web.Request) -> web.Response:
-        if request.content_type != "application/x-protobuf":
-            return web.Response(status=415, text="OTLP/HTTP protobuf only")
-        message = trace_service_pb2.ExportTraceServiceRequest()
-        message.ParseFromString(await request.read())
-        self.requests.append(message)
-        reply = trace_service_pb2.ExportTraceServiceResponse()
-        return web.Response(body=reply.SerializeToString(), content_type="application/x-protobuf")
 
     def spans(self) -> list[tuple[Any, Any]]:
         """Every span received, with its resource spans (for the resource's attributes)."""
@@ -78,3 +70,12 @@ def attributes(span: Any) -> dict[str, Any]:
         return getattr(v, kind) if kind else None
 
     return {a.key: value(a.value) for a in span.attributes}
+
+
+async def _receive(request: web.Request, message: Any, reply: Any, into: list[Any]) -> web.Response:
+    """One OTLP/HTTP export: ``message`` parsed from the body and kept, ``reply`` answered."""
+    if request.content_type != "application/x-protobuf":
+        return web.Response(status=415, text="OTLP/HTTP protobuf only")
+    message.ParseFromString(await request.read())
+    into.append(message)
+    return web.Response(body=reply.SerializeToString(), content_type="application/x-protobuf")

@@ -244,13 +244,18 @@ class MetricsSink:
         if count:
             self._malformed.series[()] += count
 
+    def labels(self, model: str | None, tenant: str | None, admit: bool) -> tuple[str, str]:
+        """A request's model and tenant labels (the tenant's "" when tenants are not
+        labelled); new values take a slot only when ``admit`` (a successful request)."""
+        tenants = self.tenants  # (an empty BoundedLabel is falsy: compare with None)
+        label = tenants.get(tenant, admit) if tenants is not None else ""
+        return self.models.get(model, admit), label
+
     def answered(self, operation: str, model: str | None, tenant: str | None) -> None:
         """The engine answered a request (a 2xx or 3xx head): its model (and tenant) take
         their labels now, and their label set's series appear at 0 before the request is
         counted at its end, so that even its first requests are an increase to a scrape."""
-        label = self.models.get(model)
-        tenants = self.tenants
-        tenant_label = tenants.get(tenant) if tenants is not None else ""
+        label, tenant_label = self.labels(model, tenant, True)
         if (operation, label, tenant_label) not in self._sets:
             self._label_set(operation, label, tenant_label)
 
