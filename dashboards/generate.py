@@ -61,6 +61,8 @@ TTFT_PHASE = c.TTFT_PHASE.prometheus
 TPOT = c.TPOT.prometheus
 DURATION = c.DURATION.prometheus
 USAGE = c.TOKEN_USAGE.prometheus
+# the newest GenAI conventions' per-direction histograms (OTEL_SEMCONV_STABILITY_OPT_IN)
+USAGE_BY_DIRECTION = {"input": c.INPUT_TOKENS.prometheus, "output": c.OUTPUT_TOKENS.prometheus}
 TOKENS = c.TOKENS.prometheus
 ENGINE_PROMPT_EVAL = c.ENGINE_PROMPT_EVAL.prometheus
 ENGINE_LOAD = c.ENGINE_LOAD.prometheus
@@ -578,11 +580,15 @@ def experience_row() -> list[Json]:
             "Tokens per request",
             "Input (prompt) and output tokens per request, median and P99.",
             [
+                # v1.41's histogram by type, or (sidecars opted in to the newest GenAI
+                # conventions) the histogram of the direction
                 target(
-                    f"histogram_quantile({q}, sum by (le, gen_ai_token_type) "
-                    f"({rate(USAGE + '_bucket')}))",
-                    f"{{{{gen_ai_token_type}}}} p{q * 100:g}",
+                    f"histogram_quantile({q}, sum by (le) ({rate(USAGE + '_bucket', by_type)}))"
+                    f" or histogram_quantile({q}, sum by (le) ({rate(latest + '_bucket')}))",
+                    f"{kind} p{q * 100:g}",
                 )
+                for kind, latest in USAGE_BY_DIRECTION.items()
+                for by_type in [MODEL + ', gen_ai_token_type="' + kind + '"']
                 for q in (0.5, 0.99)
             ],
             "short",

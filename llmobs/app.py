@@ -31,6 +31,7 @@ from llmobs.export.ui import LivePage
 from llmobs.observe.causes import EngineTimeline
 from llmobs.observe.dialects import Route
 from llmobs.observe.observer import Observer, ObserveSettings
+from llmobs.observe.provider import Provider
 from llmobs.observe.record import RequestConsumer
 from llmobs.observe.tenants import tenant_of
 from llmobs.observe.timing import unparsed
@@ -87,11 +88,12 @@ def observer_factory(
     timeline: EngineTimeline | None = None,
     tenancy: Tenancy | None = None,
     prices: Prices | None = None,
+    provider: Provider | None = None,
 ) -> ObserverFactory:
     """New ``Observer`` per request, sharing the sink (the first consumer of each request's
     record, and the keeper of the objectives it is judged by), the tracer, the consumers
     after the sink, the engine's timeline (stall causes), the tenants' rules, the prices and
-    the settings' knobs."""
+    the settings' knobs; the provider name learns from requests' dialects until settled."""
     config = ObserveSettings(
         stall_factor=settings.stall_factor,
         stall_min_gap=settings.stall_min_gap,
@@ -101,14 +103,15 @@ def observer_factory(
         prices=prices,
     )
     tenancy = tenancy if tenancy is not None and tenancy.on else None
-    return _Observers(sink, config, tracing, tuple(consumers), timeline, tenancy)
+    return _Observers(sink, config, tracing, tuple(consumers), timeline, tenancy, provider)
 
 
 class _Observers:
     """``observer_factory``'s factory: ``traces`` says whether its observers add a trace
     context to the upstream request (the relay then makes them before sending it)."""
 
-    __slots__ = ("_config", "_consumers", "_sink", "_tenancy", "_timeline", "_tracing", "traces")
+    __slots__ = ("_config", "_consumers", "_provider", "_sink", "_tenancy", "_timeline",
+                 "_tracing", "traces")  # fmt: skip
 
     def __init__(
         self,
@@ -118,8 +121,10 @@ class _Observers:
         consumers: tuple[RequestConsumer, ...],
         timeline: EngineTimeline | None,
         tenancy: Tenancy | None = None,
+        provider: Provider | None = None,
     ) -> None:
         self._sink = sink
+        self._provider = provider if provider is not None and not provider.settled else None
         self._timeline = timeline
         self._tenancy = tenancy
         self._config = config
@@ -128,6 +133,12 @@ class _Observers:
         self.traces = tracing is not None
 
     def __call__(self, route: Route, start_ns: int, arrival: Arrival) -> Observer:
+        provider = self._provider
+        if provider is not None:  # until the provider is known: the request's dialect
+            if provider.settled:
+                self._provider = None
+            else:
+                provider.dialect(route.name)
         tracing = self._tracing
         trace = None
         if tracing is not None:  # what a span needs of the request: made only for one
@@ -141,7 +152,9 @@ class _Observers:
         )  # fmt: skip
 
 
-def tracing_for(settings: Settings, telemetry: Telemetry) -> Tracing | None:
+def tracing_for(
+    settings: Settings, telemetry: Telemetry, provider: Provider | None = None
+) -> Tracing | None:
     """The request tracer, when the telemetry has tracing on."""
     tracer = telemetry.tracer
     if tracer is None:
@@ -156,6 +169,8 @@ def tracing_for(settings: Settings, telemetry: Telemetry) -> Tracing | None:
         server_port=upstream.port or (443 if upstream.scheme == "https" else 80),
         on_drop=telemetry.spans_dropped,
         good_ratio=settings.traces_good_ratio,
+        provider=provider,
+        latest=telemetry.genai_latest,
     )
 
 
@@ -179,12 +194,15 @@ class Proxy:
         self.telemetry = telemetry
         self.tenancy = settings.tenancy()
         self.prices = settings.prices()
+        # the gen_ai.provider.name: the operator's, or the engine's once found
+        self.provider = Provider(settings.provider_name, settings.engine_scrape_interval > 0)
         self.sink = MetricsSink(
             telemetry.registry, settings.max_models, objectives=self.settings.objectives(),
             tenancy=self.tenancy, max_tenants=settings.max_tenants,
             currency=self.prices.currency if self.prices is not None else "",
-            buckets=settings.buckets,
+            buckets=settings.buckets, latest=telemetry.genai_latest, provider=self.provider.name,
         )  # fmt: skip
+        self.provider.subscribe(self.sink.set_provider)
         # What takes each finished request's record after the sink (which counts it first):
         # a new consumer is a class with ``consume(record)`` and one line here.
         self.consumers: list[RequestConsumer] = [*consumers]
@@ -192,7 +210,7 @@ class Proxy:
         if push is not None:  # request metrics pushed over OTLP too
             self.consumers.append(OtelMetrics(
                 push, self.sink.objectives, self.sink.live, self.sink.tenanted, self.sink.currency,
-                self.sink.define,
+                self.sink.define, telemetry.genai_latest, self.provider,
             ))  # fmt: skip
         # the engine's streams and preemptions, against which each stall is judged
         self.timeline = EngineTimeline()
@@ -207,7 +225,7 @@ class Proxy:
         self._upstream = Upstream(
             settings.upstream_base, settings.connect_timeout, settings.upstream_idle_timeout
         )
-        self.tracing = tracing_for(settings, self.telemetry)
+        self.tracing = tracing_for(settings, self.telemetry, self.provider)
         factory = (
             observer_factory(
                 settings,
@@ -217,6 +235,7 @@ class Proxy:
                 self.timeline,
                 self.tenancy,
                 self.prices,
+                self.provider,
             )
             if settings.instrument
             else None
@@ -271,6 +290,7 @@ class Sidecar:
         self.proxy = Proxy(settings, telemetry, [self.collectors])  # MBU/MFU
         if self.collectors.engine is not None:  # its preemption counter: a stall cause
             self.collectors.engine.on_preemptions = self.proxy.timeline.preemptions
+            self.collectors.engine.on_engine = self.proxy.provider.engine  # and its name
         self.live: LivePage | None = None
         if settings.ui:
             self.live = LivePage(self.proxy.sink, self.collectors, settings.ui_history)

@@ -238,18 +238,23 @@ class EngineCollector(PollingCollector[EngineReading]):
         clock: Callable[[], float] = time.perf_counter,
         on_preemptions: Callable[[int, int, float], None] | None = None,
         models_url: str = "",
+        on_engine: Callable[[str | None], None] | None = None,
     ) -> None:
         """``on_preemptions(sent_ns, read_ns, total)``: each scrape's preemption counter,
         with when it was asked and read (``perf_counter_ns``, the relay's clock): the stall
         causes' (``observe.causes.EngineTimeline.preemptions``). ``models_url``: the engine's
         OpenAI model list, read for the LoRA adapters it serves and their base models (best
-        effort: an engine without one, or without parents in it, has none)."""
+        effort: an engine without one, or without parents in it, has none).
+        ``on_engine(name)``: the engine each scrape names, or None when the endpoint answers
+        but names no known engine (no /metrics, or another program's): the provider name's
+        (``observe.provider``)."""
         # at start by default: a pod just started shows its engine at once (up, or down with
         # the reason) instead of absent for a whole interval
         delay = 0.0 if first_delay is None else first_delay
         super().__init__("engine", interval, first_delay=delay, clock=clock)
         self.url = url
         self.on_preemptions = on_preemptions
+        self.on_engine = on_engine
         self.models_url = models_url
         self._session: aiohttp.ClientSession | None = None
 
@@ -261,6 +266,8 @@ class EngineCollector(PollingCollector[EngineReading]):
         try:
             async with self._session.get(self.url, timeout=timeout) as resp:
                 if resp.status != 200:
+                    if resp.status < 500:  # no metrics here (a 5xx: not up yet, maybe)
+                        self._named(None)
                     raise Unavailable(f"{self.url} answered {resp.status}")
                 if resp.content_type == "application/json":
                     # trtllm-serve's /metrics: iteration stats, each read only once (reading
@@ -275,6 +282,7 @@ class EngineCollector(PollingCollector[EngineReading]):
         read = time.perf_counter_ns()
         text = body.decode("utf-8", errors="replace")
         reading = await asyncio.to_thread(read_engine, text)
+        self._named(None if reading is None else reading.engine)
         if reading is None:
             raise Unavailable(f"no known engine metrics at {self.url}")
         if reading.preemptions is not None and self.on_preemptions is not None:
@@ -282,6 +290,10 @@ class EngineCollector(PollingCollector[EngineReading]):
         if self.models_url:
             reading = dataclasses.replace(reading, adapters=await self._adapters(timeout))
         return reading
+
+    def _named(self, engine: str | None) -> None:
+        if self.on_engine is not None:
+            self.on_engine(engine)
 
     async def _adapters(self, limit: aiohttp.ClientTimeout) -> tuple[tuple[str, str], ...]:
         """The adapters /v1/models lists with a parent (vLLM's, SGLang's); none when it

@@ -33,6 +33,9 @@ class OtelSettings:
     # OTEL_EXPORTER_OTLP_METRICS_DEFAULT_HISTOGRAM_AGGREGATION: the latency histograms go out
     # as base-2 exponential ones (the native histograms' counterpart) unless it says explicit
     exponential_histograms: bool = True
+    # OTEL_SEMCONV_STABILITY_OPT_IN has gen_ai_latest_experimental: the newest GenAI
+    # conventions' names (the token usage split by kind) instead of v1.41's
+    genai_latest: bool = False
     bsp_max_queue_size: int = 2048
     bsp_schedule_delay_s: float = 1.0
     bsp_max_export_batch_size: int = 512
@@ -104,10 +107,21 @@ def _exponential(environ: Mapping[str, str]) -> bool:
     return value == _AGGREGATIONS[0]
 
 
+GENAI_LATEST = "gen_ai_latest_experimental"
+
+
+def genai_latest(environ: Mapping[str, str]) -> bool:
+    """Whether ``OTEL_SEMCONV_STABILITY_OPT_IN`` (a comma-separated list of categories' values,
+    as the conventions define it) asks for the newest GenAI conventions. Other categories'
+    values (``http``, ``database/dup``) are for other instrumentations: ignored."""
+    values = environ.get("OTEL_SEMCONV_STABILITY_OPT_IN", "").split(",")
+    return GENAI_LATEST in (value.strip().lower() for value in values)
+
+
 def otel_settings(environ: Mapping[str, str]) -> OtelSettings:
     """Read the standard OpenTelemetry environment variables once; fail naming the variable."""
     if environ.get("OTEL_SDK_DISABLED", "").strip().lower() == "true":
-        return OtelSettings(metrics_exporters=("prometheus",))
+        return OtelSettings(metrics_exporters=("prometheus",), genai_latest=genai_latest(environ))
     protocols = {}
     for signal in ("traces", "metrics"):
         name = f"OTEL_EXPORTER_OTLP_{signal.upper()}_PROTOCOL"
@@ -155,6 +169,7 @@ def otel_settings(environ: Mapping[str, str]) -> OtelSettings:
         ),
         metric_export_interval_s=_number(environ, "OTEL_METRIC_EXPORT_INTERVAL", 60_000.0) / 1000,
         exponential_histograms=_exponential(environ),
+        genai_latest=genai_latest(environ),
         bsp_max_queue_size=int(_number(environ, "OTEL_BSP_MAX_QUEUE_SIZE", 2048)),
         bsp_schedule_delay_s=_number(environ, "OTEL_BSP_SCHEDULE_DELAY", 1000.0) / 1000,
         bsp_max_export_batch_size=int(_number(environ, "OTEL_BSP_MAX_EXPORT_BATCH_SIZE", 512)),

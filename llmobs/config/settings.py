@@ -11,6 +11,7 @@ reads the sidecar's settings from the environment, and it reads an injected mapp
 from __future__ import annotations
 
 import argparse
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -331,6 +332,11 @@ class Settings:
         "", str, "a YAML file of token prices per model and one currency: a cost counter "
         "by model (and tenant) (docs/metrics.md)", "PATH",
     )  # fmt: skip
+    provider_name: str = option(
+        "auto", str, "the gen_ai.provider.name on the GenAI metrics and spans: auto (the "
+        "engine its metrics name, else the one whose own API the requests speak, else "
+        "unknown) or a name, e.g. vllm", "NAME",
+    )  # fmt: skip
     traces_good_ratio: float = option(
         1.0,
         float,
@@ -400,6 +406,11 @@ def _validate(s: Settings) -> None:
     if s.stall_min_gap < 0:
         raise ConfigError(f"{_source('stall_min_gap')}: must be >= 0")
     check_metrics(s.tenant_metrics)
+    if not _PROVIDER.fullmatch(s.provider_name):
+        raise ConfigError(
+            f"{_source('provider_name')}: expected auto or a name of lower-case letters, "
+            f"digits, '.' and '_' (as the conventions' own: aws.bedrock), got {s.provider_name!r}"
+        )
     for name in ("max_body_bytes", "max_models", "max_line_bytes", "max_tenants"):
         if getattr(s, name) < 1:
             raise ConfigError(f"{_source(name)}: must be >= 1, got {getattr(s, name)}")
@@ -409,6 +420,9 @@ def _validate(s: Settings) -> None:
         raise ConfigError(f"{_source('log_level')}: expected one of {', '.join(_LOG_LEVELS)}")
     _validate_collectors(s)
     _validate_objectives(s)
+
+
+_PROVIDER = re.compile(r"[a-z][a-z0-9_.]{0,63}")  # a label value: bounded, plain
 
 
 def _validate_ports(s: Settings) -> None:

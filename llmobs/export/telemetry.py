@@ -149,6 +149,7 @@ class Telemetry:
     spans_dropped: Callable[[int], None] = lambda n: None  # counts into llmobs.spans.dropped
     push_provider: MeterProvider | None = None  # request metrics pushed over OTLP, if asked
     build_info: BuildInfo | None = None  # llmobs_build_info (its event loop set at start)
+    genai_latest: bool = False  # the newest GenAI conventions (OTEL_SEMCONV_STABILITY_OPT_IN)
 
     @property
     def push_meter(self) -> Meter | None:
@@ -270,8 +271,9 @@ def build_telemetry(
     meter = provider.get_meter(SCOPE, __version__)
     if span_exporter is None and not otel.tracing:
         return Telemetry(
-            registry, provider, meter, push_provider=push_provider, build_info=build_info
-        )
+            registry, provider, meter, push_provider=push_provider, build_info=build_info,
+            genai_latest=otel.genai_latest,
+        )  # fmt: skip
     dropped = meter.create_counter(
         SPANS_DROPPED.name, SPANS_DROPPED.unit, SPANS_DROPPED.description
     )
@@ -289,5 +291,5 @@ def build_telemetry(
     tracer_provider.add_span_processor(processor)
     return Telemetry(
         registry, provider, meter, tracer_provider, processor, dropped.add, push_provider,
-        build_info,
+        build_info, otel.genai_latest,
     )  # fmt: skip

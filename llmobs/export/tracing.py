@@ -28,6 +28,7 @@ from opentelemetry.trace import Span, SpanKind, Status, StatusCode, Tracer
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 from llmobs.observe.dialects import Route
+from llmobs.observe.provider import Provider
 from llmobs.observe.record import RequestDetails
 from llmobs.observe.timing import Outcome, RequestStats
 from llmobs.observe.window import FloatArray, TokenWindow
@@ -38,14 +39,18 @@ _TRACE_ID_MASK = (1 << 64) - 1  # the trace id's low 64 bits: random in every W3
 _TRACE_ID_SPACE = 1 << 64
 
 
-# GenAI semantic conventions
+# GenAI semantic conventions (docs/tracing.md has each name's version)
 OPERATION = "gen_ai.operation.name"
+PROVIDER = "gen_ai.provider.name"
 REQUEST_MODEL = "gen_ai.request.model"
 RESPONSE_MODEL = "gen_ai.response.model"
 RESPONSE_ID = "gen_ai.response.id"
 FINISH_REASONS = "gen_ai.response.finish_reasons"
 INPUT_TOKENS = "gen_ai.usage.input_tokens"
 OUTPUT_TOKENS = "gen_ai.usage.output_tokens"
+CACHE_READ_TOKENS = "gen_ai.usage.cache_read.input_tokens"
+REASONING_TOKENS = "gen_ai.usage.reasoning.output_tokens"
+TIME_TO_FIRST_CHUNK = "gen_ai.response.time_to_first_chunk"
 REQUEST_STREAM = "gen_ai.request.stream"
 MAX_TOKENS = "gen_ai.request.max_tokens"
 TEMPERATURE = "gen_ai.request.temperature"
@@ -119,8 +124,15 @@ class Tracing:
         max_pending: int = 1024,
         on_drop: Callable[[int], None] = lambda n: None,
         good_ratio: float = 1.0,
+        provider: Provider | None = None,
+        latest: bool = False,
     ) -> None:
+        """``provider``: the ``gen_ai.provider.name`` every span carries (read as each
+        starts); ``latest``: the newest GenAI conventions (``gen_ai.request.stream`` only when
+        the request streams)."""
         self.tracer = tracer
+        self.provider = provider or Provider(engine_metrics=False)
+        self.latest = latest
         # tail sampling: a good request's trace is kept when its trace id falls under this
         # bound (as TraceIdRatioBased draws, so every party keeps the same traces)
         self._keep_below = round(good_ratio * _TRACE_ID_SPACE)
@@ -146,6 +158,7 @@ class Tracing:
             start_time=meta.wall_ns,
             attributes={
                 OPERATION: route.operation,
+                PROVIDER: self.provider.name,
                 DIALECT: route.name,
                 "http.request.method": meta.method,
                 "url.path": meta.path,
@@ -272,7 +285,7 @@ class RequestTrace:
         forwarded, first, last, end = times
         model = record.model
         span.update_name(f"{record.operation} {model}" if model else record.operation)
-        span.set_attributes(_attributes(record, windows, details))
+        span.set_attributes(_attributes(record, windows, details, self._tracing.latest))
         if record.outcome in (Outcome.UPSTREAM_ERROR, Outcome.UPSTREAM_TIMEOUT):
             span.set_status(Status(StatusCode.ERROR, record.outcome.value))
             span.set_attribute("error.type", record.outcome.value)
@@ -328,10 +341,14 @@ class RequestTrace:
 
 
 def _attributes(
-    record: RequestStats, windows: Sequence[TokenWindow], details: RequestDetails
+    record: RequestStats,
+    windows: Sequence[TokenWindow],
+    details: RequestDetails,
+    latest: bool = False,
 ) -> dict[str, str | bool | int | float | Sequence[str]]:
+    """A finished request's span attributes; ``latest``: as the newest GenAI conventions
+    say (``gen_ai.request.stream`` set if and only if the request streams)."""
     attrs: dict[str, str | bool | int | float | Sequence[str]] = {
-        REQUEST_STREAM: record.stream,
         OUTPUT_TOKENS: record.output_tokens,
         TOKEN_SOURCE: record.token_source.value,
         OUTCOME: record.outcome.value,
@@ -355,6 +372,14 @@ def _attributes(
         OUTPUT_MESSAGES: details.completion,
     }
     attrs.update({k: v for k, v in optional.items() if v is not None})
+    if record.stream or not latest:
+        attrs[REQUEST_STREAM] = record.stream
+    if record.stream and record.ttft_s is not None:
+        attrs[TIME_TO_FIRST_CHUNK] = record.ttft_s
+    if record.cached_tokens:
+        attrs[CACHE_READ_TOKENS] = record.cached_tokens
+    if record.reasoning_tokens:
+        attrs[REASONING_TOKENS] = record.reasoning_tokens
     phases = details.phases
     if phases is not None:  # seconds of each, and which the engine reported (docs/metrics.md)
         for phase, ns in phases.present():

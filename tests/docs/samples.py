@@ -168,7 +168,8 @@ async def _one_traced_request(exporter: Any) -> None:
     telemetry = build_telemetry(span_exporter=exporter)
     sidecar = Sidecar(
         Settings(upstream=engine, host="127.0.0.1", port=0, metrics_host="127.0.0.1",
-                 metrics_port=0, engine_scrape_interval=0, gpu_sample_interval=0),
+                 metrics_port=0, engine_scrape_interval=0, gpu_sample_interval=0,
+                 provider_name="vllm"),  # what the collector would name the sim: vLLM-shaped
         telemetry,
     )  # fmt: skip
     await sidecar.start()

@@ -54,7 +54,8 @@ async def test_latency_histograms_go_out_exponential_as_the_native_series(
     assert metric.WhichOneof("data") == "exponential_histogram"
     (point,) = metric.exponential_histogram.data_points
     assert attributes(point)["gen_ai.request.model"] == "m" and point.count == REQUESTS
-    native = side.sink.families[TTFT].natives[("chat", "m")]
+    assert attributes(point)["gen_ai.provider.name"] == "unknown"  # as the series' label
+    native = side.sink.families[TTFT].natives[("chat", "m", "unknown")]
     assert point.scale == native.schema == 5  # OTel's scale is Prometheus' schema
     # OTel's bucket i holds (base^i, base^(i+1)]: Prometheus' bucket i + 1
     pushed_buckets = {point.positive.offset + i + 1: c

@@ -32,12 +32,13 @@ MS = 1_000_000
 
 
 def sink_and_telemetry(
-    max_models: int = 32, tracing: bool = False
+    max_models: int = 32, tracing: bool = False, latest: bool = False
 ) -> tuple[MetricsSink, Telemetry]:
+    """``latest``: the newest GenAI conventions' names (OTEL_SEMCONV_STABILITY_OPT_IN)."""
     telemetry = build_telemetry(
         span_exporter=InMemorySpanExporter() if tracing else None, self_metrics=False
     )
-    sink = MetricsSink(telemetry.registry, max_models)
+    sink = MetricsSink(telemetry.registry, max_models, latest=latest)
     return sink, telemetry
 
 
@@ -89,8 +90,8 @@ def feed(sink: MetricsSink, route: Route, body: bytes, ctype: str, chunks: list[
     obs.finish(t, Outcome.OK)
 
 
-def exposition() -> str:
-    sink, telemetry = sink_and_telemetry(tracing=True)
+def exposition(latest: bool = False) -> str:
+    sink, telemetry = sink_and_telemetry(tracing=True, latest=latest)
     replay(sink, "llama", [20.0] * 9)
     replay(sink, "llama", [20.0] * 4 + [120.0] + [20.0] * 4)
     feed(sink, OLLAMA_GENERATE, b'{"model":"qwen"}', "application/x-ndjson", OLLAMA_LINES)

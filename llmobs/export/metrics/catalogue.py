@@ -2,10 +2,11 @@
 
 Dashboards, alert rules and docs/metrics.md take their names from ``CATALOGUE`` (and are tested
 against it). Names follow the OpenTelemetry GenAI semantic conventions where one exists
-(``gen_ai.server.*``, ``gen_ai.client.token.usage`` with ``gen_ai.token.type``) and
-``llmobs.*`` otherwise; the OpenTelemetry Prometheus exporter's rules turn them into Prometheus
-names (dots to underscores, the unit as a suffix, ``_total`` on counters), which
-``MetricDef.prometheus`` spells out.
+(``gen_ai.server.*``, ``gen_ai.client.token.usage`` with ``gen_ai.token.type`` as of v1.41;
+with ``OTEL_SEMCONV_STABILITY_OPT_IN=gen_ai_latest_experimental`` the token usage of the
+newest conventions instead, ``LATEST_USAGE``) and ``llmobs.*`` otherwise; the OpenTelemetry
+Prometheus exporter's rules turn them into Prometheus names (dots to underscores, the unit as
+a suffix, ``_total`` on counters), which ``MetricDef.prometheus`` spells out.
 
 Buckets are chosen for LLM latencies, never the SDK defaults: ITL needs resolution from 1 ms
 (speculative decoding on an H100) to seconds (a stalled CPU engine); TTFT from 10 ms to minutes
@@ -35,7 +36,9 @@ class Kind(enum.StrEnum):
 # Label (attribute) names. GenAI names where the conventions define one.
 OPERATION = "gen_ai.operation.name"
 MODEL = "gen_ai.request.model"
-TOKEN_TYPE = "gen_ai.token.type"
+TOKEN_TYPE = "gen_ai.token.type"  # v1.41's; the newest conventions split usage by name
+PROVIDER = "gen_ai.provider.name"  # one value per sidecar (config.provider): the engine
+MODALITY = "gen_ai.token.modality"  # the newest usage counters': always "unknown" here
 OUTCOME = "outcome"
 STATUS_CLASS = "status_class"
 FINISH_REASON = "finish_reason"
@@ -48,6 +51,7 @@ TENANT = "tenant"  # who: the operator's name for a tenant (--tenant-header, --t
 CURRENCY = "currency"  # the price file's currency (one per sidecar)
 
 _OP_MODEL = (OPERATION, MODEL)
+_GENAI = (OPERATION, MODEL, PROVIDER)  # the GenAI conventions' families: provider required
 
 _UNIT_SUFFIX = {
     "s": "_seconds", "By": "_bytes", "By/s": "_bytes_per_second", "W": "_watts",
@@ -126,23 +130,62 @@ class MetricDef:
 TTFT = MetricDef(
     "gen_ai.server.time_to_first_token", Kind.HISTOGRAM, "s",
     "Time from the request reaching the sidecar to the first output token relayed.",
-    _OP_MODEL, TTFT_BUCKETS, LATENCY_NATIVE,
+    _GENAI, TTFT_BUCKETS, LATENCY_NATIVE,
 )  # fmt: skip
 TPOT = MetricDef(
     "gen_ai.server.time_per_output_token", Kind.HISTOGRAM, "s",
     "Per request: (last token time - first token time) / (output tokens - 1).",
-    _OP_MODEL, LATENCY_BUCKETS, LATENCY_NATIVE,
+    _GENAI, LATENCY_BUCKETS, LATENCY_NATIVE,
 )  # fmt: skip
 DURATION = MetricDef(
     "gen_ai.server.request.duration", Kind.HISTOGRAM, "s",
     "Time from the request reaching the sidecar to the end of its response.",
-    _OP_MODEL, DURATION_BUCKETS, LATENCY_NATIVE,
+    _GENAI, DURATION_BUCKETS, LATENCY_NATIVE,
 )  # fmt: skip
 TOKEN_USAGE = MetricDef(
     "gen_ai.client.token.usage", Kind.HISTOGRAM, "{token}",
     "Input and output tokens per request (engine usage when reported, else counted chunks).",
-    (*_OP_MODEL, TOKEN_TYPE), TOKEN_BUCKETS,
+    (*_GENAI, TOKEN_TYPE), TOKEN_BUCKETS,
 )  # fmt: skip
+# The newest conventions' token usage (gen-ai-dev 1.42.0-dev): a histogram per direction
+# instead of TOKEN_USAGE, and a counter per kind (cached and reasoning within their direction)
+INPUT_TOKENS = MetricDef(
+    "gen_ai.client.inference.operation.input_tokens", Kind.HISTOGRAM, "{token}",
+    "Input tokens per request (engine usage when reported).",
+    _GENAI, TOKEN_BUCKETS,
+)  # fmt: skip
+OUTPUT_TOKENS = MetricDef(
+    "gen_ai.client.inference.operation.output_tokens", Kind.HISTOGRAM, "{token}",
+    "Output tokens per request (engine usage when reported, else counted chunks).",
+    _GENAI, TOKEN_BUCKETS,
+)  # fmt: skip
+USAGE_INPUT = MetricDef(
+    "gen_ai.client.inference.usage.input_tokens", Kind.COUNTER, "{token}",
+    "Input tokens, cached ones included.",
+    (*_GENAI, MODALITY),
+)  # fmt: skip
+USAGE_OUTPUT = MetricDef(
+    "gen_ai.client.inference.usage.output_tokens", Kind.COUNTER, "{token}",
+    "Output tokens, reasoning ones included.",
+    (*_GENAI, MODALITY),
+)  # fmt: skip
+USAGE_CACHE_READ = MetricDef(
+    "gen_ai.client.inference.usage.cache_read.input_tokens", Kind.COUNTER, "{token}",
+    "Input tokens read from the engine's prompt cache, as its usage reports them.",
+    (*_GENAI, MODALITY),
+)  # fmt: skip
+USAGE_REASONING = MetricDef(
+    "gen_ai.client.inference.usage.reasoning.output_tokens", Kind.COUNTER, "{token}",
+    "Output tokens spent reasoning, as the engine's usage reports them.",
+    (*_GENAI, MODALITY),
+)  # fmt: skip
+# a request's token counts by type (``otel.token_counts``) into the newest usage counters
+USAGE_BY_TYPE = {
+    "input": USAGE_INPUT, "output": USAGE_OUTPUT, "cached_input": USAGE_CACHE_READ,
+    "reasoning": USAGE_REASONING,
+}  # fmt: skip
+LATEST_USAGE = (INPUT_TOKENS, OUTPUT_TOKENS, USAGE_INPUT, USAGE_OUTPUT, USAGE_CACHE_READ,
+                USAGE_REASONING)  # fmt: skip
 ITL = MetricDef(
     "llmobs.inter_token_latency", Kind.TOKEN_HISTOGRAM, "s",
     "Gap between output chunks divided among the chunk's tokens, observed once per token.",
@@ -444,10 +487,10 @@ COLLECTOR_METRICS: tuple[MetricDef, ...] = (
 )  # fmt: skip
 
 CATALOGUE: tuple[MetricDef, ...] = (
-    TTFT, TTFT_PHASE, TPOT, DURATION, TOKEN_USAGE, ITL, ITL_SQUARES, STALLS, SMOOTHNESS, REQUESTS,
-    TOKENS, ENGINE_PROMPT_EVAL, ENGINE_LOAD, ACTIVE, QUEUE_DEPTH, MALFORMED, OBSERVER_ERRORS,
-    SPANS_DROPPED, SLO_REQUESTS, SLO_MISSES, SLO_OUTPUT_TOKENS, SLO_TARGET, SLO_WINDOW, COST,
-    *COLLECTOR_METRICS, *PROCESS_METRICS,
+    TTFT, TTFT_PHASE, TPOT, DURATION, TOKEN_USAGE, *LATEST_USAGE, ITL, ITL_SQUARES, STALLS,
+    SMOOTHNESS, REQUESTS, TOKENS, ENGINE_PROMPT_EVAL, ENGINE_LOAD, ACTIVE, QUEUE_DEPTH, MALFORMED,
+    OBSERVER_ERRORS, SPANS_DROPPED, SLO_REQUESTS, SLO_MISSES, SLO_OUTPUT_TOKENS, SLO_TARGET,
+    SLO_WINDOW, COST, *COLLECTOR_METRICS, *PROCESS_METRICS,
 )  # fmt: skip
 
 
@@ -458,6 +501,16 @@ REQUEST_METRICS: tuple[MetricDef, ...] = (
     SMOOTHNESS, TOKEN_USAGE, TOKENS, STALLS, ENGINE_PROMPT_EVAL, ENGINE_LOAD, ITL, ITL_SQUARES,
     SLO_REQUESTS, SLO_MISSES, SLO_OUTPUT_TOKENS, SLO_TARGET, SLO_WINDOW, COST,
 )  # fmt: skip
+
+
+def request_metrics(latest: bool = False) -> tuple[MetricDef, ...]:
+    """The request-level families, as /metrics lists them: with ``latest`` (the newest GenAI
+    conventions, ``config.otel``) the token usage histogram replaced by ``LATEST_USAGE``."""
+    if not latest:
+        return REQUEST_METRICS
+    at = REQUEST_METRICS.index(TOKEN_USAGE)
+    return (*REQUEST_METRICS[:at], *LATEST_USAGE, *REQUEST_METRICS[at + 1 :])
+
 
 # The histograms whose classic buckets ``--buckets`` can set (``config.buckets.FAMILIES``)
 BUCKET_METRICS: dict[str, MetricDef] = {
@@ -475,7 +528,7 @@ TENANT_METRICS: dict[str, tuple[MetricDef, ...]] = {
     "itl": (ITL, ITL_SQUARES),
     "stalls": (STALLS,),
     "smoothness": (SMOOTHNESS,),
-    "tokens": (TOKENS, TOKEN_USAGE),
+    "tokens": (TOKENS, TOKEN_USAGE, *LATEST_USAGE),
     "slo": (SLO_REQUESTS, SLO_MISSES, SLO_OUTPUT_TOKENS, SLO_TARGET, SLO_WINDOW),
     "cost": (COST,),
 }

@@ -31,17 +31,20 @@ from llmobs.export.metrics.catalogue import (
     ENGINE_LOAD,
     ENGINE_PROMPT_EVAL,
     FINISH_REASON,
+    INPUT_TOKENS,
     ITL,
     ITL_SQUARES,
     MALFORMED,
+    MODALITY,
     MODEL,
     OBJECTIVE,
     OBSERVER_ERRORS,
     OPERATION,
     OUTCOME,
+    OUTPUT_TOKENS,
     PHASE,
+    PROVIDER,
     QUEUE_DEPTH,
-    REQUEST_METRICS,
     REQUESTS,
     SLO_MISSES,
     SLO_OUTPUT_TOKENS,
@@ -59,12 +62,15 @@ from llmobs.export.metrics.catalogue import (
     TPOT,
     TTFT,
     TTFT_PHASE,
+    USAGE_BY_TYPE,
     VERDICT,
     Kind,
     MetricDef,
+    request_metrics,
     status_class,
 )
 from llmobs.observe.causes import Stall, count_causes
+from llmobs.observe.provider import Provider
 from llmobs.observe.record import RequestRecord
 from llmobs.observe.slo import Verdict
 from llmobs.observe.timing import RequestStats, TokenSource
@@ -114,13 +120,18 @@ class OtelMetrics:
         tenanted: frozenset[MetricDef] = frozenset(),
         currency: str = "",
         define: Callable[[MetricDef], MetricDef] | None = None,
+        latest: bool = False,
+        provider: Provider | None = None,
     ) -> None:
         """``tenanted``: the families labelled by tenant (the sink's); ``currency``: the price
         file's (a cost counter); ``define``: each metric as the sink defines it (its bucket
-        bounds, the operator's if set)."""
+        bounds, the operator's if set); ``latest``: the newest GenAI conventions' token usage;
+        ``provider``: the ``gen_ai.provider.name`` the GenAI families carry."""
+        self._latest = latest
+        self._provider = provider or Provider(engine_metrics=False)
         self._by_metric = {
             m: _instrument(meter, define(m) if define is not None else m)
-            for m in REQUEST_METRICS
+            for m in request_metrics(latest)
             if m not in (ITL, ITL_SQUARES, *_LIVE)
         }
         self._tenanted = tenanted
@@ -197,9 +208,10 @@ class OtelMetrics:
         self, s: RequestStats, op: str, model: str, status: str, stalls: Sequence[Stall] = ()
     ) -> None:
         attrs = {OPERATION: op, MODEL: model}
+        genai = {**attrs, PROVIDER: self._provider.name}  # the GenAI conventions' families'
         labels = {**attrs, OUTCOME: s.outcome.value, STATUS_CLASS: status}
         self.add(REQUESTS, 1, {**labels, FINISH_REASON: s.finish_reason})
-        self.record(DURATION, s.duration_s, attrs)
+        self.record(DURATION, s.duration_s, genai)
         for metric, value in (
             (TTFT, s.ttft_s),
             (TPOT, s.tpot_s),
@@ -208,11 +220,21 @@ class OtelMetrics:
             (ENGINE_LOAD, s.engine_load_s),
         ):
             if value is not None:
-                self.record(metric, value, attrs)
+                self.record(metric, value, genai if PROVIDER in metric.labels else attrs)
         if s.stalls:
             for cause, count in count_causes(s.stalls, stalls):
                 self.add(STALLS, count, {**attrs, CAUSE: cause._value_})
         for kind, source, count in token_counts(s):
-            if kind in ("input", "output"):
-                self.record(TOKEN_USAGE, count, {**attrs, TOKEN_TYPE: kind})
+            self._usage(kind, count, genai)
             self.add(TOKENS, count, {**attrs, TOKEN_TYPE: kind, TOKEN_SOURCE: source})
+
+    def _usage(self, kind: str, count: int, genai: dict[str, str]) -> None:
+        """A token count into the GenAI conventions' usage: v1.41's histogram by type, or the
+        newest's histogram by direction and counter by kind."""
+        if not self._latest:
+            if kind in ("input", "output"):
+                self.record(TOKEN_USAGE, count, {**genai, TOKEN_TYPE: kind})
+            return
+        if kind in ("input", "output"):
+            self.record(INPUT_TOKENS if kind == "input" else OUTPUT_TOKENS, count, genai)
+        self.add(USAGE_BY_TYPE[kind], count, {**genai, MODALITY: "unknown"})

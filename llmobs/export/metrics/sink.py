@@ -35,12 +35,14 @@ from llmobs.export.metrics.catalogue import (
     DURATION,
     ENGINE_LOAD,
     ENGINE_PROMPT_EVAL,
+    INPUT_TOKENS,
     ITL,
     ITL_SQUARES,
     MALFORMED,
     OBSERVER_ERRORS,
+    OUTPUT_TOKENS,
+    PROVIDER,
     QUEUE_DEPTH,
-    REQUEST_METRICS,
     REQUESTS,
     SLO_MISSES,
     SLO_OUTPUT_TOKENS,
@@ -55,8 +57,11 @@ from llmobs.export.metrics.catalogue import (
     TPOT,
     TTFT,
     TTFT_PHASE,
+    USAGE_BY_TYPE,
+    USAGE_INPUT,
     Kind,
     MetricDef,
+    request_metrics,
     status_class,
 )
 from llmobs.export.metrics.otel import token_counts
@@ -71,6 +76,7 @@ from llmobs.observe.causes import STALL_CAUSES, count_causes
 from llmobs.observe.dialects import OPERATIONS
 from llmobs.observe.labels import OTHER, UNKNOWN, BoundedLabel
 from llmobs.observe.phases import Phase, TtftPhases
+from llmobs.observe.provider import UNKNOWN as NO_PROVIDER
 from llmobs.observe.record import RequestRecord, TraceRef
 from llmobs.observe.slo import Verdict, judge, miss_causes
 from llmobs.observe.timing import RequestStats
@@ -78,9 +84,11 @@ from llmobs.observe.window import TokenWindow
 
 _STATUS_CLASSES = {status: status_class(status) for status in range(600)}
 # The request histograms a label set binds, in the order ``record_request`` observes them
-# (the token usage histogram twice: input, then output tokens)
+# (then the token usage histogram twice, input then output tokens: the newest conventions'
+# histogram of each instead)
 _OBSERVED = (DURATION, TTFT, TPOT, SMOOTHNESS, ENGINE_PROMPT_EVAL, ENGINE_LOAD)
 _USAGE_TYPES = {"input": 0, "output": 1}  # their place after _OBSERVED's
+_MODALITY = "unknown"  # the newest usage counters' modality: no engine reports one
 # then the TTFT phase histogram once per phase, in this order (``TtftPhases``' fields')
 _PHASES = (Phase.BEFORE_ENGINE, Phase.LOAD, Phase.QUEUE, Phase.PREFILL, Phase.OTHER)
 _NO_PHASES = (None,) * len(_PHASES)
@@ -90,19 +98,28 @@ class _LabelSet:
     """The request series of one (operation, model, tenant) label set, bound once: recording
     a request then observes into a row it holds (``HistogramRow``), with no label tuple built
     and no dict lookup. Each family's series start with the label set's values, the tenant's
-    among them where the family is labelled by tenant (``prefix``)."""
+    among them where the family is labelled by tenant, then the provider's where the GenAI
+    conventions require it (``prefix``)."""
 
     __slots__ = ("bad", "cost", "good", "itl", "key", "prefix", "requests", "row", "slo",
-                 "stalls", "tokens")  # fmt: skip
+                 "stalls", "tokens", "usage")  # fmt: skip
 
-    def __init__(self, key: tuple[str, str], tenant: str, tenanted: frozenset[MetricDef]) -> None:
+    def __init__(
+        self,
+        key: tuple[str, str],
+        tenant: str,
+        tenanted: frozenset[MetricDef],
+        provider: str = NO_PROVIDER,
+    ) -> None:
         self.key = key  # (operation, model)
         full = (*key, tenant)
 
         def prefix(metric: MetricDef) -> tuple[str, ...]:
-            return full if metric in tenanted else key
+            values = full if metric in tenanted else key
+            return (*values, provider) if PROVIDER in metric.labels else values
 
         self.requests, self.tokens, self.stalls = prefix(REQUESTS), prefix(TOKENS), prefix(STALLS)
+        self.usage = (*prefix(USAGE_INPUT), _MODALITY)  # the newest usage counters' labels
         self.slo, self.cost, self.itl = prefix(SLO_REQUESTS), prefix(COST), prefix(ITL)
         self.good = (*self.slo, "good")  # the SLO series' label values, by verdict
         self.bad = (*self.slo, "bad")
@@ -128,10 +145,16 @@ class MetricsSink:
         max_tenants: int = 32,
         currency: str = "",
         buckets: Buckets = (),
+        latest: bool = False,
+        provider: str = NO_PROVIDER,
     ) -> None:
         """``tenancy``: the tenants' rules (labels by tenant on the families it names);
         ``currency``: the price file's (a cost counter; "": no price file, no cost);
-        ``buckets``: classic bucket bounds the operator set (``--buckets``)."""
+        ``buckets``: classic bucket bounds the operator set (``--buckets``); ``latest``: the
+        newest GenAI conventions' token usage (``config.otel``); ``provider``: the
+        ``gen_ai.provider.name`` value until ``set_provider``."""
+        self.latest = latest
+        self.provider = provider
         self._bounds = {BUCKET_METRICS[name]: bounds for name, bounds in buckets}
         self.models = BoundedLabel(max_models)
         tenancy = tenancy or Tenancy()
@@ -147,7 +170,7 @@ class MetricsSink:
         self._itl = TokenHistogram(self.define(ITL), self.define(ITL_SQUARES))
         # every request series, by the catalogue's metric (readers: the live page's totals)
         self.families: dict[MetricDef, HistogramFamily | CounterFamily] = {}
-        for metric in REQUEST_METRICS:
+        for metric in request_metrics(latest):
             if metric is COST and not currency:
                 continue
             if metric is ITL:
@@ -189,6 +212,18 @@ class MetricsSink:
                     self._label_set(operation, model, tenant)
         if registry is not None:
             registry.register(self.collector)
+
+    def set_provider(self, provider: str) -> None:
+        """The provider is known (``observe.provider``, once): every label set bound so far
+        is bound again, so that later requests count under it; the series under the old value
+        keep what they counted (and go stale)."""
+        if provider == self.provider:
+            return
+        self.provider = provider
+        keys = list(self._sets)
+        self._sets.clear()
+        for key in keys:
+            self._label_set(*key)
 
     @property
     def tenanted(self) -> frozenset[MetricDef]:
@@ -270,12 +305,15 @@ class MetricsSink:
                 self._itl.record(key, window)
 
     def _new_label_set(self, operation: str, model: str, tenant: str) -> _LabelSet:
-        labels = _LabelSet((operation, model), tenant, self._tenanted)
+        labels = _LabelSet((operation, model), tenant, self._tenanted, self.provider)
         prefix = labels.prefix
-        usage = self._histograms[TOKEN_USAGE]
         members: list[tuple[HistogramFamily, tuple[str, ...]]]
         members = [(self._histograms[metric], prefix(metric)) for metric in _OBSERVED]
-        members += [(usage, (*prefix(TOKEN_USAGE), kind)) for kind in ("input", "output")]
+        if self.latest:
+            members += [(self._histograms[m], prefix(m)) for m in (INPUT_TOKENS, OUTPUT_TOKENS)]
+        else:
+            usage = self._histograms[TOKEN_USAGE]
+            members += [(usage, (*prefix(TOKEN_USAGE), kind)) for kind in ("input", "output")]
         phases = self._histograms[TTFT_PHASE]
         members += [(phases, (*prefix(TTFT_PHASE), phase._value_)) for phase in _PHASES]
         labels.row = HistogramRow(members)
@@ -311,6 +349,8 @@ class MetricsSink:
             if index is not None:
                 usage[index] = count
             tokens.add((*prefix, kind, source), count)
+            if self.latest:  # the newest conventions' counter of the kind
+                self._counter(USAGE_BY_TYPE[kind]).add(labels.usage, count)
         return usage
 
     def record_request(

@@ -206,11 +206,17 @@ async def test_other_engines_and_failures_over_http(
     )})  # fmt: skip
     junk = ScriptedUpstream({"default": Script(((0, b"\x00garbage {{{\n" * 100),), headers=plain)})
     urls = [await start_app(u.app()) + "/metrics" for u in (sglang, missing, junk, iteration_stats)]
-    ok = EngineCollector(urls[0], 0.05)
+    named: list[tuple[int, str | None]] = []  # what each told the provider name
+    ok = EngineCollector(urls[0], 0.05, on_engine=lambda e: named.append((0, e)))
     await poll(ok)
     assert ok.snapshot == EngineReading("sglang", 7.0, 12.0, 0.83, 2.0)
+
+    def tell(index: int) -> Callable[[str | None], None]:
+        return lambda engine: named.append((index, engine))
+
     down = [
-        EngineCollector(url, 0.05) for url in (*urls[1:], f"http://127.0.0.1:{closed_port()}/m")
+        EngineCollector(url, 0.05, on_engine=tell(i))
+        for i, url in enumerate((*urls[1:], f"http://127.0.0.1:{closed_port()}/m"), 1)
     ]
     with caplog.at_level(logging.INFO, "llmobs.collectors"):
         for collector in down:
@@ -221,6 +227,8 @@ async def test_other_engines_and_failures_over_http(
     assert "answered 404" in caplog.records[0].getMessage()
     # trtllm-serve's /metrics is JSON: the collector says where its Prometheus page is
     assert "/prometheus/metrics" in caplog.records[2].getMessage()
+    # a 404 and junk name no engine; JSON says nothing yet, nor an engine not up (unreachable)
+    assert sorted(set(named), key=str) == [(0, "sglang"), (1, None), (2, None)]
     for collector in (ok, *down):
         await collector.close()
 

@@ -8,7 +8,9 @@ from llmobs.export.metrics.catalogue import (
     CATALOGUE,
     COLLECTOR_METRICS,
     COST,
+    LATEST_USAGE,
     PROCESS_METRICS,
+    TOKEN_USAGE,
     Kind,
     status_class,
 )
@@ -19,8 +21,13 @@ from tests.support.metrics import (
 
 
 def test_every_catalogue_metric_is_exposed_with_its_labels() -> None:
-    text = exposition()
+    """The token usage of v1.41's conventions by default, the newest's when opted in, never
+    both (OTEL_SEMCONV_STABILITY_OPT_IN: names switch, they are not emitted twice)."""
+    default, latest = exposition(), exposition(latest=True)
     for metric in CATALOGUE:
+        text = latest if metric in LATEST_USAGE else default
+        absent = default if metric in LATEST_USAGE else latest if metric is TOKEN_USAGE else ""
+        assert not absent or f"\n{metric.prometheus}" not in absent, metric.prometheus
         if metric in COLLECTOR_METRICS or metric in PROCESS_METRICS:  # tests/e2e/test_collectors.py
             continue
         if metric is COST:  # only with a price file: tests/e2e/test_tenants.py

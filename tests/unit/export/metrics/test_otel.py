@@ -16,6 +16,7 @@ from llmobs.export.metrics.otel import OtelMetrics
 from llmobs.export.metrics.sink import MetricsSink
 from llmobs.observe.dialects import OPENAI_CHAT
 from llmobs.observe.observer import Observer, ObserveSettings
+from llmobs.observe.provider import Provider
 from llmobs.observe.timing import Outcome
 from tests.support.scripted import chat_chunk, sse
 
@@ -51,7 +52,8 @@ def pushed() -> tuple[MetricsSink, OtelMetrics, InMemoryMetricReader]:
     reader = InMemoryMetricReader()
     meter = MeterProvider(metric_readers=[reader]).get_meter("test")
     sink = MetricsSink(None, 1)
-    return sink, OtelMetrics(meter, sink.objectives, sink.live), reader
+    provider = Provider("vllm")
+    return sink, OtelMetrics(meter, sink.objectives, sink.live, provider=provider), reader
 
 
 def test_a_request_is_pushed_as_it_is_counted(
@@ -61,8 +63,13 @@ def test_a_request_is_pushed_as_it_is_counted(
     request(sink, otel, "m")
     got = points(reader)
     ((attrs, ttft),) = got["gen_ai.server.time_to_first_token"]
-    assert attrs == {"gen_ai.operation.name": "chat", "gen_ai.request.model": "m"}
+    assert attrs == {"gen_ai.operation.name": "chat", "gen_ai.request.model": "m",
+                     "gen_ai.provider.name": "vllm"}  # fmt: skip
     assert ttft.count == 1 and ttft.sum == pytest.approx(0.1)
+    ((attrs, _),) = got["llmobs.smoothness"]  # llmobs's own families: no provider
+    assert "gen_ai.provider.name" not in attrs
+    usage = {a["gen_ai.token.type"]: p.sum for a, p in got["gen_ai.client.token.usage"]}
+    assert usage == {"output": 3}
     ((attrs, requests),) = got["llmobs.requests"]
     assert attrs["outcome"] == "ok" and requests.value == 1
     # the verdict: TTFT 100 ms against 50 ms, so bad, and the objective it missed
@@ -143,3 +150,39 @@ def test_the_operators_buckets_are_pushed_too() -> None:
     assert list(ttft.explicit_bounds) == [0.1, 0.8, 2.0]
     ((_, tpot),) = points(reader)["gen_ai.server.time_per_output_token"]
     assert len(tpot.explicit_bounds) > 3  # the catalogue's
+
+
+def test_the_newest_conventions_split_token_usage_by_kind() -> None:
+    """Opted in: a histogram per direction and a counter per kind (reasoning within output),
+    with the provider and an unknown modality; no v1.41 token usage histogram."""
+    reader = InMemoryMetricReader()
+    meter = MeterProvider(metric_readers=[reader]).get_meter("test")
+    sink = MetricsSink(None, 4, latest=True)
+    otel = OtelMetrics(meter, sink.objectives, sink.live, latest=True, provider=Provider("sglang"))
+    obs = Observer(sink, ObserveSettings(), OPENAI_CHAT, 0, consumers=[otel])
+    obs.request_body(b'{"model": "r1"}')
+    obs.forwarded(0)
+    obs.response(200, "application/json")
+    obs.chunk(50_000_000, b'{"choices":[{"message":{"content":"hi"},"finish_reason":"stop"}],'
+              b'"usage":{"prompt_tokens":12,"completion_tokens":9,'
+              b'"prompt_tokens_details":{"cached_tokens":8},'
+              b'"completion_tokens_details":{"reasoning_tokens":5}}}')  # fmt: skip
+    obs.finish(60_000_000, Outcome.OK)
+    got = points(reader)
+    assert "gen_ai.client.token.usage" not in got
+    kinds = ("input_tokens", "output_tokens", "cache_read.input_tokens", "reasoning.output_tokens")
+    counters = {
+        name: [(a["gen_ai.token.modality"], a["gen_ai.provider.name"], p.value) for a, p in points]
+        for name, points in got.items() if name.startswith("gen_ai.client.inference.usage.")
+    }  # fmt: skip
+    assert sorted(counters) == sorted(f"gen_ai.client.inference.usage.{k}" for k in kinds)
+    assert counters == {
+        "gen_ai.client.inference.usage.input_tokens": [("unknown", "sglang", 12)],
+        "gen_ai.client.inference.usage.output_tokens": [("unknown", "sglang", 9)],
+        "gen_ai.client.inference.usage.cache_read.input_tokens": [("unknown", "sglang", 8)],
+        "gen_ai.client.inference.usage.reasoning.output_tokens": [("unknown", "sglang", 5)],
+    }
+    for direction, tokens in (("input", 12), ("output", 9)):
+        ((attrs, hist),) = got[f"gen_ai.client.inference.operation.{direction}_tokens"]
+        assert (hist.count, hist.sum, attrs["gen_ai.provider.name"]) == (1, tokens, "sglang")
+        assert "gen_ai.token.modality" not in attrs

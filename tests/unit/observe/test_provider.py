@@ -1,0 +1,94 @@
+"""The provider name: the operator's, else the engine its metrics name, else the engine whose
+own API the requests speak (once the metrics have named none), else unknown; settled once.
+And the switch to the newest GenAI conventions, read as the conventions define it."""
+
+from __future__ import annotations
+
+import pytest
+
+from llmobs.collectors.engine import ENGINES
+from llmobs.config.options import ConfigError
+from llmobs.config.otel import genai_latest, otel_settings
+from llmobs.config.settings import Settings
+from llmobs.export.metrics.catalogue import DURATION
+from llmobs.export.metrics.series import HistogramFamily
+from llmobs.export.metrics.sink import MetricsSink
+from llmobs.observe.provider import ENGINE_PROVIDERS, Provider
+from llmobs.observe.timing import Outcome, RequestStats, TokenSource
+
+
+def test_the_operators_name_is_final() -> None:
+    provider = Provider("openai")
+    provider.engine("vllm")
+    provider.dialect("ollama")
+    assert (provider.name, provider.settled) == ("openai", True)
+
+
+def test_the_engines_metrics_name_it_and_it_never_changes_again() -> None:
+    seen: list[str] = []
+    provider = Provider()
+    provider.subscribe(seen.append)
+    assert (provider.name, provider.settled) == ("unknown", False)
+    provider.dialect("ollama")  # the collector has not answered yet: not taken
+    assert provider.name == "unknown"
+    provider.engine("llamacpp")
+    provider.engine("vllm")
+    provider.dialect("tgi")
+    assert (provider.name, seen) == ("llama_cpp", ["llama_cpp"])
+
+
+def test_every_engine_the_collector_knows_has_a_provider_name() -> None:
+    assert {spec.engine for spec in ENGINES} == set(ENGINE_PROVIDERS)
+    provider = Provider()
+    provider.engine("dynamo")  # one a later collector might name: as it names it
+    assert provider.name == "dynamo"
+
+
+def test_an_api_only_one_engine_speaks_names_it_when_metrics_do_not() -> None:
+    provider = Provider()
+    provider.engine(None)  # the engine's /metrics: a 404, or no engine's names
+    provider.dialect("openai")  # every engine speaks it: says nothing
+    assert provider.name == "unknown"
+    provider.dialect("triton")
+    assert provider.name == "triton"
+    no_collector = Provider(engine_metrics=False)
+    no_collector.dialect("ollama")
+    assert no_collector.name == "ollama"
+
+
+def test_the_opt_in_is_one_value_of_a_list_of_categories() -> None:
+    assert genai_latest({"OTEL_SEMCONV_STABILITY_OPT_IN": "http/dup, gen_ai_latest_experimental"})
+    assert not genai_latest({"OTEL_SEMCONV_STABILITY_OPT_IN": "http,database"})
+    assert not genai_latest({})
+    disabled = {"OTEL_SDK_DISABLED": "true",
+                "OTEL_SEMCONV_STABILITY_OPT_IN": "gen_ai_latest_experimental"}  # fmt: skip
+    assert otel_settings(disabled).genai_latest  # the names on /metrics switch all the same
+
+
+def test_a_provider_name_is_a_plain_bounded_label_value() -> None:
+    assert Settings.from_sources({"LLMOBS_PROVIDER_NAME": "aws.bedrock"}).provider_name == (
+        "aws.bedrock"
+    )
+    for bad in ("vLLM", "a b", "x" * 65, 'q"uote'):
+        with pytest.raises(ConfigError, match="LLMOBS_PROVIDER_NAME"):
+            Settings.from_sources({"LLMOBS_PROVIDER_NAME": bad})
+
+
+def _request(model: str = "m") -> RequestStats:
+    return RequestStats(
+        "chat", model, Outcome.OK, 200, True, 1.0, 0.1, 0.01, 5, 10, TokenSource.USAGE, 10,
+        9.0, 0.09, 0.001, 0.02, 0, 1.0,
+    )  # fmt: skip
+
+
+def test_a_sink_counts_under_the_provider_from_when_it_is_known() -> None:
+    sink = MetricsSink(None, 4)
+    sink.record_request(_request())
+    sink.set_provider("vllm")
+    sink.record_request(_request())
+    sink.record_request(_request("n"))
+    durations = sink.families[DURATION]
+    assert isinstance(durations, HistogramFamily)
+    counts = {key: sum(series[:-1]) for key, series in durations.series.items()}
+    assert counts == {("chat", "m", "unknown"): 1, ("chat", "m", "vllm"): 1,
+                      ("chat", "n", "vllm"): 1}  # fmt: skip
