@@ -22,6 +22,7 @@ from concurrent.futures import Executor, ThreadPoolExecutor
 import uvloop
 from prometheus_client import CollectorRegistry
 
+from llmobs.export.metrics.catalogue import CATALOGUE
 from llmobs.export.metrics.exposition import (
     Registry,
     exposition_async,
@@ -92,10 +93,27 @@ def _gzipped(render: Render) -> Render:
     return packed
 
 
+def series(registry: CollectorRegistry) -> tuple[int, int]:
+    """The series a Prometheus stores of one scrape: (classic: every bucket a series; with
+    native histograms: one series per label set of a histogram that has native buckets)."""
+    native = {m.prometheus for m in CATALOGUE if m.native is not None}
+    classic = with_native = 0
+    for family in registry.collect():
+        samples = len(family.samples)
+        classic += samples
+        if family.type == "histogram" and family.name in native:
+            samples = len({tuple(sorted((k, v) for k, v in s.labels.items() if k != "le"))
+                           for s in family.samples})  # fmt: skip
+        with_native += samples
+    return classic, with_native
+
+
 async def main() -> None:
     registry = Registry()
     fill(MetricsSink(registry, 32))
     gc.freeze()  # as llmobs serve does once started
+    classic, native = series(registry)
+    print(f"series at the label cap: {classic} classic, {native} with native histograms")
     formats: tuple[tuple[str, Render], ...] = (
         ("Prometheus text", exposition_async), ("OpenMetrics", openmetrics_async),
         ("Protobuf", protobuf_async),

@@ -5,7 +5,8 @@ Dashboards as code: edit this file, run ``python dashboards/generate.py``, commi
 tests/deploy/test_dashboards.py). Every query uses only metrics of the catalogue
 (``llmobs/export/metrics/catalogue.py``), by the names it gives them, and every metric of the
 catalogue is on a panel (the test checks both); template variables:
-datasource, namespace, pod, model.
+datasource, namespace, job, pod, model (the first three pick pods, "All" by default: one
+pod, one job's, or the fleet, summed as Prometheus sums them).
 
 Panels, queries, variables and the dashboard itself are built with Grafana's
 grafana-foundation-sdk (typed builders generated from Grafana 11.2's schema, a test
@@ -32,6 +33,7 @@ from grafana_foundation_sdk.builders import dashboard as dashboard_builders
 from grafana_foundation_sdk.builders import heatmap as heatmap_builders
 from grafana_foundation_sdk.builders import prometheus
 from grafana_foundation_sdk.builders import stat as stat_builders
+from grafana_foundation_sdk.builders import table as table_builders
 from grafana_foundation_sdk.builders import timeseries as timeseries_builders
 from grafana_foundation_sdk.cog.encoder import JSONEncoder
 from grafana_foundation_sdk.models import common as common_models
@@ -49,7 +51,7 @@ Json = dict[str, Any]
 
 DS: Json = {"type": "prometheus", "uid": "${datasource}"}
 DATASOURCE = dashboard_models.DataSourceRef(type_val="prometheus", uid="${datasource}")
-POD = 'namespace=~"$namespace", pod=~"$pod"'
+POD = 'namespace=~"$namespace", job=~"$job", pod=~"$pod"'
 MODEL = POD + ', gen_ai_request_model=~"$model"'
 RATE_INTERVAL = "$__rate_interval"
 
@@ -378,6 +380,47 @@ def _bad_ratio(window: str, by: str = "gen_ai_request_model") -> str:
 
 
 SLO_BUDGET = f"(1 - max by (gen_ai_request_model) ({SLO_TARGET}{{{MODEL}}}))"
+
+
+# The worst pods: each pod's TTFT P99, stalls per 1000 tokens, and error budget left over the
+# SLO window, joined by pod (a fleet's question: which pod to look at first)
+_BY_POD_TTFT = (
+    f"histogram_quantile(0.99, sum by (pod) ({rate(TTFT)})) or "
+    f"histogram_quantile(0.99, sum by (le, pod) ({rate(TTFT + '_bucket')}))"
+)
+_BY_POD_TOKENS = (
+    f"(sum by (pod) (histogram_count({rate(ITL)})) or sum by (pod) ({rate(ITL + '_count')}))"
+)
+_BY_POD_STALLS = (
+    f"1000 * (sum by (pod) ({rate(STALLS)}) or 0 * {_BY_POD_TOKENS}) / ({_BY_POD_TOKENS} > 0)"
+)
+_BY_POD_BUDGET = (
+    f"1 - ({_bad_ratio(SLO_WINDOW, by='pod')}) / (1 - max by (pod) ({SLO_TARGET}{{{MODEL}}}))"
+)
+WORST_PODS = {"TTFT P99": _BY_POD_TTFT, "Stalls / 1k tokens": _BY_POD_STALLS,
+              "Budget left": _BY_POD_BUDGET}  # fmt: skip
+
+
+def worst_pods() -> Json:
+    """A table of pods, worst TTFT first, with their stall rate and error budget left."""
+    units = {"TTFT P99": "s", "Stalls / 1k tokens": "none", "Budget left": "percentunit"}
+    names = {f"Value #{ref}": title for ref, title in zip("ABC", WORST_PODS, strict=True)}
+    b = panel(
+        table_builders.Panel(), "Worst pods",
+        "Each pod's TTFT P99 and stalls per 1000 tokens over the last minutes, and its error "
+        "budget left over the SLO window (its own requests against its target), worst TTFT "
+        "first: which pod to open. The fleet's answers are the panels around it.",
+        [target(expr, title, fmt="table").instant() for title, expr in WORST_PODS.items()],
+        "short", 24, 8,
+    )  # fmt: skip
+    b = b.with_transformation(dashboard_models.DataTransformerConfig(id_val="merge", options={}))
+    b = b.with_transformation(dashboard_models.DataTransformerConfig(
+        id_val="organize", options={"excludeByName": {"Time": True}, "renameByName": names},
+    ))  # fmt: skip
+    for title, unit in units.items():
+        b = b.override_by_name(title, [dashboard_models.DynamicConfigValue("unit", unit)])
+    b = b.sort_by([common_builders.TableSortByFieldState().display_name("TTFT P99").desc(True)])
+    return built(b)
 
 
 def slo_row() -> list[Json]:
@@ -1256,7 +1299,7 @@ def dashboard() -> Json:
         .hide(dashboard_models.VariableHide.DONT_HIDE)
     )
     rows = [
-        ("Overview", overview_row()),
+        ("Overview", [*overview_row(), worst_pods()]),
         ("Service-level objectives", slo_row()),
         ("User experience", experience_row()),
         ("Why it was slow", why_row()),
@@ -1306,7 +1349,14 @@ def dashboard() -> Json:
         .with_variable(datasource)
         .with_variable(variable("namespace", "Namespace", f"label_values({ACTIVE}, namespace)"))
         .with_variable(
-            variable("pod", "Pod", f'label_values({ACTIVE}{{namespace=~"$namespace"}}, pod)')
+            variable("job", "Job", f'label_values({ACTIVE}{{namespace=~"$namespace"}}, job)')
+        )
+        .with_variable(
+            variable(
+                "pod",
+                "Pod",
+                f'label_values({ACTIVE}{{namespace=~"$namespace", job=~"$job"}}, pod)',
+            )
         )
         .with_variable(
             variable("model", "Model", f"label_values({REQUESTS}{{{POD}}}, gen_ai_request_model)")

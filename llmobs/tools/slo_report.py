@@ -3,8 +3,9 @@
 Reads a running sidecar's ``/metrics`` (the counts since it started) or a Prometheus server
 over a time range (every sidecar it scrapes, summed), and prints per operation and model: the
 requests judged, the share good against the target each sidecar exports, the good output
-tokens, and the misses by objective. Exits 1 when any label set is below its target: run a load
-test through llmobs, then this, and a latency regression fails the build. Exits 2 when it
+tokens, and the misses by objective; with ``--by pod`` (Prometheus), which pods hold the
+misses. Exits 1 when any label set is below its target: run a load test through llmobs, then
+this, and a latency regression fails the build. Exits 2 when it
 cannot judge (``CannotJudge``: nothing judged yet, the source unreachable, a token missing or
 refused, an answer that is not metrics), so that a gate never passes on nothing measured.
 
@@ -43,6 +44,7 @@ from llmobs.export.metrics.catalogue import (
 
 _OP, _MODEL, _TENANT = "gen_ai_operation_name", "gen_ai_request_model", "tenant"
 _RANGE = re.compile(r"(\d+(ms|s|m|h|d|w|y))+")
+_LABEL = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*")  # a Prometheus label name
 T = TypeVar("T")
 Key = tuple[str, str, str]  # (operation, model, tenant: "" when tenants are not labelled)
 
@@ -139,6 +141,50 @@ def rows_from_vectors(
     return _judged(rows)
 
 
+Breakdown = dict[tuple[Key, str], Row]  # (label set, a value of the --by label): its row
+
+
+def breakdown_from_vectors(
+    vectors: Mapping[str, Iterable[tuple[Mapping[str, str], float]]], by: str
+) -> Breakdown:
+    """The SLO rows per label set and value of ``by`` (a pod), of those with bad requests:
+    where the misses are."""
+    split: dict[str, dict[str, list[tuple[Mapping[str, str], float]]]] = {}
+    for name, samples in vectors.items():
+        for labels, value in samples:
+            split.setdefault(labels.get(by, ""), {}).setdefault(name, []).append((labels, value))
+    return {
+        (key, where): row
+        for where, part in split.items()
+        for key, row in rows_from_vectors(part).items()
+        if row.bad > 0
+    }
+
+
+def render_breakdown(rows: Breakdown, by: str) -> str:
+    """Where the misses are: per label set, each ``by`` value with bad requests, the most
+    first."""
+    tenants = any(key[2] for key, _ in rows)
+    header = ("operation", "model", *(("tenant",) if tenants else ()), by, "judged", "bad",
+              "share bad", "misses")  # fmt: skip
+    lines = [header]
+    for ((op, model, tenant), where), row in sorted(
+        rows.items(), key=lambda item: (item[0][0], -item[1].bad, item[0][1])
+    ):
+        lines.append((
+            op, model, *((tenant,) if tenants else ()), where, f"{row.judged:.0f}",
+            f"{row.bad:.0f}", _pct(row.bad / row.judged), _misses(row) or "-",
+        ))  # fmt: skip
+    return _table(lines)
+
+
+def _table(lines: list[tuple[str, ...]]) -> str:
+    widths = [max(len(line[i]) for line in lines) for i in range(len(lines[0]))]
+    text = ["  ".join(cell.ljust(w) for cell, w in zip(line, widths, strict=True)).rstrip()
+            for line in lines]  # fmt: skip
+    return "\n".join(text)
+
+
 def _pct(value: float | None) -> str:
     return "-" if value is None else f"{value:.3%}"
 
@@ -161,10 +207,7 @@ def render(rows: Mapping[Key, Row], target: float | None = None) -> str:
             _pct(row.attainment), _pct(goal), "yes" if row.met(target) else "NO", tokens,
             *((cost,) if priced else ()), _misses(row) or "-",
         ))  # fmt: skip
-    widths = [max(len(line[i]) for line in lines) for i in range(len(header))]
-    text = ["  ".join(cell.ljust(w) for cell, w in zip(line, widths, strict=True)).rstrip()
-            for line in lines]  # fmt: skip
-    return "\n".join(text)
+    return _table(lines)
 
 
 def _misses(row: Row) -> str:
@@ -188,9 +231,14 @@ def outcome(rows: Mapping[Key, Row], target: float | None = None) -> str:
     return "met" if passed(rows, target) else "missed"
 
 
-def as_json(rows: Mapping[Key, Row], target: float | None = None, error: str = "") -> str:
-    """The report for tools: ``passed``, ``outcome``, ``error`` (why it is unjudged) and the
-    label sets."""
+def as_json(
+    rows: Mapping[Key, Row],
+    target: float | None = None,
+    error: str = "",
+    breakdown: tuple[str, Breakdown] | None = None,
+) -> str:
+    """The report for tools: ``passed``, ``outcome``, ``error`` (why it is unjudged), the
+    label sets, and with ``breakdown`` (the --by label, its rows) where the misses are."""
     out = [
         {
             "operation": op, "model": model, **({"tenant": tenant} if tenant else {}),
@@ -206,7 +254,15 @@ def as_json(rows: Mapping[Key, Row], target: float | None = None, error: str = "
     report: dict[str, Any] = {"passed": passed(rows, target), "outcome": outcome(rows, target)}
     if error:
         report["error"] = error
-    return json.dumps({**report, "label_sets": out}, indent=2)
+    report["label_sets"] = out
+    if breakdown is not None:
+        by, split = breakdown
+        report["misses_by"] = {"label": by, "label_sets": [
+            {"operation": op, "model": model, **({"tenant": tenant} if tenant else {}),
+             by: where, "judged": row.judged, "bad": row.bad, "misses": row.misses}
+            for ((op, model, tenant), where), row in sorted(split.items())
+        ]}  # fmt: skip
+    return json.dumps(report, indent=2)
 
 
 # -- I/O -------------------------------------------------------------------------------------
@@ -335,8 +391,11 @@ def read_sidecar(url: str, token: str = "", timeout: float = 10.0) -> dict[Key, 
     return rows
 
 
-def _queries(window: str) -> dict[str, str]:
+def _queries(window: str, extra: str = "") -> dict[str, str]:
+    """The SLO families summed per label set over ``window`` (and per ``extra`` label)."""
     by = f"{_OP}, {_MODEL}, {_TENANT}"  # (a series without a tenant has it empty)
+    if extra:
+        by += f", {extra}"
     out = {
         metric.prometheus: f"sum by ({by}, {label}) (increase({metric.prometheus}[{window}]))"
         for metric, label in (
@@ -388,6 +447,12 @@ def query_prometheus(
     return out
 
 
+def read_breakdown(base: str, window: str, end: float | None, by: str) -> Breakdown:
+    """Where the misses are over ``window``: the rows per label set and ``by`` value."""
+    vectors = query_prometheus(base, window, end, queries=_queries(window, by))
+    return breakdown_from_vectors(vectors, by)
+
+
 def read_prometheus(base: str, window: str, end: float | None = None) -> dict[Key, Row]:
     """The rows of every sidecar Prometheus scrapes, over ``window``; ``CannotJudge`` when
     there are none to judge by."""
@@ -428,6 +493,11 @@ def add_slo_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--target", type=float, default=None, metavar="RATIO",
         help="hold every label set to this share good (default: the target each exports)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--by", default="", metavar="LABEL",
+        help="with --prometheus: also say which values of this target label (pod, instance, "
+        "namespace) hold each label set's bad requests",
     )  # fmt: skip
 
 
@@ -474,8 +544,12 @@ def run_slo_cli(
     when there is nothing to judge by (why: one sentence on stderr, and in the JSON)."""
     if args.target is not None and not 0 < args.target < 1:
         raise ConfigError("--target: must be above 0 and below 1")
+    by: str = args.by
+    if by and (args.metrics_url or not _LABEL.fullmatch(by)):
+        raise ConfigError("--by: a label name (pod), with --prometheus only")
     try:
         rows, source = _read(args, os.environ if environ is None else environ)
+        split = read_breakdown(args.prometheus, args.range, args.end, by) if by else None
     except CannotJudge as exc:
         print(f"llmobs slo: cannot judge: {exc}.", file=sys.stderr)
         if args.json:
@@ -483,9 +557,13 @@ def run_slo_cli(
         return 2
     ok = passed(rows, args.target)
     if args.json:
-        print(as_json(rows, args.target), file=out)
+        print(as_json(rows, args.target, breakdown=(by, split) if split is not None else None),
+              file=out)  # fmt: skip
     else:
         print(f"service-level objectives ({source}):", file=out)
         print(render(rows, args.target), file=out)
+        if split is not None:
+            print(f"\nwhere the bad requests are, by {by}:", file=out)
+            print(render_breakdown(split, by) if split else "(none)", file=out)
         print("all objectives met" if ok else "objectives missed", file=out)
     return 0 if ok else 1

@@ -101,13 +101,13 @@ def test_dashboard_structure() -> None:
     rows = [p["title"] for p in d["panels"] if p["type"] == "row"]
     assert rows == list(ROWS)
     variables = {v["name"]: v for v in d["templating"]["list"]}
-    assert list(variables) == ["datasource", "namespace", "pod", "model", "slo_window"]
+    assert list(variables) == ["datasource", "namespace", "job", "pod", "model", "slo_window"]
     window = variables["slo_window"]  # a range every SLO panel measures over
     assert window["type"] == "custom" and window["current"]["value"] == "28d"
     assert all(re.fullmatch(r"\d+[hdw]", o["value"]) for o in window["options"])
     assert variables["datasource"]["type"] == "datasource"
     assert variables["datasource"]["query"] == "prometheus"
-    for name in ("namespace", "pod", "model"):
+    for name in ("namespace", "job", "pod", "model"):
         v = variables[name]
         assert v["type"] == "query" and v["datasource"] == DATASOURCE
         assert v["includeAll"] and v["allValue"] == ".*"
@@ -345,8 +345,14 @@ def test_exemplars_lead_from_the_panels_to_the_traces() -> None:
 MODEL = "sim-llama-3-8b"
 LABELS = {"namespace": "demo", "pod": "llm-0"}
 RATE_INTERVAL = "10s"  # Grafana's $__rate_interval for a 1 s scrape would be 4 s; leave room
-ALL = {"namespace": ".*", "pod": ".*", "model": ".*", "slo_window": "28d"}
-ONE = {"namespace": LABELS["namespace"], "pod": LABELS["pod"], "model": MODEL, "slo_window": "1h"}
+ALL = {"namespace": ".*", "job": ".*", "pod": ".*", "model": ".*", "slo_window": "28d"}
+ONE = {
+    "namespace": LABELS["namespace"],
+    "job": "llmobs",
+    "pod": LABELS["pod"],
+    "model": MODEL,
+    "slo_window": "1h",
+}
 DATA_TIMEOUT = 40.0
 
 

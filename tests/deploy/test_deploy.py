@@ -27,6 +27,7 @@ import yaml
 from docker.utils.build import PatternMatcher
 from dockerfile_parse import DockerfileParser
 
+from llmobs.export.tracing import SLO_VERDICT
 from tests.docs.blocks import SHELLS, Walkthrough, blocks
 from tests.support.kustomize import build, needs_kubectl
 from tests.support.prom import AMTOOL, PROMTOOL, ROOT, needs_amtool, needs_promtool
@@ -569,3 +570,34 @@ def _generated(args: list[str], workdir: Path) -> str:
         capture_output=True,
     )  # fmt: skip
     return Path(args[args.index("--out") + 1]).read_text()
+
+
+def fleet_blocks() -> list[Any]:
+    """The YAML of docs/deploy.md's "At fleet scale": the agent's and the central
+    Prometheus' configurations, the Collector's tail sampling."""
+    text = (ROOT / "docs/deploy.md").read_text()
+    section = text.split("## At fleet scale", 1)[1].split("\n## ", 1)[0]
+    return [yaml.safe_load(b) for b in re.findall(r"```yaml\n(.*?)```", section, re.DOTALL)]
+
+
+@needs_promtool
+def test_the_fleet_configurations_in_the_docs_are_valid(tmp_path: Path) -> None:
+    agent, central, collector = fleet_blocks()
+    assert agent["remote_write"][0]["send_native_histograms"] is True
+    assert "rule_files" not in agent  # an agent evaluates nothing
+    for rules in central["rule_files"]:
+        shutil.copy(ROOT / "deploy/prometheus" / rules, tmp_path / rules)
+    # Debian's Prometheus is built without the Kubernetes discovery: checked as static targets
+    (job,) = agent["scrape_configs"]
+    assert job.pop("kubernetes_sd_configs") == [{"role": "pod"}]
+    job["static_configs"] = [{"targets": ["10.0.0.7:9464"]}]
+    for name, config, flags in (("agent", agent, ["--agent"]), ("central", central, [])):
+        (tmp_path / f"{name}.yml").write_text(yaml.safe_dump(config))
+        done = subprocess.run(
+            [str(PROMTOOL), "check", "config", *flags, str(tmp_path / f"{name}.yml")],
+            capture_output=True, text=True, check=False,
+        )  # fmt: skip
+        assert done.returncode == 0, done.stdout + done.stderr
+    (slo_bad, *_) = collector["processors"]["tail_sampling"]["policies"]
+    # the attribute every bad request's span carries (export/tracing.py)
+    assert slo_bad["string_attribute"] == {"key": SLO_VERDICT, "values": ["bad"]}

@@ -71,17 +71,33 @@ def fast_alerts(for_: str = "2s") -> str:
     return yaml.safe_dump(doc, sort_keys=False)
 
 
-def config(targets: Sequence[Target], rule_files: Sequence[str]) -> str:
+def config(
+    targets: Sequence[Target],
+    rule_files: Sequence[str],
+    remote_write: str = "",
+    external_labels: Mapping[str, str] | None = None,
+) -> str:
+    """A configuration scraping ``targets`` every second; with ``remote_write``, sending every
+    sample (native histograms included) to that receiver within a second of its scrape."""
     jobs: dict[str, list[dict[str, Any]]] = {}
     for t in targets:
         jobs.setdefault(t.job, []).append(
             {"targets": [urlsplit(t.url).netloc], "labels": dict(t.labels)}
         )
-    doc = {
-        "global": {"scrape_interval": "1s", "scrape_timeout": "1s", "evaluation_interval": "1s"},
-        "rule_files": list(rule_files),
-        "scrape_configs": [{"job_name": job, "static_configs": sc} for job, sc in jobs.items()],
-    }
+    every: dict[str, Any] = {
+        "scrape_interval": "1s", "scrape_timeout": "1s", "evaluation_interval": "1s"
+    }  # fmt: skip
+    if external_labels:
+        every["external_labels"] = dict(external_labels)
+    doc: dict[str, Any] = {"global": every}
+    if rule_files:
+        doc["rule_files"] = list(rule_files)
+    doc["scrape_configs"] = [{"job_name": job, "static_configs": sc} for job, sc in jobs.items()]
+    if remote_write:
+        doc["remote_write"] = [{
+            "url": remote_write, "send_native_histograms": True,
+            "queue_config": {"batch_send_deadline": "500ms", "min_backoff": "100ms"},
+        }]  # fmt: skip
     return yaml.safe_dump(doc, sort_keys=False)
 
 
@@ -89,6 +105,9 @@ class Prometheus:
     """``async with Prometheus(tmp_path, targets, rules) as prom:`` then ``await prom.query()``.
 
     ``rules`` maps file names to their text; they are written next to the configuration.
+    A fleet's shapes: ``agent`` (scrape and remote-write only: no storage, no query API, no
+    rules), ``remote_write`` (where to send what it scrapes), ``receiver`` (accept remote
+    writes: a central Prometheus that evaluates the rules over every node's samples).
     """
 
     def __init__(
@@ -97,15 +116,22 @@ class Prometheus:
         targets: Sequence[Target],
         rules: Mapping[str, str] | None = None,
         features: Sequence[str] = (),
+        *,
+        agent: bool = False,
+        remote_write: str = "",
+        receiver: bool = False,
+        external_labels: Mapping[str, str] | None = None,
     ) -> None:
-        self.features = tuple(features)  # --enable-feature=..., e.g. exemplar-storage
+        self.features = tuple(features) + (("agent",) if agent else ())
         assert PROMETHEUS is not None, _INSTALL
         self.workdir = workdir
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
+        self.agent, self.receiver = agent, receiver
         for name, text in (rules or {}).items():
             (workdir / name).write_text(text)
-        (workdir / "prometheus.yml").write_text(config(targets, list(rules or {})))
+        text = config(targets, list(rules or {}), remote_write, external_labels)
+        (workdir / "prometheus.yml").write_text(text)
         self.log = workdir / "prometheus.log"
         self._proc: asyncio.subprocess.Process | None = None
 
@@ -114,8 +140,9 @@ class Prometheus:
             self._proc = await asyncio.create_subprocess_exec(
                 str(PROMETHEUS),
                 f"--config.file={self.workdir / 'prometheus.yml'}",
-                f"--storage.tsdb.path={self.workdir / 'data'}",
+                f"--storage.{'agent' if self.agent else 'tsdb'}.path={self.workdir / 'data'}",
                 f"--web.listen-address=127.0.0.1:{self.port}",
+                *(["--web.enable-remote-write-receiver"] if self.receiver else []),
                 "--log.level=warn",
                 *(f"--enable-feature={f}" for f in self.features),
                 stdout=log,

@@ -1,0 +1,58 @@
+"""``llmobs slo --by``: the per-label-set rows split by a target label, to say which pods hold
+the bad requests (pure: the Prometheus answers are given)."""
+
+from __future__ import annotations
+
+import argparse
+import io
+
+import pytest
+
+from llmobs.config.options import ConfigError
+from llmobs.tools.slo_report import (
+    add_slo_arguments,
+    breakdown_from_vectors,
+    render_breakdown,
+    run_slo_cli,
+)
+
+REQUESTS = "llmobs_slo_requests_total"
+MISSES = "llmobs_slo_misses_total"
+
+
+def sample(pod: str, **labels: str) -> dict[str, str]:
+    return {"gen_ai_operation_name": "chat", "gen_ai_request_model": "m", "pod": pod, **labels}
+
+
+VECTORS = {
+    REQUESTS: [
+        (sample("a", verdict="good"), 90.0), (sample("a", verdict="bad"), 10.0),
+        (sample("b", verdict="good"), 50.0), (sample("b", verdict="bad"), 0.0),
+        (sample("c", verdict="good"), 1.0), (sample("c", verdict="bad"), 3.0),
+    ],
+    MISSES: [(sample("a", objective="ttft"), 10.0), (sample("c", objective="error"), 3.0)],
+}  # fmt: skip
+
+
+def test_the_pods_that_hold_the_bad_requests_most_first() -> None:
+    split = breakdown_from_vectors(VECTORS, "pod")
+    assert {where: (row.judged, row.bad) for (_, where), row in split.items()} == {
+        "a": (100, 10),
+        "c": (4, 3),
+    }  # b had none bad: not listed
+    lines = render_breakdown(split, "pod").splitlines()
+    assert lines[0].split() == ["operation", "model", "pod", "judged", "bad", "share", "bad",
+                                "misses"]  # fmt: skip
+    assert [line.split()[2:6] for line in lines[1:]] == [
+        ["a", "100", "10", "10.000%"], ["c", "4", "3", "75.000%"],
+    ]  # fmt: skip
+    assert lines[1].endswith("ttft 10") and lines[2].endswith("error 3")
+
+
+def test_by_takes_a_label_name_and_prometheus_only() -> None:
+    parser = argparse.ArgumentParser()
+    add_slo_arguments(parser)
+    for argv in (["--metrics-url", "http://127.0.0.1:1/metrics", "--by", "pod"],
+                 ["--prometheus", "http://127.0.0.1:1", "--by", "pod name"]):  # fmt: skip
+        with pytest.raises(ConfigError, match="--by"):
+            run_slo_cli(parser.parse_args(argv), io.StringIO(), {})
