@@ -383,19 +383,23 @@ SLO_BUDGET = f"(1 - max by (gen_ai_request_model) ({SLO_TARGET}{{{MODEL}}}))"
 
 
 # The worst pods: each pod's TTFT P99, stalls per 1000 tokens, and error budget left over the
-# SLO window, joined by pod (a fleet's question: which pod to look at first)
+# SLO window, joined by namespace and pod (a fleet's question: which pod to look at first; a
+# pod's name may repeat in another namespace)
 _BY_POD_TTFT = (
-    f"histogram_quantile(0.99, sum by (pod) ({rate(TTFT)})) or "
-    f"histogram_quantile(0.99, sum by (le, pod) ({rate(TTFT + '_bucket')}))"
+    f"histogram_quantile(0.99, sum by (namespace, pod) ({rate(TTFT)})) or "
+    f"histogram_quantile(0.99, sum by (le, namespace, pod) ({rate(TTFT + '_bucket')}))"
 )
 _BY_POD_TOKENS = (
-    f"(sum by (pod) (histogram_count({rate(ITL)})) or sum by (pod) ({rate(ITL + '_count')}))"
+    f"(sum by (namespace, pod) (histogram_count({rate(ITL)})) or "
+    f"sum by (namespace, pod) ({rate(ITL + '_count')}))"
 )
 _BY_POD_STALLS = (
-    f"1000 * (sum by (pod) ({rate(STALLS)}) or 0 * {_BY_POD_TOKENS}) / ({_BY_POD_TOKENS} > 0)"
+    f"1000 * (sum by (namespace, pod) ({rate(STALLS)}) or 0 * {_BY_POD_TOKENS}) / "
+    f"({_BY_POD_TOKENS} > 0)"
 )
 _BY_POD_BUDGET = (
-    f"1 - ({_bad_ratio(SLO_WINDOW, by='pod')}) / (1 - max by (pod) ({SLO_TARGET}{{{MODEL}}}))"
+    f"1 - ({_bad_ratio(SLO_WINDOW, by='namespace, pod')}) / "
+    f"(1 - max by (namespace, pod) ({SLO_TARGET}{{{MODEL}}}))"
 )
 WORST_PODS = {"TTFT P99": _BY_POD_TTFT, "Stalls / 1k tokens": _BY_POD_STALLS,
               "Budget left": _BY_POD_BUDGET}  # fmt: skip
@@ -623,11 +627,11 @@ def experience_row() -> list[Json]:
             "Tokens per request",
             "Input (prompt) and output tokens per request, median and P99.",
             [
-                # v1.41's histogram by type, or (sidecars opted in to the newest GenAI
-                # conventions) the histogram of the direction
+                # v1.41's histogram by type and (sidecars opted in to the newest GenAI
+                # conventions) the histogram of the direction, summed: the same buckets
                 target(
-                    f"histogram_quantile({q}, sum by (le) ({rate(USAGE + '_bucket', by_type)}))"
-                    f" or histogram_quantile({q}, sum by (le) ({rate(latest + '_bucket')}))",
+                    f"histogram_quantile({q}, sum by (le) ({rate(USAGE + '_bucket', by_type)}"
+                    f" or {rate(latest + '_bucket')}))",
                     f"{kind} p{q * 100:g}",
                 )
                 for kind, latest in USAGE_BY_DIRECTION.items()

@@ -93,7 +93,8 @@ def observer_factory(
     """New ``Observer`` per request, sharing the sink (the first consumer of each request's
     record, and the keeper of the objectives it is judged by), the tracer, the consumers
     after the sink, the engine's timeline (stall causes), the tenants' rules, the prices and
-    the settings' knobs; the provider name learns from requests' dialects until settled."""
+    the settings' knobs; the provider name learns from answered requests' dialects until
+    settled."""
     config = ObserveSettings(
         stall_factor=settings.stall_factor,
         stall_min_gap=settings.stall_min_gap,
@@ -101,17 +102,17 @@ def observer_factory(
         capture_content=settings.capture_content and tracing is not None,
         objectives=sink.objectives,
         prices=prices,
+        provider=provider if provider is not None and not provider.settled else None,
     )
     tenancy = tenancy if tenancy is not None and tenancy.on else None
-    return _Observers(sink, config, tracing, tuple(consumers), timeline, tenancy, provider)
+    return _Observers(sink, config, tracing, tuple(consumers), timeline, tenancy)
 
 
 class _Observers:
     """``observer_factory``'s factory: ``traces`` says whether its observers add a trace
     context to the upstream request (the relay then makes them before sending it)."""
 
-    __slots__ = ("_config", "_consumers", "_provider", "_sink", "_tenancy", "_timeline",
-                 "_tracing", "traces")  # fmt: skip
+    __slots__ = ("_config", "_consumers", "_sink", "_tenancy", "_timeline", "_tracing", "traces")
 
     def __init__(
         self,
@@ -121,10 +122,8 @@ class _Observers:
         consumers: tuple[RequestConsumer, ...],
         timeline: EngineTimeline | None,
         tenancy: Tenancy | None = None,
-        provider: Provider | None = None,
     ) -> None:
         self._sink = sink
-        self._provider = provider if provider is not None and not provider.settled else None
         self._timeline = timeline
         self._tenancy = tenancy
         self._config = config
@@ -133,12 +132,6 @@ class _Observers:
         self.traces = tracing is not None
 
     def __call__(self, route: Route, start_ns: int, arrival: Arrival) -> Observer:
-        provider = self._provider
-        if provider is not None:  # until the provider is known: the request's dialect
-            if provider.settled:
-                self._provider = None
-            else:
-                provider.dialect(route.name)
         tracing = self._tracing
         trace = None
         if tracing is not None:  # what a span needs of the request: made only for one

@@ -286,6 +286,8 @@ class RequestTrace:
         model = record.model
         span.update_name(f"{record.operation} {model}" if model else record.operation)
         span.set_attributes(_attributes(record, windows, details, self._tracing.latest))
+        # as the request's metrics have it (found while it ran, if it was)
+        span.set_attribute(PROVIDER, self._tracing.provider.name)
         if record.outcome in (Outcome.UPSTREAM_ERROR, Outcome.UPSTREAM_TIMEOUT):
             span.set_status(Status(StatusCode.ERROR, record.outcome.value))
             span.set_attribute("error.type", record.outcome.value)

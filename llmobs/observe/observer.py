@@ -25,6 +25,7 @@ from llmobs.observe.dialects.base import ABORTED, ERROR, NONE
 from llmobs.observe.dialects.request import NO_BODY, parse_request, truncate
 from llmobs.observe.labels import OTHER
 from llmobs.observe.phases import TtftPhases
+from llmobs.observe.provider import Provider
 from llmobs.observe.reader import StreamReader
 from llmobs.observe.record import (
     RequestConsumer,
@@ -55,6 +56,9 @@ class ObserveSettings:
     # what each request is judged by (the sink's: the app passes the same object)
     objectives: Objectives = field(default_factory=lambda: Objectives(ObjectiveSet()))
     prices: Prices | None = None  # the price file's (None: no cost)
+    # the gen_ai.provider.name, told the dialect of each request the engine answered with a
+    # 2xx until it is settled (an engine's own API names the engine: observe.provider)
+    provider: Provider | None = None
 
 
 class Observer:
@@ -169,6 +173,9 @@ class Observer:
         try:
             self._reader.response(content_type)
             if 200 <= status < 400:  # its series appear now, before it is counted
+                provider = self._config.provider
+                if provider is not None and not provider.settled and status < 300:
+                    provider.dialect(self.route.name)  # (its series then bound under it)
                 self._sink.answered(self.operation, self.info.model, self._tenant)
         except Exception:
             self._fail("response")

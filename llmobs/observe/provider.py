@@ -3,8 +3,9 @@
 The GenAI conventions require it on their metrics and spans and name no value for a
 self-hosted engine ("a custom value MAY be used"): llmobs names the engine as the engine
 collector recognises it from its metrics (``vllm``, ``sglang``, ...); where those name no
-engine (Ollama has none), the engine whose own API the requests speak (Ollama's, TGI's,
-Triton's); until then ``unknown``. The operator's ``--provider-name`` overrides all of it.
+engine (Ollama has none, Triton's are on another port), the engine whose own API a request the
+engine answered with a 2xx spoke (Ollama's, Triton's; not TGI's ``/generate``, which SGLang
+serves too); until then ``unknown``. The operator's ``--provider-name`` overrides all of it.
 Resolved once: a sidecar's provider changes at most once, from ``unknown``, and never back.
 """
 
@@ -21,7 +22,7 @@ ENGINE_PROVIDERS = {
     "trtllm": "tensorrt_llm", "triton": "triton",
 }  # fmt: skip
 # the dialects (observe.dialects.Route.name) only one kind of engine speaks
-DIALECT_PROVIDERS = {"ollama": "ollama", "tgi": "tgi", "triton": "triton"}
+DIALECT_PROVIDERS = {"ollama": "ollama", "triton": "triton"}
 
 
 class Provider:

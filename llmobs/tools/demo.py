@@ -136,7 +136,7 @@ def summary(sidecar: Sidecar, tally: Tally, elapsed: float, peak_queue: float) -
     itl_sum = total(reg, "llmobs_inter_token_latency_seconds_sum")
     stalls = total(reg, "llmobs_stalls_total")
     requests = total(reg, "llmobs_requests_total")
-    out_tokens = total(reg, "gen_ai_client_token_usage_sum", gen_ai_token_type="output")
+    out_tokens = total(reg, "llmobs_tokens_total", gen_ai_token_type="output")  # either convention
     lines = [
         "",
         "llmobs demo: what the sidecar measured",

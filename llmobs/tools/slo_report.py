@@ -23,10 +23,11 @@ import os
 import re
 import socket
 import sys
+import time
 import urllib.error
 import urllib.parse
 import urllib.request
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -145,14 +146,15 @@ Breakdown = dict[tuple[Key, str], Row]  # (label set, a value of the --by label)
 
 
 def breakdown_from_vectors(
-    vectors: Mapping[str, Iterable[tuple[Mapping[str, str], float]]], by: str
+    vectors: Mapping[str, Iterable[tuple[Mapping[str, str], float]]], by: Sequence[str]
 ) -> Breakdown:
-    """The SLO rows per label set and value of ``by`` (a pod), of those with bad requests:
-    where the misses are."""
+    """The SLO rows per label set and values of ``by`` (a pod: its namespace and name,
+    joined by "/"), of those with bad requests: where the misses are."""
     split: dict[str, dict[str, list[tuple[Mapping[str, str], float]]]] = {}
     for name, samples in vectors.items():
         for labels, value in samples:
-            split.setdefault(labels.get(by, ""), {}).setdefault(name, []).append((labels, value))
+            where = "/".join(labels.get(label, "") for label in by)
+            split.setdefault(where, {}).setdefault(name, []).append((labels, value))
     return {
         (key, where): row
         for where, part in split.items()
@@ -391,11 +393,9 @@ def read_sidecar(url: str, token: str = "", timeout: float = 10.0) -> dict[Key, 
     return rows
 
 
-def _queries(window: str, extra: str = "") -> dict[str, str]:
-    """The SLO families summed per label set over ``window`` (and per ``extra`` label)."""
-    by = f"{_OP}, {_MODEL}, {_TENANT}"  # (a series without a tenant has it empty)
-    if extra:
-        by += f", {extra}"
+def _queries(window: str, extra: tuple[str, ...] = ()) -> dict[str, str]:
+    """The SLO families summed per label set over ``window`` (and per ``extra`` labels)."""
+    by = ", ".join((_OP, _MODEL, _TENANT, *extra))  # (a series without a tenant has it empty)
     out = {
         metric.prometheus: f"sum by ({by}, {label}) (increase({metric.prometheus}[{window}]))"
         for metric, label in (
@@ -447,9 +447,9 @@ def query_prometheus(
     return out
 
 
-def read_breakdown(base: str, window: str, end: float | None, by: str) -> Breakdown:
-    """Where the misses are over ``window``: the rows per label set and ``by`` value."""
-    vectors = query_prometheus(base, window, end, queries=_queries(window, by))
+def read_breakdown(base: str, window: str, end: float | None, by: Sequence[str]) -> Breakdown:
+    """Where the misses are over ``window``: the rows per label set and ``by`` values."""
+    vectors = query_prometheus(base, window, end, queries=_queries(window, tuple(by)))
     return breakdown_from_vectors(vectors, by)
 
 
@@ -495,9 +495,9 @@ def add_slo_arguments(parser: argparse.ArgumentParser) -> None:
         help="hold every label set to this share good (default: the target each exports)",
     )  # fmt: skip
     parser.add_argument(
-        "--by", default="", metavar="LABEL",
-        help="with --prometheus: also say which values of this target label (pod, instance, "
-        "namespace) hold each label set's bad requests",
+        "--by", default="", metavar="LABELS",
+        help="with --prometheus: also say which values of these target labels (pod, or "
+        "namespace,pod; instance) hold each label set's bad requests",
     )  # fmt: skip
 
 
@@ -537,6 +537,22 @@ def _read(args: argparse.Namespace, environ: Mapping[str, str]) -> tuple[dict[Ke
     return read_source(args, environ, read_sidecar, read_prometheus)
 
 
+_GROUPED = frozenset({_OP, _MODEL, _TENANT, "verdict", "objective", "cause", "currency"})
+
+
+def _by_labels(args: argparse.Namespace) -> tuple[str, ...]:
+    """``--by``'s labels, checked: target labels (not those the report already splits by),
+    with --prometheus only."""
+    by = tuple(label.strip() for label in str(args.by).split(",") if label.strip())
+    for label in by:
+        if args.metrics_url or not _LABEL.fullmatch(label) or label in _GROUPED:
+            raise ConfigError(
+                "--by: target labels (pod, or namespace,pod; not one the report splits by), "
+                f"with --prometheus only: {label!r}"
+            )
+    return by
+
+
 def run_slo_cli(
     args: argparse.Namespace, out: Any, environ: Mapping[str, str] | None = None
 ) -> int:
@@ -544,9 +560,9 @@ def run_slo_cli(
     when there is nothing to judge by (why: one sentence on stderr, and in the JSON)."""
     if args.target is not None and not 0 < args.target < 1:
         raise ConfigError("--target: must be above 0 and below 1")
-    by: str = args.by
-    if by and (args.metrics_url or not _LABEL.fullmatch(by)):
-        raise ConfigError("--by: a label name (pod), with --prometheus only")
+    by = _by_labels(args)
+    if by and args.end is None:  # the report and its breakdown at one instant, so they agree
+        args.end = time.time()
     try:
         rows, source = _read(args, os.environ if environ is None else environ)
         split = read_breakdown(args.prometheus, args.range, args.end, by) if by else None
@@ -557,13 +573,13 @@ def run_slo_cli(
         return 2
     ok = passed(rows, args.target)
     if args.json:
-        print(as_json(rows, args.target, breakdown=(by, split) if split is not None else None),
-              file=out)  # fmt: skip
+        breakdown = (",".join(by), split) if split is not None else None
+        print(as_json(rows, args.target, breakdown=breakdown), file=out)
     else:
         print(f"service-level objectives ({source}):", file=out)
         print(render(rows, args.target), file=out)
         if split is not None:
-            print(f"\nwhere the bad requests are, by {by}:", file=out)
-            print(render_breakdown(split, by) if split else "(none)", file=out)
+            print(f"\nwhere the bad requests are, by {','.join(by)}:", file=out)
+            print(render_breakdown(split, "/".join(by)) if split else "(none)", file=out)
         print("all objectives met" if ok else "objectives missed", file=out)
     return 0 if ok else 1

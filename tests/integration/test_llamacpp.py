@@ -325,8 +325,8 @@ def ttft_panel() -> list[str]:
 
 
 def substitute(expr: str, model: str) -> str:
-    values = {"__rate_interval": "1m", "namespace": LABELS["namespace"], "pod": LABELS["pod"],
-              "model": model}  # fmt: skip
+    values = {"__rate_interval": "1m", "namespace": LABELS["namespace"], "job": ".*",
+              "pod": LABELS["pod"], "model": model}  # fmt: skip
     for name, value in values.items():
         expr = expr.replace(f"${name}", value)
     assert "$" not in expr, expr

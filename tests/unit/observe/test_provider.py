@@ -13,6 +13,8 @@ from llmobs.config.settings import Settings
 from llmobs.export.metrics.catalogue import DURATION
 from llmobs.export.metrics.series import HistogramFamily
 from llmobs.export.metrics.sink import MetricsSink
+from llmobs.observe.dialects import OLLAMA_CHAT
+from llmobs.observe.observer import Observer, ObserveSettings
 from llmobs.observe.provider import ENGINE_PROVIDERS, Provider
 from llmobs.observe.timing import Outcome, RequestStats, TokenSource
 
@@ -48,6 +50,7 @@ def test_an_api_only_one_engine_speaks_names_it_when_metrics_do_not() -> None:
     provider = Provider()
     provider.engine(None)  # the engine's /metrics: a 404, or no engine's names
     provider.dialect("openai")  # every engine speaks it: says nothing
+    provider.dialect("tgi")  # SGLang serves /generate too
     assert provider.name == "unknown"
     provider.dialect("triton")
     assert provider.name == "triton"
@@ -92,3 +95,18 @@ def test_a_sink_counts_under_the_provider_from_when_it_is_known() -> None:
     counts = {key: sum(series[:-1]) for key, series in durations.series.items()}
     assert counts == {("chat", "m", "unknown"): 1, ("chat", "m", "vllm"): 1,
                       ("chat", "n", "vllm"): 1}  # fmt: skip
+
+
+def test_only_a_request_the_engine_answered_names_it() -> None:
+    """A client's request alone says nothing: an Ollama path the engine refused (a 404 from
+    another engine, a probe) leaves it unknown; one it answered with a 2xx names it."""
+    provider = Provider(engine_metrics=False)
+    sink = MetricsSink(None, 4)
+    provider.subscribe(sink.set_provider)
+    settings = ObserveSettings(provider=provider)
+    for status in (404, 500, 200):
+        observer = Observer(sink, settings, OLLAMA_CHAT, 0)
+        observer.request_body(b'{"model": "m"}')
+        observer.response(status, "application/x-ndjson")
+        assert provider.name == ("ollama" if status == 200 else "unknown")
+    assert sink.provider == "ollama"

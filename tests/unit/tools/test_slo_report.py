@@ -35,7 +35,7 @@ VECTORS = {
 
 
 def test_the_pods_that_hold_the_bad_requests_most_first() -> None:
-    split = breakdown_from_vectors(VECTORS, "pod")
+    split = breakdown_from_vectors(VECTORS, ("pod",))
     assert {where: (row.judged, row.bad) for (_, where), row in split.items()} == {
         "a": (100, 10),
         "c": (4, 3),
@@ -49,10 +49,18 @@ def test_the_pods_that_hold_the_bad_requests_most_first() -> None:
     assert lines[1].endswith("ttft 10") and lines[2].endswith("error 3")
 
 
-def test_by_takes_a_label_name_and_prometheus_only() -> None:
+def test_a_pod_is_its_namespace_and_name() -> None:
+    """Pods of one name in two namespaces stay apart."""
+    vectors = {REQUESTS: [(sample("a", namespace=ns, verdict="bad"), 1.0) for ns in "xy"]}
+    split = breakdown_from_vectors(vectors, ("namespace", "pod"))
+    assert sorted(where for _, where in split) == ["x/a", "y/a"]
+
+
+def test_by_takes_target_label_names_and_prometheus_only() -> None:
     parser = argparse.ArgumentParser()
     add_slo_arguments(parser)
     for argv in (["--metrics-url", "http://127.0.0.1:1/metrics", "--by", "pod"],
-                 ["--prometheus", "http://127.0.0.1:1", "--by", "pod name"]):  # fmt: skip
+                 ["--prometheus", "http://127.0.0.1:1", "--by", "pod name"],
+                 ["--prometheus", "http://127.0.0.1:1", "--by", "pod,verdict"]):  # fmt: skip
         with pytest.raises(ConfigError, match="--by"):
             run_slo_cli(parser.parse_args(argv), io.StringIO(), {})
