@@ -145,24 +145,29 @@ def rate(metric: str, selector: str = MODEL, fn: str = "rate") -> str:
     return f"{fn}({metric}{{{selector}}}[{RATE_INTERVAL}])"
 
 
-def quantile(q: float, histogram: str, selector: str = MODEL) -> str:
+def quantile(q: float, histogram: str, selector: str = MODEL, by: str = "") -> str:
     """From the native histogram where Prometheus has one (a few percent from the exact
-    quantile), else from the classic buckets (docs/metrics.md)."""
-    classic = f"histogram_quantile({q}, sum by (le) ({rate(histogram + '_bucket', selector)}))"
+    quantile), else from the classic buckets (docs/metrics.md); per ``by`` labels if any."""
+    classic_by = f"le, {by}" if by else "le"
+    classic = (
+        f"histogram_quantile({q}, sum by ({classic_by}) ({rate(histogram + '_bucket', selector)}))"
+    )
     if histogram not in NATIVE:
         return classic
-    return f"histogram_quantile({q}, sum({rate(histogram, selector)})) or {classic}"
+    group = f"sum by ({by}) " if by else "sum"
+    return f"histogram_quantile({q}, {group}({rate(histogram, selector)})) or {classic}"
 
 
 def total(metric: str, selector: str = MODEL) -> str:
     return f"sum({rate(metric, selector)})"
 
 
-def native_total(part: str, histogram: str, selector: str = MODEL) -> str:
+def native_total(part: str, histogram: str, selector: str = MODEL, by: str = "") -> str:
     """The rate of a histogram's count or sum (``part``), from the native histogram where
-    Prometheus keeps only that (2.40-2.44), else from the classic series."""
-    native = f"sum(histogram_{part}({rate(histogram, selector)}))"
-    return f"({native} or {total(f'{histogram}_{part}', selector)})"
+    Prometheus keeps only that (2.40-2.44), else from the classic series; per ``by``."""
+    group = f"sum by ({by}) " if by else "sum"
+    native = f"{group}(histogram_{part}({rate(histogram, selector)}))"
+    return f"({native} or {group}({rate(f'{histogram}_{part}', selector)}))"
 
 
 ITL_COUNT = native_total("count", ITL)
@@ -385,21 +390,14 @@ SLO_BUDGET = f"(1 - max by (gen_ai_request_model) ({SLO_TARGET}{{{MODEL}}}))"
 # The worst pods: each pod's TTFT P99, stalls per 1000 tokens, and error budget left over the
 # SLO window, joined by namespace and pod (a fleet's question: which pod to look at first; a
 # pod's name may repeat in another namespace)
-_BY_POD_TTFT = (
-    f"histogram_quantile(0.99, sum by (namespace, pod) ({rate(TTFT)})) or "
-    f"histogram_quantile(0.99, sum by (le, namespace, pod) ({rate(TTFT + '_bucket')}))"
-)
-_BY_POD_TOKENS = (
-    f"(sum by (namespace, pod) (histogram_count({rate(ITL)})) or "
-    f"sum by (namespace, pod) ({rate(ITL + '_count')}))"
-)
+_POD = "namespace, pod"
+_BY_POD_TTFT = quantile(0.99, TTFT, by=_POD)
+_BY_POD_TOKENS = native_total("count", ITL, by=_POD)
 _BY_POD_STALLS = (
-    f"1000 * (sum by (namespace, pod) ({rate(STALLS)}) or 0 * {_BY_POD_TOKENS}) / "
-    f"({_BY_POD_TOKENS} > 0)"
+    f"1000 * (sum by ({_POD}) ({rate(STALLS)}) or 0 * {_BY_POD_TOKENS}) / ({_BY_POD_TOKENS} > 0)"
 )
 _BY_POD_BUDGET = (
-    f"1 - ({_bad_ratio(SLO_WINDOW, by='namespace, pod')}) / "
-    f"(1 - max by (namespace, pod) ({SLO_TARGET}{{{MODEL}}}))"
+    f"1 - ({_bad_ratio(SLO_WINDOW, by=_POD)}) / (1 - max by ({_POD}) ({SLO_TARGET}{{{MODEL}}}))"
 )
 WORST_PODS = {"TTFT P99": _BY_POD_TTFT, "Stalls / 1k tokens": _BY_POD_STALLS,
               "Budget left": _BY_POD_BUDGET}  # fmt: skip
@@ -725,7 +723,7 @@ def tenants_row() -> list[Json]:
     bad_selector = MODEL + ', verdict="bad"'
     bad = f"sum by (tenant) ({rate(SLO_REQUESTS, bad_selector)})"
     judged = f"sum by (tenant) ({rate(SLO_REQUESTS)})"
-    ttft = f"histogram_quantile(0.99, sum by (le, tenant) ({rate(TTFT + '_bucket')}))"
+    ttft = quantile(0.99, TTFT, by="tenant")
     return [
         timeseries(
             "Requests by tenant",

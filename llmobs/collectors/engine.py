@@ -30,7 +30,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from llmobs.collectors.base import PollingCollector, Unavailable
 from llmobs.export.metrics import catalogue as m
-from llmobs.observe.labels import MAX_LABEL_LENGTH
+from llmobs.observe.labels import bounded
 
 Callback = Callable[[CallbackOptions], Iterable[Observation]]
 MAX_BYTES = 16 * 1024**2  # a larger exposition is refused (an error)
@@ -340,7 +340,9 @@ def adapters_of(body: bytes) -> tuple[tuple[str, str], ...]:
             continue
         name, parent = card.get("id"), card.get("parent")
         if isinstance(name, str) and isinstance(parent, str) and parent and parent != name:
-            found.append((name[:MAX_LABEL_LENGTH], parent[:MAX_LABEL_LENGTH]))
+            adapter, base = bounded(name), bounded(parent)
+            if adapter is not None and base is not None:  # labels: valid Unicode, bounded
+                found.append((adapter, base))
     return tuple(found[:MAX_ADAPTERS])
 
 

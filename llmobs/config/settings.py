@@ -313,7 +313,8 @@ class Settings:
     )  # fmt: skip
     tenant_fingerprints: bool = option(
         False, parse_bool, "tenants: a key the --tenant-keys file does not name is labelled "
-        "key-<12 hex digits of its SHA-256> (else by --tenant-header, or unknown)", "BOOL",
+        "key-<12 hex digits of its SHA-256> when no --tenant-header value names the tenant "
+        "(else unknown)", "BOOL",
     )  # fmt: skip
     max_tenants: int = option(
         32, int, "distinct tenant label values before new ones are reported as 'other' (the "
@@ -334,8 +335,8 @@ class Settings:
     )  # fmt: skip
     provider_name: str = option(
         "auto", str, "the gen_ai.provider.name on the GenAI metrics and spans: auto (the "
-        "engine its metrics name, else the one whose own API the requests speak, else "
-        "unknown) or a name, e.g. vllm", "NAME",
+        "engine its metrics name; if they name none, Ollama or Triton from a request in its "
+        "own API answered with a 2xx; else unknown) or a name, e.g. vllm", "NAME",
     )  # fmt: skip
     traces_good_ratio: float = option(
         1.0,

@@ -26,6 +26,8 @@ from typing import Any, cast
 import numpy as np
 
 from llmobs.export.metrics.query import quantile
+from llmobs.observe.causes import STALL_CAUSES
+from llmobs.observe.phases import Phase
 
 ALL = "all"  # every model together
 MODEL_SLOTS = 9  # "all" and up to 8 models
@@ -36,8 +38,8 @@ ITL_BANDS = (0.05, 0.1, 0.25)
 BAND_NAMES = ("itl_le_50ms", "itl_50_100ms", "itl_100_250ms", "itl_gt_250ms")
 # why it was slow: stalls per second by cause, and the mean request's TTFT by phase over
 # the last QUANTILE_WINDOW_S (observe.causes, observe.phases)
-CAUSES = ("prefill", "preemption", "engine_pause", "client", "unknown")
-PHASES = ("before_engine", "load", "queue", "prefill", "other")
+CAUSES = tuple(cause.value for cause in STALL_CAUSES)
+PHASES = tuple(phase.value for phase in Phase)
 CAUSE_NAMES = tuple(f"stalls_{cause}" for cause in CAUSES)
 PHASE_NAMES = tuple(f"ttft_{phase}" for phase in PHASES)
 PER_MODEL = (
@@ -65,8 +67,8 @@ class ModelTotals:
     good: float = 0.0
     bad: float = 0.0
     good_tokens: float = 0.0
-    causes: Sequence[float] = (0.0,) * 5  # stalls by cause, in ``CAUSES``' order
-    phases: Sequence[float] = (0.0,) * 5  # seconds of TTFT by phase, in ``PHASES``' order
+    causes: Sequence[float] = (0.0,) * len(CAUSES)  # stalls by cause, in ``CAUSES``' order
+    phases: Sequence[float] = (0.0,) * len(PHASES)  # seconds of TTFT by phase, in this order
     cost: float | None = None  # what the tokens cost, in the price file's (None: no file)
 
 

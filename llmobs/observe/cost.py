@@ -9,9 +9,15 @@ chunks); an engine that reports no input count costs its output alone.
 from __future__ import annotations
 
 from llmobs.config.prices import Price
+from llmobs.observe.slo import Verdict
 from llmobs.observe.timing import RequestStats
 
 PER = 1_000_000  # prices are per million tokens
+
+
+def cost_verdict(verdict: Verdict | None) -> str:
+    """The ``verdict`` label of a request's cost: good, bad, or none (judged in neither)."""
+    return "none" if verdict is None else "good" if verdict.good else "bad"
 
 
 def request_cost(price: Price | None, s: RequestStats) -> float | None:

@@ -35,7 +35,7 @@ class BoundedLabel:
         value = value[:MAX_LABEL_LENGTH]
         if value in self._known or value in self._reserved:
             return value
-        if admit and len(self._known) < self.limit and _encodes(value):
+        if admit and len(self._known) < self.limit and bounded(value) is not None:
             self._known.add(value)
             return value
         return OTHER
@@ -44,11 +44,13 @@ class BoundedLabel:
         return len(self._known)
 
 
-def _encodes(value: str) -> bool:
-    """Whether ``value`` is valid Unicode: a lone surrogate (a JSON escape the stdlib's
-    parser accepts) would make every later rendering of /metrics fail to encode."""
+def bounded(value: str) -> str | None:
+    """``value`` as a label may hold it: cut to ``MAX_LABEL_LENGTH``; None when it is not
+    valid Unicode (a lone surrogate, a JSON escape the stdlib's parser accepts, would make
+    every later rendering of /metrics fail to encode). For any label from outside."""
+    value = value[:MAX_LABEL_LENGTH]
     try:
         value.encode("utf-8")
     except UnicodeEncodeError:
-        return False
-    return True
+        return None
+    return value

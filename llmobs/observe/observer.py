@@ -299,6 +299,8 @@ class Observer:
                 trace_ref = self._trace_ref(self._trace)
         except Exception:
             self._fail("finish")
+            if not tenant:  # labels() failed: the tenant's label for "none named" ("" if off)
+                tenant = self._sink.labels(None, None, False)[1]
         return RequestRecord(
             record, tuple(windows), verdict, trace_ref, label, phases, stalls, tenant, cost
         )

@@ -23,7 +23,6 @@ import os
 import re
 import socket
 import sys
-import time
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -447,22 +446,20 @@ def query_prometheus(
     return out
 
 
-def read_breakdown(base: str, window: str, end: float | None, by: Sequence[str]) -> Breakdown:
-    """Where the misses are over ``window``: the rows per label set and ``by`` values."""
+def read_report(
+    base: str, window: str, end: float | None = None, by: Sequence[str] = ()
+) -> tuple[dict[Key, Row], Breakdown | None]:
+    """The rows of every sidecar Prometheus scrapes, over ``window``, and with ``by`` where
+    their misses are (one round of queries: the rows are the breakdown's sums);
+    ``CannotJudge`` when there are none to judge by."""
     vectors = query_prometheus(base, window, end, queries=_queries(window, tuple(by)))
-    return breakdown_from_vectors(vectors, by)
-
-
-def read_prometheus(base: str, window: str, end: float | None = None) -> dict[Key, Row]:
-    """The rows of every sidecar Prometheus scrapes, over ``window``; ``CannotJudge`` when
-    there are none to judge by."""
-    rows = rows_from_vectors(query_prometheus(base, window, end))
+    rows = rows_from_vectors(vectors)
     if not rows:
         raise CannotJudge(
             f"no request judged at {base} over the last {window}: check that Prometheus "
             f"scrapes the sidecars ({SLO_REQUESTS.prometheus}) and that requests ran then"
         )
-    return rows
+    return rows, breakdown_from_vectors(vectors, by) if by else None
 
 
 def add_source_arguments(parser: argparse.ArgumentParser) -> None:
@@ -532,9 +529,22 @@ def read_source(
     return prometheus(args.prometheus, window, args.end), f"{args.prometheus}, the last {window}"
 
 
-def _read(args: argparse.Namespace, environ: Mapping[str, str]) -> tuple[dict[Key, Row], str]:
-    """The rows to judge, and where they come from."""
-    return read_source(args, environ, read_sidecar, read_prometheus)
+Report = tuple[dict[Key, Row], Breakdown | None]
+
+
+def _read(
+    args: argparse.Namespace, environ: Mapping[str, str], by: Sequence[str]
+) -> tuple[Report, str]:
+    """The rows to judge (and, ``by`` labels, where their misses are), and where they come
+    from."""
+
+    def sidecar(url: str, token: str) -> Report:
+        return read_sidecar(url, token), None
+
+    def prometheus(base: str, window: str, end: float | None) -> Report:
+        return read_report(base, window, end, by)
+
+    return read_source(args, environ, sidecar, prometheus)
 
 
 _GROUPED = frozenset({_OP, _MODEL, _TENANT, "verdict", "objective", "cause", "currency"})
@@ -561,11 +571,8 @@ def run_slo_cli(
     if args.target is not None and not 0 < args.target < 1:
         raise ConfigError("--target: must be above 0 and below 1")
     by = _by_labels(args)
-    if by and args.end is None:  # the report and its breakdown at one instant, so they agree
-        args.end = time.time()
     try:
-        rows, source = _read(args, os.environ if environ is None else environ)
-        split = read_breakdown(args.prometheus, args.range, args.end, by) if by else None
+        (rows, split), source = _read(args, os.environ if environ is None else environ, by)
     except CannotJudge as exc:
         print(f"llmobs slo: cannot judge: {exc}.", file=sys.stderr)
         if args.json:

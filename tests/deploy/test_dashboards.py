@@ -21,7 +21,18 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 
 from llmobs.export.metrics.catalogue import CATALOGUE, LATEST_USAGE, Kind
 from llmobs.export.telemetry import build_telemetry
-from tests.support.fake_nvml import GIB, FakeGpu, FakeNvml
+from tests.support.dashboards import (
+    DASHBOARD,
+    GPUS,
+    MODEL_SHAPE,
+    Json,
+    label_values,
+    load,
+    panels,
+    queries,
+    substitute,
+)
+from tests.support.fake_nvml import FakeNvml
 from tests.support.prom import (
     ROOT,
     RULES,
@@ -31,10 +42,9 @@ from tests.support.prom import (
     needs_prometheus,
     streaming_load,
 )
-from tests.support.promql import metric_names, unknown_metrics, variable_selector
+from tests.support.promql import metric_names, unknown_metrics
 from tests.support.servers import SidecarFactory, SimFactory
 
-DASHBOARD = ROOT / "dashboards" / "llmobs.json"
 GENERATOR = ROOT / "dashboards" / "generate.py"
 PROVISIONING = ROOT / "dashboards" / "provisioning"
 
@@ -45,32 +55,6 @@ ROWS = (
     "Errors and outcomes",
     "Distributions", "GPU", "Sidecar health",
 )  # fmt: skip
-
-Json = dict[str, Any]
-
-
-def load() -> Json:
-    data: Json = json.loads(DASHBOARD.read_text())
-    return data
-
-
-def panels(dashboard: Json) -> Iterator[Json]:
-    """Every panel, those inside collapsed rows included."""
-    for p in dashboard["panels"]:
-        yield p
-        yield from p.get("panels", [])
-
-
-def queries(dashboard: Json) -> Iterator[tuple[str, str]]:
-    """(where, PromQL) for every panel target and every variable's selector."""
-    for p in panels(dashboard):
-        for t in p.get("targets", []):
-            yield f"panel {p['title']!r} {t['refId']}", t["expr"]
-    for v in dashboard["templating"]["list"]:
-        if v["type"] == "query":
-            selector, _ = variable_selector(v["query"]["query"])
-            if selector is not None:
-                yield f"variable {v['name']!r}", selector
 
 
 def catalogue_problems(dashboard: Json) -> list[str]:
@@ -344,7 +328,6 @@ def test_exemplars_lead_from_the_panels_to_the_traces() -> None:
 
 MODEL = "sim-llama-3-8b"
 LABELS = {"namespace": "demo", "pod": "llm-0"}
-RATE_INTERVAL = "10s"  # Grafana's $__rate_interval for a 1 s scrape would be 4 s; leave room
 ALL = {"namespace": ".*", "job": ".*", "pod": ".*", "model": ".*", "slo_window": "28d"}
 ONE = {
     "namespace": LABELS["namespace"],
@@ -356,25 +339,6 @@ ONE = {
 DATA_TIMEOUT = 40.0
 
 
-def substitute(expr: str, values: dict[str, str]) -> str:
-    out = expr.replace("$__rate_interval", RATE_INTERVAL)
-    for name, value in values.items():
-        out = out.replace(f"${name}", value)
-    assert "$" not in out.replace('"$1"', ""), out
-    return out
-
-
-# Two GPUs seen through a fake NVML: one with GPM (source="gpm"), one without (the
-# memory-controller fallback, source="mem_util"); and Llama-3-8B's shape in bf16 with the H100's
-# dense peak, so that MBU and MFU are computed from the sidecar's own TPOT and TTFT.
-GPUS = [
-    FakeGpu("GPU-dash-0", gpm=True, dram_bw_util=42.0),
-    FakeGpu("GPU-dash-1", name="NVIDIA A100-SXM4-80GB", used=70 * GIB, max_mem_clock_mhz=1593.0),
-]
-MODEL_SHAPE: dict[str, Any] = {
-    "model_params": 8e9, "weight_dtype": "bf16", "model_layers": 32, "model_kv_heads": 8,
-    "model_head_dim": 128, "gpu_peak_flops": 989e12,
-}  # fmt: skip
 COLLECTORS = {"gpu_sample_interval": 0.2, "engine_scrape_interval": 0.2}
 
 
@@ -476,14 +440,6 @@ async def test_quantiles_read_the_native_histograms(
         classic = await prom.query(f"{next(iter(NATIVE))}_bucket")
     assert not pending, "no data from:\n" + "\n".join(map(str, sorted(pending)))
     assert classic == []  # it did read them natively: 2.42 keeps no classic series of them
-
-
-async def label_values(prom: Prometheus, query: str) -> list[str]:
-    """What Grafana's label_values(selector, label) offers, through /api/v1/series."""
-    selector, label = variable_selector(query)
-    assert selector is not None
-    found = {s[label] for s in await prom.series(selector) if label in s}
-    return sorted(found)
 
 
 def test_substitution_leaves_no_variable() -> None:

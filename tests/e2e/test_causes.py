@@ -8,8 +8,6 @@ stall, classified ``client``, while the engine's stream stays steady."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import io
 import json
 import random
 import socket
@@ -21,11 +19,10 @@ from typing import Any
 import aiohttp
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from llmobs.__main__ import main
 from llmobs.export.telemetry import build_telemetry
 from llmobs.sim.engine import SimPause
-from tests.e2e.test_slo import until
-from tests.support.prom import Prometheus, Target, needs_prometheus
+from tests.support.cli import cli
+from tests.support.prom import Prometheus, Target, needs_prometheus, until
 from tests.support.scripted import Script, ScriptedUpstream, chat_chunk, sse
 from tests.support.servers import (
     AppFactory,
@@ -173,13 +170,6 @@ WHY_SLO: dict[str, Any] = {"slo_ttft": 0.15, "slo_no_stalls": True}
 WHY_REQUESTS = 6
 
 
-def why_cli(*args: str) -> tuple[int, str]:
-    out = io.StringIO()
-    with contextlib.redirect_stdout(out):
-        code = main(["why", *args])
-    return code, out.getvalue()
-
-
 async def why_traffic(side: SidecarHandle) -> None:
     """Six requests at once on a batch of one: all but the first wait in the engine's queue
     (about 0.3 s each), and the engine pauses every 8th step."""
@@ -193,11 +183,11 @@ async def test_llmobs_why_reads_the_causes_off_a_sidecar(
 ) -> None:
     sim = await start_sim(**WHY_ENGINE)
     side = await start_sidecar(sim.url, **WHY_SLO)
-    code, text = await asyncio.to_thread(why_cli, "--metrics-url", side.metrics_url + "/metrics")
+    code, text = await asyncio.to_thread(cli, "why", "--metrics-url", side.metrics_url + "/metrics")
     assert code == 2 and text == ""  # nothing slow yet: nothing to say
     await why_traffic(side)
     code, text = await asyncio.to_thread(
-        why_cli, "--metrics-url", side.metrics_url + "/metrics", "--json"
+        cli, "why", "--metrics-url", side.metrics_url + "/metrics", "--json"
     )
     assert code == 0, text
     every = json.loads(text)["label_sets"][0]
@@ -211,7 +201,7 @@ async def test_llmobs_why_reads_the_causes_off_a_sidecar(
     # every stall is the engine's pause (one stream at a time), as counted
     assert every["stalls"] == {"engine_pause": side.value("llmobs_stalls_total")}
     assert every["stalls"]["engine_pause"] >= WHY_REQUESTS
-    code, text = await asyncio.to_thread(why_cli, "--metrics-url", side.metrics_url + "/metrics")
+    code, text = await asyncio.to_thread(cli, "why", "--metrics-url", side.metrics_url + "/metrics")
     assert code == 0
     lines = text.splitlines()
     assert lines[1] == "all requests:"
@@ -232,7 +222,7 @@ async def test_llmobs_why_reads_the_causes_off_prometheus(
         await why_traffic(side)
         await until(prom, "sum(llmobs_stalls_total)", side.value("llmobs_stalls_total"))
         code, text = await asyncio.to_thread(
-            why_cli, "--prometheus", prom.url, "--range", "5m", "--json"
+            cli, "why", "--prometheus", prom.url, "--range", "5m", "--json"
         )
     assert code == 0, text
     every = json.loads(text)["label_sets"][0]

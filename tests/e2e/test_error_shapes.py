@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import socket
 
 import anthropic
 import huggingface_hub
@@ -16,21 +15,16 @@ import pytest
 from huggingface_hub.errors import GenerationError
 
 from llmobs.observe.dialects.errors import error_body
+from tests.support.prom import free_port
 from tests.support.servers import SidecarFactory
 
 MESSAGE = "upstream unavailable"
 
 
-def closed_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @pytest.fixture
 async def gone(start_sidecar: SidecarFactory) -> str:
     """A sidecar whose engine is not there: every request gets the sidecar's 502."""
-    side = await start_sidecar(f"http://127.0.0.1:{closed_port()}")
+    side = await start_sidecar(f"http://127.0.0.1:{free_port()}")
     return side.url
 
 

@@ -15,8 +15,6 @@ would: the classic buckets' quantiles must fall in the bucket of the exact one.
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import io
 import json
 import math
 from collections import Counter
@@ -28,12 +26,12 @@ from typing import Any
 import numpy as np
 import pytest
 
-from llmobs.__main__ import main
 from llmobs.config.otel import otel_settings
 from llmobs.export.metrics import catalogue as c
 from llmobs.export.telemetry import build_telemetry
 from llmobs.tools.traffic import Workload, run_load
-from tests.deploy.test_dashboards import (
+from tests.support.cli import cli
+from tests.support.dashboards import (
     GPUS,
     MODEL_SHAPE,
     label_values,
@@ -44,7 +42,15 @@ from tests.deploy.test_dashboards import (
 )
 from tests.support.fake_nvml import FakeNvml
 from tests.support.otlp import OtlpReceiver, attributes
-from tests.support.prom import RULES, Prometheus, Target, fast_alerts, finite, needs_prometheus
+from tests.support.prom import (
+    RULES,
+    Prometheus,
+    Target,
+    fast_alerts,
+    finite,
+    needs_prometheus,
+    until,
+)
 from tests.support.promql import metric_names
 from tests.support.servers import AppFactory, SidecarFactory, SidecarHandle, SimFactory
 
@@ -154,25 +160,6 @@ async def scalar(prom: Prometheus, expr: str) -> float:
     return value
 
 
-async def settled(prom: Prometheus, expr: str, want: float) -> None:
-    """Wait (30 s at most) until ``expr`` is ``want`` there (the remote writes' lag)."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + 30.0
-    while True:
-        got = await prom.query(expr)
-        if got and got[0][1] == want:
-            return
-        assert loop.time() < deadline, f"{expr} = {got}, not {want}"
-        await asyncio.sleep(0.5)
-
-
-def slo_cli(*args: str) -> tuple[int, str]:
-    out = io.StringIO()
-    with contextlib.redirect_stdout(out):
-        code = main(["slo", *args])
-    return code, out.getvalue()
-
-
 @needs_prometheus
 @pytest.mark.timeout(300)
 async def test_the_fleet_answers_equal_the_truth(
@@ -209,8 +196,8 @@ async def test_the_fleet_answers_equal_the_truth(
         # every pod's samples flowing to both before the first request: a series' first
         # sample is then its 0 (the closed label sets', born at start-up)
         active = c.ACTIVE.prometheus
-        await settled(central, f"count({active})", len(PODS))
-        await settled(classic, f"count({active})", len(PODS))
+        await until(central, f"count({active})", len(PODS))
+        await until(classic, f"count({active})", len(PODS))
         dashboard = asyncio.ensure_future(panels_answer(central, classic))
         await asyncio.gather(*(
             run_load(side.url, Workload(pod.model, seed=i, long_share=0.0, dialect="mixed"),
@@ -224,8 +211,8 @@ async def test_the_fleet_answers_equal_the_truth(
             await asyncio.to_thread(export_traces, side)
         truth = truth_of(receiver)
         assert truth.requests == REQUESTS * len(PODS)
-        await settled(central, "sum(llmobs_requests_total)", truth.requests)
-        await settled(classic, "sum(llmobs_requests_total)", truth.requests)
+        await until(central, "sum(llmobs_requests_total)", truth.requests)
+        await until(classic, "sum(llmobs_requests_total)", truth.requests)
         figures = await check_answers(central, classic, truth)
         await check_alerts_and_gate(central, truth)
         worst = await worst_pods(central)
@@ -238,6 +225,8 @@ async def test_the_fleet_answers_equal_the_truth(
     assert not missing, "no data (or not finite) from:\n" + "\n".join(map(str, missing))
     # the table points at the pod to open: the queue-bound one's TTFT, the stuttering one's
     # stalls, the failing one's budget
+    for column in worst.values():  # a row per pod, in every column
+        assert set(column) == {pod.name for pod in PODS}, worst
     assert max(worst["TTFT P99"], key=worst["TTFT P99"].__getitem__) == "llm-1"
     assert max(worst["Stalls / 1k tokens"], key=worst["Stalls / 1k tokens"].__getitem__) == "llm-2"
     assert min(worst["Budget left"], key=worst["Budget left"].__getitem__) == "llm-3"
@@ -306,20 +295,31 @@ async def check_alerts_and_gate(central: Prometheus, truth: Truth) -> None:
     deadline = loop.time() + 40.0
     firing: set[str] = set()
     while not firing and loop.time() < deadline:
-        alerts = await central.alerts()
-        firing = {a["labels"]["gen_ai_request_model"] for a in alerts
-                  if a["labels"]["alertname"] == "LLMObsSLOErrorBudgetBurn"
-                  and a["state"] == "firing"}  # fmt: skip
+        firing = await paging(central, ("firing",))
         await asyncio.sleep(1.0)
     assert firing == {"chat-3b"}
+    await asyncio.sleep(3.0)  # three evaluations later, no other label set even pending
+    assert await paging(central, ("pending", "firing")) == {"chat-3b"}
     code, text = await asyncio.to_thread(
-        slo_cli, "--prometheus", central.url, "--range", "5m", "--by", "pod", "--json"
+        cli, "slo", "--prometheus", central.url, "--range", "5m", "--by", "pod", "--json"
     )
     assert code == 1  # chat-3b is below its target
     report = json.loads(text)
-    held = {(s["model"], s["pod"]): s["bad"] for s in report["misses_by"]["label_sets"]}
-    assert {pod for _, pod in held} == set(truth.bad_by_pod)
-    assert ("chat-3b", "llm-3") in held
+    held: Counter[str] = Counter()
+    for row in report["misses_by"]["label_sets"]:
+        assert (row["model"], row["pod"]) == ("chat-3b", "llm-3")
+        held[row["pod"]] += row["bad"]
+    # increase() over the range, extrapolated from the first and last samples: near the truth
+    assert set(held) == set(truth.bad_by_pod)
+    for pod, bad in truth.bad_by_pod.items():
+        assert 0.5 * bad <= held[pod] <= 1.5 * bad, (held, truth.bad_by_pod)
+
+
+async def paging(central: Prometheus, states: tuple[str, ...]) -> set[str]:
+    """The models the page alert is in one of ``states`` for, at the central Prometheus."""
+    return {a["labels"]["gen_ai_request_model"] for a in await central.alerts()
+            if a["labels"]["alertname"] == "LLMObsSLOErrorBudgetBurn"
+            and a["state"] in states}  # fmt: skip
 
 
 EVERY = {"namespace": ".*", "job": ".*", "pod": ".*", "model": ".*", "slo_window": "1h"}
@@ -331,7 +331,7 @@ async def worst_pods(central: Prometheus) -> dict[str, dict[str, float]]:
     (table,) = [p for p in panels(load()) if p["title"] == "Worst pods"]
     out = {}
     for t in table["targets"]:
-        expr = substitute(t["expr"].replace("$__rate_interval", "5m"), EVERY)
+        expr = substitute(t["expr"], EVERY, rate_interval="5m")
         out[t["legendFormat"]] = {s["pod"]: v for s, v in await central.query(expr)}
     return out
 

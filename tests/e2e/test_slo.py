@@ -6,8 +6,6 @@ sidecar's /metrics and a real Prometheus."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import io
 import json
 from pathlib import Path
 from typing import Any
@@ -15,11 +13,11 @@ from typing import Any
 import aiohttp
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from llmobs.__main__ import main
 from llmobs.export.telemetry import build_telemetry
 from llmobs.sim.faults import FAULT_HEADER
 from llmobs.tools.slo_report import rows_from_metrics
-from tests.support.prom import RULES, Prometheus, Target, needs_prometheus
+from tests.support.cli import cli
+from tests.support.prom import RULES, Prometheus, Target, needs_prometheus, until
 from tests.support.servers import SidecarFactory, SidecarHandle, SimFactory, eventually
 
 MODEL = "sim-llama-3-8b"
@@ -72,13 +70,6 @@ async def metrics_text(side: SidecarHandle) -> str:
         return await r.text()
 
 
-def slo_cli(*args: str) -> tuple[int, str]:
-    out = io.StringIO()
-    with contextlib.redirect_stdout(out):
-        code = main(["slo", *args])
-    return code, out.getvalue()
-
-
 async def test_requests_are_judged_exactly_and_bad_traces_kept(
     start_sim: SimFactory, start_sidecar: SidecarFactory
 ) -> None:
@@ -115,28 +106,20 @@ async def test_requests_are_judged_exactly_and_bad_traces_kept(
 
     # the gate: 6 of 9 good is below 0.9; at 0.5 it passes
     metrics = side.metrics_url + "/metrics"
-    code, text = await asyncio.to_thread(slo_cli, "--metrics-url", metrics)
+    code, text = await asyncio.to_thread(cli, "slo", "--metrics-url", metrics)
     assert code == 1, text
     assert "66.667%" in text and "ttft 2, error 1" in text and "objectives missed" in text
-    code, text = await asyncio.to_thread(slo_cli, "--metrics-url", metrics, "--target", "0.5")
+    code, text = await asyncio.to_thread(cli, "slo", "--metrics-url", metrics, "--target", "0.5")
     assert code == 0 and "all objectives met" in text, text
     code, text = await asyncio.to_thread(
-        slo_cli, "--metrics-url", metrics, "--target", "0.5", "--json"
+        cli, "slo", "--metrics-url", metrics, "--target", "0.5", "--json"
     )
     assert (code, json.loads(text)["outcome"]) == (0, "met"), text
-    code, text = await asyncio.to_thread(slo_cli, "--metrics-url", metrics, "--json")
+    code, text = await asyncio.to_thread(cli, "slo", "--metrics-url", metrics, "--json")
     report = json.loads(text)
     assert code == 1 and report["passed"] is False and report["outcome"] == "missed"
     (label_set,) = [r for r in report["label_sets"] if r["model"] == MODEL]
     assert label_set["misses"] == {"ttft": SLOW, "error": FAILED}
-
-
-async def until(prom: Prometheus, query: str, value: float) -> None:
-    """Wait (30 s at most) until Prometheus has scraped ``query`` at ``value``."""
-    deadline = asyncio.get_running_loop().time() + 30.0
-    while not [v for _, v in await prom.query(query) if v == value]:
-        assert asyncio.get_running_loop().time() < deadline, f"Prometheus never saw {query}"
-        await asyncio.sleep(0.3)
 
 
 @needs_prometheus
@@ -153,7 +136,7 @@ async def test_the_gate_reads_prometheus_over_a_range(
         await until(prom, 'sum(llmobs_slo_requests_total{verdict="bad"})', 0)
         await traffic(side)
         await until(prom, 'sum(llmobs_slo_requests_total{verdict="bad"})', SLOW + FAILED)
-        code, text = await asyncio.to_thread(slo_cli, "--prometheus", prom.url, "--range", "5m")
+        code, text = await asyncio.to_thread(cli, "slo", "--prometheus", prom.url, "--range", "5m")
     assert code == 1, text
     assert "ttft" in text and "error" in text and MODEL in text
 

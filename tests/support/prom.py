@@ -219,6 +219,14 @@ class Prometheus:
         return self.log.read_text(errors="replace")
 
 
+async def until(prom: Prometheus, query: str, value: float) -> None:
+    """Wait (30 s at most) until a sample of ``query`` is ``value`` (scraped, remote-written)."""
+    deadline = asyncio.get_running_loop().time() + 30.0
+    while not [v for _, v in await prom.query(query) if v == value]:
+        assert asyncio.get_running_loop().time() < deadline, f"Prometheus never saw {query}"
+        await asyncio.sleep(0.3)
+
+
 def finite(samples: list[tuple[dict[str, str], float]]) -> bool:
     """Non-empty, and every value a finite number."""
     return bool(samples) and all(math.isfinite(v) for _, v in samples)

@@ -22,6 +22,8 @@ import dataclasses
 import enum
 from dataclasses import dataclass
 
+from llmobs.config.buckets import FAMILIES as BUCKET_FAMILIES
+from llmobs.config.tenants import METRIC_NAMES as TENANT_METRIC_NAMES
 from llmobs.export.metrics.native import Layout
 
 
@@ -38,7 +40,8 @@ OPERATION = "gen_ai.operation.name"
 MODEL = "gen_ai.request.model"
 TOKEN_TYPE = "gen_ai.token.type"  # v1.41's; the newest conventions split usage by name
 PROVIDER = "gen_ai.provider.name"  # one value per sidecar (config.provider): the engine
-MODALITY = "gen_ai.token.modality"  # the newest usage counters': always "unknown" here
+MODALITY = "gen_ai.token.modality"  # the newest usage counters'
+NO_MODALITY = "unknown"  # its value here: no engine reports usage by modality
 OUTCOME = "outcome"
 STATUS_CLASS = "status_class"
 FINISH_REASON = "finish_reason"
@@ -513,25 +516,17 @@ def request_metrics(latest: bool = False) -> tuple[MetricDef, ...]:
 
 
 # The histograms whose classic buckets ``--buckets`` can set (``config.buckets.FAMILIES``)
-BUCKET_METRICS: dict[str, MetricDef] = {
-    "ttft": TTFT, "phases": TTFT_PHASE, "tpot": TPOT, "duration": DURATION, "itl": ITL,
-}  # fmt: skip
+BUCKET_METRICS: dict[str, MetricDef] = dict(
+    zip(BUCKET_FAMILIES, (TTFT, TTFT_PHASE, TPOT, DURATION, ITL), strict=True)
+)
 
 # The request families a tenant label can be put on, by the names ``--tenant-metrics`` takes
 # (``config.tenants.METRIC_NAMES``)
-TENANT_METRICS: dict[str, tuple[MetricDef, ...]] = {
-    "requests": (REQUESTS,),
-    "ttft": (TTFT,),
-    "phases": (TTFT_PHASE,),
-    "tpot": (TPOT,),
-    "duration": (DURATION,),
-    "itl": (ITL, ITL_SQUARES),
-    "stalls": (STALLS,),
-    "smoothness": (SMOOTHNESS,),
-    "tokens": (TOKENS, TOKEN_USAGE, *LATEST_USAGE),
-    "slo": (SLO_REQUESTS, SLO_MISSES, SLO_OUTPUT_TOKENS, SLO_TARGET, SLO_WINDOW),
-    "cost": (COST,),
-}
+TENANT_METRICS: dict[str, tuple[MetricDef, ...]] = dict(zip(TENANT_METRIC_NAMES, (
+    (REQUESTS,), (TTFT,), (TTFT_PHASE,), (TPOT,), (DURATION,), (ITL, ITL_SQUARES), (STALLS,),
+    (SMOOTHNESS,), (TOKENS, TOKEN_USAGE, *LATEST_USAGE),
+    (SLO_REQUESTS, SLO_MISSES, SLO_OUTPUT_TOKENS, SLO_TARGET, SLO_WINDOW), (COST,),
+), strict=True))  # fmt: skip
 
 
 def status_class(status: int) -> str:

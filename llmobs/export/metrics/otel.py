@@ -37,6 +37,7 @@ from llmobs.export.metrics.catalogue import (
     MALFORMED,
     MODALITY,
     MODEL,
+    NO_MODALITY,
     OBJECTIVE,
     OBSERVER_ERRORS,
     OPERATION,
@@ -70,6 +71,7 @@ from llmobs.export.metrics.catalogue import (
     status_class,
 )
 from llmobs.observe.causes import Stall, count_causes
+from llmobs.observe.cost import cost_verdict
 from llmobs.observe.provider import Provider
 from llmobs.observe.record import RequestRecord
 from llmobs.observe.slo import Verdict
@@ -158,7 +160,7 @@ class OtelMetrics:
         """A finished request: its series, its verdict, its label set's objective once."""
         s, _, verdict, _, label, phases, stalls, tenant, cost = record
         op = s.operation
-        self._tenant = tenant or "unknown"
+        self._tenant = tenant
         if (op, label, tenant) not in self._seen:
             self._seen.add((op, label, tenant))
             objective_set = self._objectives.for_request(op, label, tenant or None)
@@ -172,7 +174,7 @@ class OtelMetrics:
         if verdict is not None:
             self.record_verdict(verdict, s.output_tokens, op, label)
         if cost is not None and self._currency:
-            judged = "none" if verdict is None else "good" if verdict.good else "bad"
+            judged = cost_verdict(verdict)
             attrs = {OPERATION: op, MODEL: label, VERDICT: judged, CURRENCY: self._currency}
             self.add(COST, cost, attrs)
 
@@ -237,4 +239,4 @@ class OtelMetrics:
             return
         if kind in ("input", "output"):
             self.record(INPUT_TOKENS if kind == "input" else OUTPUT_TOKENS, count, genai)
-        self.add(USAGE_BY_TYPE[kind], count, {**genai, MODALITY: "unknown"})
+        self.add(USAGE_BY_TYPE[kind], count, {**genai, MODALITY: NO_MODALITY})

@@ -39,6 +39,7 @@ from llmobs.export.metrics.catalogue import (
     ITL,
     ITL_SQUARES,
     MALFORMED,
+    NO_MODALITY,
     OBSERVER_ERRORS,
     OUTPUT_TOKENS,
     PROVIDER,
@@ -73,6 +74,7 @@ from llmobs.export.metrics.series import (
     TokenHistogram,
 )
 from llmobs.observe.causes import STALL_CAUSES, count_causes
+from llmobs.observe.cost import cost_verdict
 from llmobs.observe.dialects import OPERATIONS
 from llmobs.observe.labels import OTHER, UNKNOWN, BoundedLabel
 from llmobs.observe.phases import Phase, TtftPhases
@@ -88,7 +90,6 @@ _STATUS_CLASSES = {status: status_class(status) for status in range(600)}
 # histogram of each instead)
 _OBSERVED = (DURATION, TTFT, TPOT, SMOOTHNESS, ENGINE_PROMPT_EVAL, ENGINE_LOAD)
 _USAGE_TYPES = {"input": 0, "output": 1}  # their place after _OBSERVED's
-_MODALITY = "unknown"  # the newest usage counters' modality: no engine reports one
 # then the TTFT phase histogram once per phase, in this order (``TtftPhases``' fields')
 _PHASES = (Phase.BEFORE_ENGINE, Phase.LOAD, Phase.QUEUE, Phase.PREFILL, Phase.OTHER)
 _NO_PHASES = (None,) * len(_PHASES)
@@ -119,7 +120,7 @@ class _LabelSet:
             return (*values, provider) if PROVIDER in metric.labels else values
 
         self.requests, self.tokens, self.stalls = prefix(REQUESTS), prefix(TOKENS), prefix(STALLS)
-        self.usage = (*prefix(USAGE_INPUT), _MODALITY)  # the newest usage counters' labels
+        self.usage = (*prefix(USAGE_INPUT), NO_MODALITY)  # the newest usage counters' labels
         self.slo, self.cost, self.itl = prefix(SLO_REQUESTS), prefix(COST), prefix(ITL)
         self.good = (*self.slo, "good")  # the SLO series' label values, by verdict
         self.bad = (*self.slo, "bad")
@@ -368,8 +369,8 @@ class MetricsSink:
         """The record of a request no observer saw to its end (one the server refused
         unparsed): labelled and judged here as an observer would, against these objectives."""
         verdict = judge(self.objectives.for_request(s.operation, s.model), s)
-        label = self.models.get(s.model, 200 <= s.status < 400)
-        return RequestRecord(s, tuple(windows), verdict, trace, label)
+        label, tenant = self.labels(s.model, None, 200 <= s.status < 400)
+        return RequestRecord(s, tuple(windows), verdict, trace, label, tenant=tenant)
 
     def consume(self, record: RequestRecord) -> None:
         """A finished request into every request series, and its last windows of ITLs
@@ -379,8 +380,6 @@ class MetricsSink:
         A window that fails to record is raised after everything else about the request is
         recorded."""
         s, windows, verdict, trace, label, phases, stalls, tenant, cost = record
-        if self.tenants is not None and not tenant:
-            tenant = UNKNOWN  # a request no observer saw to its end (refused unparsed)
         labels = self._sets.get((s.operation, label, tenant))
         if labels is None:
             labels = self._label_set(s.operation, label, tenant)
@@ -406,7 +405,7 @@ class MetricsSink:
             if verdict is not None:
                 self._record_verdict(labels, verdict, s.output_tokens)
             if cost is not None and self._cost is not None:
-                judged = "none" if verdict is None else "good" if verdict.good else "bad"
+                judged = cost_verdict(verdict)
                 self._cost.add((*labels.cost, judged, self.currency), cost)
             for window in windows:
                 if len(window.values):

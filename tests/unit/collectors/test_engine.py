@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import socket
 from collections.abc import Callable
 
 import aiohttp
@@ -22,6 +21,7 @@ from llmobs.collectors.engine import (
 )
 from llmobs.export.telemetry import build_telemetry
 from tests.support import FIXTURES
+from tests.support.prom import free_port
 from tests.support.scripted import Script, ScriptedUpstream
 from tests.support.servers import AppFactory, SimFactory
 
@@ -188,12 +188,6 @@ async def test_the_simulated_engine_live(start_sim: SimFactory) -> None:
     await collector.close()
 
 
-def closed_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 async def test_other_engines_and_failures_over_http(
     start_app: AppFactory, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -216,7 +210,7 @@ async def test_other_engines_and_failures_over_http(
 
     down = [
         EngineCollector(url, 0.05, on_engine=tell(i))
-        for i, url in enumerate((*urls[1:], f"http://127.0.0.1:{closed_port()}/m"), 1)
+        for i, url in enumerate((*urls[1:], f"http://127.0.0.1:{free_port()}/m"), 1)
     ]
     with caplog.at_level(logging.INFO, "llmobs.collectors"):
         for collector in down:
@@ -288,6 +282,9 @@ def test_adapters_are_bounded() -> None:
     cards = [{"id": f"lora-{i}", "parent": "base" * 100} for i in range(100)]
     found = adapters_of(json.dumps({"data": cards}).encode())
     assert len(found) == 64 and found[0] == ("lora-0", ("base" * 100)[:128])
+    # a lone surrogate (a JSON escape the parser accepts) would break every /metrics render
+    broken = b'{"data": [{"id": "a\\ud800", "parent": "b"}, {"id": "c", "parent": "b"}]}'
+    assert adapters_of(broken) == (("c", "b"),)
 
 
 async def test_the_prefix_cache_speculation_and_preemptions_uniform(start_sim: SimFactory) -> None:

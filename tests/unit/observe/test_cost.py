@@ -6,9 +6,11 @@ from pathlib import Path
 
 import pytest
 
+from llmobs.config.objectives import Objective
 from llmobs.config.options import ConfigError
 from llmobs.config.prices import Price, Prices, load_prices
-from llmobs.observe.cost import request_cost
+from llmobs.observe.cost import cost_verdict, request_cost
+from llmobs.observe.slo import GOOD, Verdict
 from llmobs.observe.timing import Outcome, RequestStats, TokenSource
 
 PRICE = Price(input=2.0, output=8.0, cached_input=0.5, reasoning=10.0)
@@ -65,3 +67,8 @@ def test_a_bad_price_file_is_refused_with_where(tmp_path: Path, text: str, messa
     path.write_text(text)
     with pytest.raises(ConfigError, match=message):
         load_prices(str(path))
+
+
+def test_a_costs_verdict_label() -> None:
+    bad = Verdict(False, (Objective.TTFT,), ("queue",))
+    assert [cost_verdict(v) for v in (None, GOOD, bad)] == ["none", "good", "bad"]

@@ -15,6 +15,7 @@ from llmobs.tools.slo_report import (
     render_breakdown,
     run_slo_cli,
 )
+from tests.support.prom import free_port
 
 REQUESTS = "llmobs_slo_requests_total"
 MISSES = "llmobs_slo_misses_total"
@@ -28,9 +29,9 @@ VECTORS = {
     REQUESTS: [
         (sample("a", verdict="good"), 90.0), (sample("a", verdict="bad"), 10.0),
         (sample("b", verdict="good"), 50.0), (sample("b", verdict="bad"), 0.0),
-        (sample("c", verdict="good"), 1.0), (sample("c", verdict="bad"), 3.0),
+        (sample("c", verdict="good"), 1.0), (sample("c", verdict="bad"), 30.0),
     ],
-    MISSES: [(sample("a", objective="ttft"), 10.0), (sample("c", objective="error"), 3.0)],
+    MISSES: [(sample("a", objective="ttft"), 10.0), (sample("c", objective="error"), 30.0)],
 }  # fmt: skip
 
 
@@ -38,15 +39,15 @@ def test_the_pods_that_hold_the_bad_requests_most_first() -> None:
     split = breakdown_from_vectors(VECTORS, ("pod",))
     assert {where: (row.judged, row.bad) for (_, where), row in split.items()} == {
         "a": (100, 10),
-        "c": (4, 3),
+        "c": (31, 30),
     }  # b had none bad: not listed
     lines = render_breakdown(split, "pod").splitlines()
     assert lines[0].split() == ["operation", "model", "pod", "judged", "bad", "share", "bad",
                                 "misses"]  # fmt: skip
-    assert [line.split()[2:6] for line in lines[1:]] == [
-        ["a", "100", "10", "10.000%"], ["c", "4", "3", "75.000%"],
+    assert [line.split()[2:6] for line in lines[1:]] == [  # the most bad first, not by name
+        ["c", "31", "30", "96.774%"], ["a", "100", "10", "10.000%"],
     ]  # fmt: skip
-    assert lines[1].endswith("ttft 10") and lines[2].endswith("error 3")
+    assert lines[1].endswith("error 30") and lines[2].endswith("ttft 10")
 
 
 def test_a_pod_is_its_namespace_and_name() -> None:
@@ -64,3 +65,13 @@ def test_by_takes_target_label_names_and_prometheus_only() -> None:
                  ["--prometheus", "http://127.0.0.1:1", "--by", "pod,verdict"]):  # fmt: skip
         with pytest.raises(ConfigError, match="--by"):
             run_slo_cli(parser.parse_args(argv), io.StringIO(), {})
+
+
+def test_by_namespace_and_pod_is_taken(capsys: pytest.CaptureFixture[str]) -> None:
+    """Accepted, it goes on to read Prometheus: here none, so it cannot judge (2)."""
+    parser = argparse.ArgumentParser()
+    add_slo_arguments(parser)
+    args = parser.parse_args(["--prometheus", f"http://127.0.0.1:{free_port()}",
+                              "--by", "namespace,pod"])  # fmt: skip
+    assert run_slo_cli(args, io.StringIO(), {}) == 2
+    assert "cannot judge" in capsys.readouterr().err

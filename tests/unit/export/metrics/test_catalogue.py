@@ -25,20 +25,23 @@ def test_every_catalogue_metric_is_exposed_with_its_labels() -> None:
     both (OTEL_SEMCONV_STABILITY_OPT_IN: names switch, they are not emitted twice)."""
     default, latest = exposition(), exposition(latest=True)
     for metric in CATALOGUE:
-        text = latest if metric in LATEST_USAGE else default
         absent = default if metric in LATEST_USAGE else latest if metric is TOKEN_USAGE else ""
         assert not absent or f"\n{metric.prometheus}" not in absent, metric.prometheus
         if metric in COLLECTOR_METRICS or metric in PROCESS_METRICS:  # tests/e2e/test_collectors.py
             continue
         if metric is COST:  # only with a price file: tests/e2e/test_tenants.py
             continue
-        suffix = "_bucket" if metric.kind in (Kind.HISTOGRAM, Kind.TOKEN_HISTOGRAM) else ""
-        pattern = "^" + re.escape(metric.prometheus + suffix) + r"(\{[^}]*\})? "
-        lines = [m.group(0) for m in re.finditer(pattern, text, re.MULTILINE)]
-        assert lines, metric.prometheus
-        if metric.kind is not Kind.UPDOWN and metric.labels:
-            for label in metric.prometheus_labels:
-                assert f'{label}="' in lines[0], (metric.prometheus, label)
+        # every other family in both modes: opting in switches the token usage alone
+        texts = [default] if metric is TOKEN_USAGE else [latest] if metric in LATEST_USAGE else [
+            default, latest]  # fmt: skip
+        for text in texts:
+            suffix = "_bucket" if metric.kind in (Kind.HISTOGRAM, Kind.TOKEN_HISTOGRAM) else ""
+            pattern = "^" + re.escape(metric.prometheus + suffix) + r"(\{[^}]*\})? "
+            lines = [m.group(0) for m in re.finditer(pattern, text, re.MULTILINE)]
+            assert lines, metric.prometheus
+            if metric.kind is not Kind.UPDOWN and metric.labels:
+                for label in metric.prometheus_labels:
+                    assert f'{label}="' in lines[0], (metric.prometheus, label)
 
 
 def test_no_prometheus_name_is_defined_twice() -> None:

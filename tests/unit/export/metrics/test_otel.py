@@ -12,6 +12,7 @@ from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 from llmobs.config.objectives import Objectives, ObjectiveSet
 from llmobs.config.prices import Price, Prices
 from llmobs.config.tenants import Tenancy
+from llmobs.export.metrics.catalogue import TPOT
 from llmobs.export.metrics.otel import OtelMetrics
 from llmobs.export.metrics.sink import MetricsSink
 from llmobs.observe.dialects import OPENAI_CHAT
@@ -134,6 +135,8 @@ def test_a_tenants_families_and_cost_are_pushed_as_counted() -> None:
     assert ttft["tenant"] == "team-a"
     ((tpot, _),) = got["gen_ai.server.time_per_output_token"]
     assert "tenant" not in tpot
+    ((requests, _),) = got["llmobs.requests"]
+    assert requests["tenant"] == "team-a"
     ((cost, value),) = got["llmobs.cost"]
     assert cost == {"gen_ai.operation.name": "chat", "gen_ai.request.model": "m",
                     "verdict": "good", "currency": "EUR", "tenant": "team-a"}  # fmt: skip
@@ -149,7 +152,7 @@ def test_the_operators_buckets_are_pushed_too() -> None:
     ((_, ttft),) = points(reader)["gen_ai.server.time_to_first_token"]
     assert list(ttft.explicit_bounds) == [0.1, 0.8, 2.0]
     ((_, tpot),) = points(reader)["gen_ai.server.time_per_output_token"]
-    assert len(tpot.explicit_bounds) > 3  # the catalogue's
+    assert list(tpot.explicit_bounds) == list(TPOT.buckets)  # the catalogue's
 
 
 def test_the_newest_conventions_split_token_usage_by_kind() -> None:
