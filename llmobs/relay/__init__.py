@@ -6,6 +6,7 @@ unchanged, then hands it to observation (the per-chunk path); ``headers`` says w
 cross; ``failures`` how a failed request ends (outcome, status, message); ``observing`` what
 the relay tells observation (and the null observer of ``--no-instrument``); ``inject`` asks
 an engine for usage and strips it from what the client sees; ``deferred`` runs the work that
-may wait until a response has gone. The relay may import the wire, observation and export's
-tracing (a server span must exist before the request goes upstream); export never imports it.
+may wait until a response has gone. The relay may import the wire and observation; it reaches
+export (a request's trace, its consumers) only through observation's shapes
+(``observe.record``), which the assembly fills; nothing below imports it.
 """

@@ -1,7 +1,7 @@
 """How a failed request ends: an exception -> its outcome, status and message, as a table.
 
 One table (``FAILURES``) rather than a branch per exception in the exchange, so that each
-failure's answer is read, changed and tested in one place (tests/unit/relay/test_proxy.py
+failure's answer is read, changed and tested in one place (tests/unit/relay/test_failures.py
 checks that no entry is shadowed by an earlier one).
 """
 

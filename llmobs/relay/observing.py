@@ -9,8 +9,8 @@ from __future__ import annotations
 from collections.abc import MutableMapping
 from typing import Protocol
 
-from llmobs.export.tracing import Arrival
 from llmobs.observe.dialects import Route
+from llmobs.observe.record import Arrival
 from llmobs.observe.timing import Outcome
 
 

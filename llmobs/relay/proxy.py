@@ -95,10 +95,7 @@ class Relay:
             self._pending.add(conn)
             try:
                 conn.send(method, raw_head, body, stream.on_head)
-                sent = stream.on_sent
-                if sent is not None:  # the first send: observation starts
-                    stream.on_sent = None
-                    sent()
+                stream.sent()  # the first time: observation starts
                 await conn.wait(self.settings.read_timeout)
                 return
             except UpstreamClosed:
@@ -108,7 +105,7 @@ class Relay:
                 if conn in self.aborted:  # no head by the end of a shutdown's grace
                     self.aborted.discard(conn)
                     raise ShutDown() from None
-                if not reused or attempt or conn.responded or method not in _IDEMPOTENT:
+                if not reused or attempt or not conn.unanswered or method not in _IDEMPOTENT:
                     raise
             except BaseException:
                 if stream.conn is None:
@@ -240,9 +237,9 @@ class _Exchange:
         elif request.method in ("POST", "PUT", "PATCH"):
             body = b""
         raw_head = relay.upstream.request_head(request.method, request.target, headers, body)
-        stream = self.stream = ResponseRelay(request, NULL_OBSERVER, stripper, relay.streams)
-        if relay.new_observer is not None:
-            stream.on_sent = self._observe
+        on_sent = self._observe if relay.new_observer is not None else None
+        stream = ResponseRelay(request, NULL_OBSERVER, stripper, relay.streams, on_sent)
+        self.stream = stream
         return request.method, raw_head, body or b"", stream
 
     def _inject_usage(self, body: bytes) -> tuple[bytes, UsageStripper | None]:
@@ -256,7 +253,7 @@ class _Exchange:
         return (body, None) if rewritten is None else (rewritten, UsageStripper())
 
     def _observe(self) -> None:
-        """The request went upstream: observation starts (the stream's ``on_sent``)."""
+        """The request went upstream: observation starts (the stream's ``sent``)."""
         t_ns = perf_counter_ns()
         obs = self._obs or self._observer()
         if self.observed is not None:
@@ -338,7 +335,7 @@ class _Exchange:
                 relay.upstream.release(conn)
             else:
                 relay.upstream.discard(conn)
-        if self.observed is not None and stream is not None and stream.on_sent is not None:
+        if self.observed is not None and stream is not None and stream.unsent:
             # never sent (no connection to the engine, say): the body is read now, so the
             # failure is counted under its model, as every other outcome is
             self._observer().request_body(self.observed)
@@ -362,4 +359,4 @@ def _method(request: Request) -> str:
 
 
 def _client_gone(request: Request) -> bool:
-    return request.transport.is_closing()
+    return request.closed

@@ -25,25 +25,25 @@ class ResponseRelay:
     ``on_head`` runs inside the upstream connection's ``data_received`` when the response
     head has come: it chooses the framing, writes the head to the client and returns ``feed``
     as the body's callback, so a first chunk that came with the head goes on in the same
-    read, with no loop iteration in between. ``feed`` writes each read to the client's
-    transport first (framed as the client's response needs), then observes it. When both legs
-    are chunked and the read was whole chunks, the read goes on as it came: one write, no
-    re-framing, and a last chunk that came with the last token goes in the same write (one
-    send fewer per request). A slow client pauses upstream reads until its buffer drains (the
-    client transport's write-buffer limits call back, see ``server``), at no cost per chunk;
-    a client that goes away closes the engine's connection (``client_gone``, called by the
-    server), so ``feed`` never checks for it.
+    read, with no loop iteration in between. ``feed`` writes each read to the client first
+    (framed as the client's response needs, through the request), then observes it. When both
+    legs are chunked and the read was whole chunks, the read goes on as it came: one write, no
+    re-framing (the request's ``write_chunks``), and a last chunk that came with the last
+    token goes in the same write (``write_last``: one send fewer per request). A slow client
+    pauses upstream reads until its buffer drains (the client transport's write-buffer limits
+    call back, see ``server``), at no cost per chunk; a client that goes away closes the
+    engine's connection (``client_gone``, called by the server), so ``feed`` never checks for
+    it.
     """
 
     __slots__ = (
-        "_chunked",
         "_obs",
+        "_on_sent",
         "_relayed",
         "_request",
-        "_transport",
+        "_write_chunks",
         "conn",
         "gone",
-        "on_sent",
         "stripper",
     )
 
@@ -53,17 +53,29 @@ class ResponseRelay:
         obs: RequestObserver,
         stripper: UsageStripper | None,
         relayed: set[Connection],
+        on_sent: Callable[[], None] | None = None,
     ) -> None:
         self._request = request
-        self._transport = request.transport
-        self._chunked = False
+        self._write_chunks: Callable[[bytes], None] | None = None
         self._obs = obs
         self._relayed = relayed
         self.stripper = stripper
         self.conn: Connection | None = None  # the connection whose response this is
         self.gone = False  # the client went away mid-stream
-        # called once the request has been handed to a connection (observation starts)
-        self.on_sent: Callable[[], None] | None = None
+        # called once, when the request is first handed to a connection (observation starts)
+        self._on_sent = on_sent
+
+    def sent(self) -> None:
+        """The request was handed to a connection: ``on_sent`` the first time, and only then
+        (a retry sends it again)."""
+        on_sent, self._on_sent = self._on_sent, None
+        if on_sent is not None:
+            on_sent()
+
+    @property
+    def unsent(self) -> bool:
+        """``on_sent`` is still to be called: the request never reached a connection."""
+        return self._on_sent is not None
 
     def observe(self, obs: RequestObserver) -> None:
         """Observe the response with ``obs`` (made once the request went upstream)."""
@@ -76,7 +88,7 @@ class ResponseRelay:
         self.conn = conn
         self._relayed.add(conn)
         request = self._request
-        if request.transport.is_closing():
+        if request.closed:
             self.gone = True
             raise ConnectionResetError("the client went away before the response head")
         response_headers = head.headers
@@ -88,7 +100,7 @@ class ResponseRelay:
             self.stripper = None  # an error body, say: nothing to strip
         fields = filter_headers(head.fields, NOT_RETURNED)
         request.begin(head.status, head.reason, fields, _length(head, self.stripper))
-        self._chunked = request.chunked
+        self._write_chunks = request.write_chunks  # (chunked: whole chunks go on as they came)
         request.on_flow(self._hold, self._release)
         request.on_gone(self.client_gone)
         return self.feed
@@ -120,14 +132,15 @@ class ResponseRelay:
 
     def feed(self, data: bytes, frame: bytes | None, last: bool) -> None:
         now = perf_counter_ns()
+        write_chunks = self._write_chunks
         if self.stripper is not None:
             self._request.write(self.stripper.feed(data))
-        elif frame is not None and self._chunked:
-            self._transport.write(frame)  # the hot path: the engine's bytes, as they came
-            if last:
-                self._request.last_chunk_sent = True
-        else:
+        elif frame is None or write_chunks is None:
             self._request.write(data)  # framed for the client
+        elif last:
+            self._request.write_last(frame)  # with the last chunk: the response's end
+        else:
+            write_chunks(frame)  # the hot path: the engine's bytes, as they came
         self._obs.chunk(now, data)
 
 

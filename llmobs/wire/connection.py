@@ -19,14 +19,15 @@ but ``Host`` and the body's framing.
 from __future__ import annotations
 
 import asyncio
-import logging
 from collections.abc import Callable
 from typing import Any
 
 from llmobs.wire.flow import Reading
+from llmobs.wire.habits import Habits
 from llmobs.wire.http1 import (
     MAX_HEAD_BYTES,
     BodyDecoder,
+    ChunkedBody,
     Frames,
     ProtocolError,
     ResponseHead,
@@ -34,13 +35,7 @@ from llmobs.wire.http1 import (
     parse_response_head,
     reusable,
 )
-from llmobs.wire.states import (
-    ENGINE,
-    EngineEvent,
-    EngineState,
-    IllegalTransition,
-    compiled,
-)
+from llmobs.wire.states import ENGINE, EngineEvent, EngineState, compiled, illegal
 
 # Called with each read of a response body: the payload of the read; the read itself when it
 # was whole chunks of a chunked body (it can go on as it came, see
@@ -60,12 +55,13 @@ MAX_INTERIM = 16  # 1xx heads skipped before a response, in one read (each is pa
 
 _NEXT = compiled(ENGINE, EngineState, EngineEvent)
 # the states and events by name, as module globals: the connection's dispatch reads them per read
-_IDLE, _SENT, _RELAYING = EngineState.IDLE, EngineState.SENT, EngineState.RELAYING
-_SPENT, _CLOSED = EngineState.SPENT, EngineState.CLOSED
-_SEND, _HEAD, _END = EngineEvent.SEND, EngineEvent.HEAD, EngineEvent.END
-_RETIRE, _LOST = EngineEvent.RETIRE, EngineEvent.LOST
-
-log = logging.getLogger("llmobs.upstream")
+_IDLE, _SENT, _ANSWERING = EngineState.IDLE, EngineState.SENT, EngineState.ANSWERING
+_RELAYING, _RELAYING_LAST = EngineState.RELAYING, EngineState.RELAYING_LAST
+_SPENT, _UNANSWERED, _CLOSED = EngineState.SPENT, EngineState.UNANSWERED, EngineState.CLOSED
+_SEND, _PART, _HEAD, _HEAD_LAST = (
+    EngineEvent.SEND, EngineEvent.PART, EngineEvent.HEAD, EngineEvent.HEAD_LAST
+)  # fmt: skip
+_END, _RETIRE, _LOST = EngineEvent.END, EngineEvent.RETIRE, EngineEvent.LOST
 
 
 def _fail_future(future: asyncio.Future[Any], exc: BaseException) -> None:
@@ -86,9 +82,9 @@ class UpstreamTimeout(TimeoutError):
 class Connection(asyncio.Protocol):
     """One connection to the upstream; carries one exchange at a time.
 
-    Its ``state`` (``states.EngineState``) says what a read is: the response head
-    (``SENT``), its body (``RELAYING``), or a protocol error; it moves by ``states.ENGINE``'s
-    events only.
+    Its ``state`` (``states.EngineState``) says what a read is: the response head (``SENT``,
+    ``ANSWERING``), its body (``RELAYING``, ``RELAYING_LAST``), or a protocol error; and what
+    follows the response (reuse or not). It moves by ``states.ENGINE``'s events only.
     """
 
     # Slots, not an instance dict: every read touches this object, and where reads come
@@ -97,8 +93,8 @@ class Connection(asyncio.Protocol):
         "_decoder",
         "_done",
         "_frames",
+        "_habits",
         "_head_buf",
-        "_keep",
         "_loop",
         "_method",
         "_on_body",
@@ -109,12 +105,15 @@ class Connection(asyncio.Protocol):
         "_waiting",
         "idle_since",
         "last_read",
-        "responded",
         "state",
+        "streamed",
         "transport",
     )
 
-    def __init__(self, loop: asyncio.AbstractEventLoop, frames: Frames) -> None:
+    def __init__(
+        self, loop: asyncio.AbstractEventLoop, frames: Frames, habits: Habits | None = None
+    ) -> None:
+        """``frames``, ``habits``: the pool's, what its connections learn of the engine."""
         self._loop = loop
         self.state = _IDLE
         self.transport: asyncio.Transport | None = None
@@ -126,9 +125,7 @@ class Connection(asyncio.Protocol):
         # that a read finds what it is for in one attribute
         self._decoder: BodyDecoder | None = None
         self._on_body: OnBody | None = None
-        self._keep = False  # the response's head allows another request after it
         self._waiting = False  # the end of the response is awaited (under the read timeout)
-        self.responded = False  # a byte of the response came (a retry would repeat the request)
         self._read_timeout = 0.0
         self._timer: asyncio.TimerHandle | None = None
         # reading: held for a slow client (the engine is not silent then), deferred while a
@@ -137,11 +134,13 @@ class Connection(asyncio.Protocol):
         self.last_read = 0.0
         self.idle_since = 0.0  # when it went back to the pool (the response's last read)
         self._frames = frames  # the pool's: what chunked responses learnt of their framing
+        self._habits = habits or Habits()
+        self.streamed = False  # its last response was chunked (``habits``)
 
     @property
     def relaying(self) -> bool:
         """A response is on its way: its head has come, its body has not ended or failed."""
-        return self.state is _RELAYING
+        return self.state is _RELAYING or self.state is _RELAYING_LAST
 
     @property
     def reusable(self) -> bool:
@@ -151,7 +150,14 @@ class Connection(asyncio.Protocol):
     @property
     def closed(self) -> bool:
         """The transport is gone."""
-        return self.state is _CLOSED
+        return self.state >= _UNANSWERED
+
+    @property
+    def unanswered(self) -> bool:
+        """The engine closed the connection with the request sent and no byte of its response
+        come: it may never have read it (a pooled connection it closed meanwhile), so an
+        idempotent request may go again."""
+        return self.state is _UNANSWERED
 
     # -- asyncio.Protocol -------------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -179,7 +185,7 @@ class Connection(asyncio.Protocol):
                 self._finish(decoder)
             elif decoder.backlog or len(data) >= YIELD_BYTES:
                 self._reading.defer(self._body_share)
-        elif self.state is _SENT:
+        elif self.state is _SENT or self.state is _ANSWERING:
             self._read_head(data)
         else:
             self._fail(ProtocolError("data from the upstream while no request was pending"))
@@ -187,12 +193,13 @@ class Connection(asyncio.Protocol):
     def eof_received(self) -> bool:
         decoder = self._decoder
         if decoder is not None and not decoder.done and decoder.eof():
-            self._keep = False
-            self._finish(decoder)
+            self._finish(decoder)  # (read until close: its head forbade reuse)
         return False  # close the transport
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._decoder = None
+        if self.state is _IDLE or self.state is _SENT:  # pooled, or taken and unanswered
+            self._habits.closed(self.streamed, self._loop.time() - self.idle_since)
         self._go(_LOST)
         self._stop_timer()
         self._reading.stop()
@@ -203,15 +210,14 @@ class Connection(asyncio.Protocol):
 
     # -- states -----------------------------------------------------------------------------
     def _go(self, event: EngineEvent) -> bool:
-        """Move by ``event`` (``states.ENGINE``); an illegal one is a bug: logged as an error,
-        and the exchange failed with it (its stream's alone), the connection aborted."""
+        """Move by ``event`` (``states.ENGINE``); an illegal one is a bug: reported
+        (``states.illegal``), and the exchange failed with it (its stream's alone), the
+        connection aborted."""
         after = _NEXT[self.state][event]
         if after is not None:
             self.state = after
             return True
-        error = IllegalTransition("engine", self.state, event)
-        log.error("%s is not a transition (a bug): closing the connection", error)
-        self._fail(error)
+        self._fail(illegal("engine", self.state, event))
         return False
 
     # -- fairness: one share of work per loop turn ----------------------------------------
@@ -239,7 +245,6 @@ class Connection(asyncio.Protocol):
 
     # -- the exchange -----------------------------------------------------------------------
     def _read_head(self, data: bytes) -> None:
-        self.responded = True
         buf = self._head_buf + data
         interim = 0
         while True:
@@ -250,6 +255,7 @@ class Connection(asyncio.Protocol):
                 return
             if end < 0:
                 self._head_buf = buf
+                self._go(_PART)  # (a retry now would repeat the request)
                 return
             try:
                 head = parse_response_head(buf[:end])
@@ -259,6 +265,8 @@ class Connection(asyncio.Protocol):
             buf = buf[end + 4 :]
             if 100 <= head.status < 200 and head.status != 101:
                 interim += 1  # an interim response (100 Continue, 103 Early Hints): skipped
+                if interim == 1:
+                    self._go(_PART)
                 if interim > MAX_INTERIM:
                     self._fail(ProtocolError("too many interim responses"))
                     return
@@ -274,11 +282,10 @@ class Connection(asyncio.Protocol):
         except ProtocolError as exc:
             self._fail(exc)
             return
-        self._keep = reusable(head, decoder)
         self._decoder = decoder
         on_head, self._on_head = self._on_head, None
         assert on_head is not None
-        if not self._go(_HEAD):
+        if not self._go(_HEAD if reusable(head, decoder) else _HEAD_LAST):
             return
         try:
             self._on_body = on_head(self, head)
@@ -292,13 +299,15 @@ class Connection(asyncio.Protocol):
 
     def _finish(self, decoder: BodyDecoder) -> None:
         """The response ended: the connection may carry another request unless the head
-        forbade it, bytes came after the response, or the request is not wholly sent."""
+        forbade it (the state says), bytes came after the response, or the request is not
+        wholly sent."""
         transport = self.transport
-        keep = self._keep and not decoder.extra
-        if keep and transport is not None and transport.get_write_buffer_size():
-            keep = False
+        unfit = decoder.extra or (transport is not None and transport.get_write_buffer_size())
+        streamed = self.streamed = type(decoder) is ChunkedBody
+        if streamed and self._habits.closes_after_stream:  # the engine closes it: unfit
+            unfit = True
         self._decoder = None
-        self._go(_END if keep else _RETIRE)
+        self._go(_RETIRE if unfit else _END)
         if self._done is not None and not self._done.done():
             self._done.set_result(None)
 
@@ -340,7 +349,6 @@ class Connection(asyncio.Protocol):
         self._on_head = on_head
         self._done = self._loop.create_future()
         self._on_body = None
-        self.responded = False
         self.last_read = self._loop.time()
         if body:
             transport.writelines((head, body))

@@ -2,9 +2,11 @@
 
 The connection (``server.ServerConnection``) parses the head and hands the body's bytes to
 ``feed`` as they come; the handler reads the body whole (``read_body``) and writes the
-response (``begin``, ``write``, ``end``, or ``respond``). The connection tells the request
-of its client's flow (``tell_paused``, ``tell_resumed``) and departure (``tell_gone``), which
-the handler hears through ``on_flow`` and ``on_gone``.
+response (``begin``, ``write``, ``end``, or ``respond``; the relay's whole chunks through
+``write_chunks`` and ``write_last``), each step told to the connection, whose state it moves
+(``carrier.Carrier``). The connection tells the request of its client's flow (``tell_paused``,
+``tell_resumed``) and departure (``tell_gone``), which the handler hears through ``on_flow``
+and ``on_gone``.
 
 The body is buffered up to ``max_body`` bytes (its framing counted), read whole by the
 handler within ``client_timeout`` (``BodyTooSlow``, ``BodyTooLarge``); ``Expect:
@@ -20,33 +22,27 @@ import logging
 from collections.abc import Callable, Iterable
 from email.utils import formatdate
 from http import HTTPStatus
-from typing import Protocol
 
 from llmobs.config.logs import method_label
+from llmobs.wire.carrier import Carrier
 from llmobs.wire.http1 import (
     BadRequest,
     BodyDecoder,
     FieldsTooLarge,
-    Framing,
     LengthBody,
     ProtocolError,
     RequestHead,
+    ResponseFraming,
     content_length,
     expects_continue,
     request_keep_alive,
     response_framing,
 )
+from llmobs.wire.states import WriteState
 
 log = logging.getLogger("llmobs.server")
 
-
-class Connection(Protocol):
-    """What a request reads of its client connection (``server.ServerConnection``)."""
-
-    transport: asyncio.Transport
-    remote: str  # the client's address
-    closing: bool  # the connection closes once the current response has ended
-    paused_writing: bool  # the client's buffer is over its high mark
+_PAUSED = WriteState.PAUSED  # the client's buffer over its high mark (``Carrier.writing``)
 
 
 def reason_phrase(status: int) -> str:
@@ -82,15 +78,16 @@ class BodyTooSlow(Exception):
     """The client kept the server waiting for its request body longer than allowed."""
 
 
-def error_body(status: int, message: str) -> bytes:
-    """An error the sidecar itself produced, in the OpenAI error shape."""
+def openai_error_body(status: int, message: str) -> bytes:
+    """An error the sidecar itself produced, in the OpenAI error shape (the dialects' own
+    shapes: ``observe.dialects.errors``)."""
     kind = ERROR_TYPES.get(status, "error")
     return json.dumps({"error": {"message": message, "type": kind, "code": status}}).encode()
 
 
 def refusal(exc: BadRequest) -> bytes:
     """The whole answer to a request refused before it could be handled, closing."""
-    body = error_body(exc.status, f"llmobs: {exc}")
+    body = openai_error_body(exc.status, f"llmobs: {exc}")
     allow = f"Allow: {ALLOW}\r\n" if exc.status == 405 else ""  # RFC 9110 15.5.6
     head = (
         f"HTTP/1.1 {exc.status} {reason_phrase(exc.status)}\r\n"
@@ -103,10 +100,11 @@ def refusal(exc: BadRequest) -> bytes:
 class Request:
     """One request on a connection, and the writing of its response.
 
-    The handler writes the response through ``begin`` (the head), then either the transport
-    directly (the relay's hot path, framed as ``chunked`` says) or ``write``, and ``end``; or
-    all at once with ``respond``. A handler that returns with a response begun but not ended
-    has the connection closed under it (the client sees a cut response).
+    The handler writes the response through ``begin`` (the head), then ``write``, or whole
+    chunks as they came (``write_chunks``, the relay's hot path; ``write_last`` with the last
+    chunk), and ``end``; or all at once with ``respond``. A handler that returns with a
+    response begun but not ended has the connection closed under it (the client sees a cut
+    response).
     """
 
     __slots__ = (
@@ -124,25 +122,26 @@ class Request:
         "bodyless",
         "chunked",
         "content_length",
-        "ended",
         "error",
+        "has_body",
         "head",
         "headers",
         "keep_alive",
-        "last_chunk_sent",
         "method",
+        "path",
         "remote",
         "started",
         "target",
         "too_large",
         "transport",
+        "write_chunks",
     )
 
     scheme = "http"
 
     def __init__(
         self,
-        conn: Connection,
+        conn: Carrier,
         head: RequestHead,
         decoder: BodyDecoder | None,
         limit: int,
@@ -152,10 +151,12 @@ class Request:
         self.head = head
         self.method = head.method
         self.target = head.target
+        self.path = head.path
         self.headers = head.headers
         self.remote = conn.remote
-        self.keep_alive = request_keep_alive(head)
+        self.keep_alive = request_keep_alive(head)  # the client's wish (the state decides)
         self._decoder = decoder
+        self.has_body = decoder is not None  # it declares one: a length above zero, or chunked
         # the declared length (None: none declared, or chunked): the body's decoder knows it
         # (a length of 0 has none)
         if isinstance(decoder, LengthBody):
@@ -175,22 +176,15 @@ class Request:
         self.body_complete = decoder is None
         self.too_large = False
         self.error: BadRequest | None = None
-        self.started = False
-        self.ended = False
+        self.started = False  # the response began (asked after the connection closed too)
         self.chunked = False
         self.bodyless = False
-        self.last_chunk_sent = False  # the relay wrote the engine's last chunk as it came
+        # Once a response is chunked, the writer of whole chunks framed already (the engine's
+        # own, as they came): the transport's own write, so that the relay's hot path makes no
+        # call of ours per chunk. Chunks that end the body go by ``write_last``.
+        self.write_chunks: Callable[[bytes], None] | None = None
 
     # -- the request ------------------------------------------------------------------------
-    @property
-    def path(self) -> str:
-        return self.head.path
-
-    @property
-    def has_body(self) -> bool:
-        """Whether the request declares a body (a length above zero, or chunked)."""
-        return self._decoder is not None
-
     @property
     def refused(self) -> bool:
         """The body was cut short (too large, or broken framing): the connection cannot carry
@@ -200,7 +194,7 @@ class Request:
     def feed(self, data: bytes | None) -> bytes:
         """Body bytes off the wire, or None: the next share of the read the decoder left
         (``backlog``). Returns what follows the body (a pipelined request)."""
-        if self.refused:
+        if self.too_large or self.error is not None:  # (refused: read per read, no call)
             self.backlog = False
             return b""  # the rest of a refused body is never read as requests
         if data is not None:
@@ -274,32 +268,34 @@ class Request:
         reason: str,
         headers: Iterable[tuple[str, str]],
         length: int | None,
+        *,
+        close: bool = False,
     ) -> None:
         """Write the response head: ``headers`` as given (no framing headers among them),
-        then the framing: ``length`` bytes, else chunked (HTTP/1.1) or until close."""
-        # A body not (wholly) read cannot be skipped to find the next request: say so.
-        keep = (
-            self.keep_alive and self.body_complete and not self.refused and not self._conn.closing
-        )
+        then the framing: ``length`` bytes, else chunked (HTTP/1.1) or until close. The
+        connection says whether it carries another request after it (not when ``close``)."""
+        keep = self.keep_alive and not close
         lines = [f"HTTP/1.1 {status} {reason}"]
-        lines.extend(f"{k}: {v}" for k, v in headers)
+        lines += [f"{k}: {v}" for k, v in headers]  # (a list built in one frame: no generator)
         framing = response_framing(self.method, status, self.head.version, length)
-        if framing is Framing.NONE:
+        if framing is ResponseFraming.NONE:
             self.bodyless = True
             if length is not None and status != 204:
                 lines.append(f"Content-Length: {length}")  # what a GET would have had
-        elif framing is Framing.LENGTH:
+        elif framing is ResponseFraming.LENGTH:
             lines.append(f"Content-Length: {length}")
-        elif framing is Framing.CHUNKED:
+        elif framing is ResponseFraming.CHUNKED:
             lines.append("Transfer-Encoding: chunked")
             self.chunked = True
+            self.write_chunks = self.transport.write
         else:
             keep = False  # HTTP/1.0 and no length: the body ends with the connection
-        if not keep:
+        # the table's answer: a body not (wholly) read cannot be skipped to find the next
+        # request, and a shutdown closes after this response
+        if not self._conn.began(keep):
             lines.append("Connection: close")
         elif self.head.version < (1, 1):
             lines.append("Connection: keep-alive")
-        self.keep_alive = keep
         lines.append("\r\n")
         self.started = True
         self.transport.write("\r\n".join(lines).encode("latin-1"))
@@ -313,16 +309,21 @@ class Request:
         else:
             self.transport.write(data)
 
+    def write_last(self, chunks: bytes) -> None:
+        """Whole chunks, the last chunk among them (no trailer): the response's end."""
+        self.transport.write(chunks)
+        self._conn.ending()
+
     def end(self) -> None:
-        """The end of the response (the last chunk, when chunked)."""
+        """The end of the response (the last chunk, when chunked), unless written already
+        (``write_last``) or the connection is closing."""
         if (
-            self.chunked
+            self._conn.ending()
+            and self.chunked
             and not self.bodyless
-            and not self.last_chunk_sent
             and not self.transport.is_closing()
         ):
             self.transport.write(b"0\r\n\r\n")
-        self.ended = True
 
     def respond(
         self,
@@ -333,10 +334,8 @@ class Request:
         close: bool = False,
     ) -> None:
         """A whole response the server produces itself (errors)."""
-        if close:
-            self.keep_alive = False
         headers = [("Content-Type", content_type), ("Date", formatdate(usegmt=True))]
-        self.begin(status, reason_phrase(status), headers, len(body))
+        self.begin(status, reason_phrase(status), headers, len(body), close=close)
         self.write(body)
         self.end()
 
@@ -345,14 +344,16 @@ class Request:
     ) -> None:
         """An error the sidecar answers itself: ``body`` in the request's API's shape (the
         relay's), else the OpenAI shape."""
-        self.respond(status, body if body is not None else error_body(status, message), close=close)
+        if body is None:
+            body = openai_error_body(status, message)
+        self.respond(status, body, close=close)
 
     def on_flow(self, pause: Callable[[], None] | None, resume: Callable[[], None] | None) -> None:
         """Call ``pause`` when the client's write buffer passes ``HIGH_WATER`` and ``resume``
         when it is back under ``LOW_WATER`` (the relay pauses the engine's connection);
         ``None`` stops it."""
         self._flow = (pause, resume) if pause is not None and resume is not None else None
-        if self._flow is not None and self._conn.paused_writing:
+        if self._flow is not None and self._conn.writing is _PAUSED:
             pause()  # type: ignore[misc]  # not None, checked above
 
     def on_gone(self, gone: Callable[[], None] | None) -> None:
@@ -383,6 +384,11 @@ class Request:
         if self._flow is not None:
             self._flow[1]()
 
+    @property
+    def closed(self) -> bool:
+        """The client's connection is closed or closing: nothing written reaches it."""
+        return self.transport.is_closing()
+
     def abort(self) -> None:
         """Close the connection now, without the response's clean end."""
-        self.transport.close()
+        self._conn.close()

@@ -33,6 +33,7 @@ import socket
 from collections.abc import Awaitable, Callable
 
 from llmobs.config.logs import method_label
+from llmobs.wire.carrier import Carrier
 from llmobs.wire.flow import Reading, SendTimeout
 from llmobs.wire.http1 import (
     MAX_REQUEST_HEAD_BYTES,
@@ -40,18 +41,18 @@ from llmobs.wire.http1 import (
     parse_request_head,
     request_body_decoder,
 )
-from llmobs.wire.request import BodyTooLarge, BodyTooSlow, Request, error_body, refusal
-from llmobs.wire.states import CLIENT, CLIENT_BUSY, ClientEvent, ClientState, compiled
+from llmobs.wire.request import BodyTooLarge, BodyTooSlow, Request, refusal
+from llmobs.wire.states import (
+    CLIENT_HANDLING,
+    CLIENT_RECEIVING,
+    CLIENT_UNANSWERED,
+    ClientEvent,
+    ClientState,
+    WriteEvent,
+)
 
 # the handler's side of a request is re-exported: the relay and its tests take it from here
-__all__ = [
-    "BodyTooLarge",
-    "BodyTooSlow",
-    "ProxyServer",
-    "Request",
-    "ServerConnection",
-    "error_body",
-]
+__all__ = ["BodyTooLarge", "BodyTooSlow", "ProxyServer", "Request", "ServerConnection"]
 
 log = logging.getLogger("llmobs.server")
 
@@ -67,31 +68,29 @@ Handler = Callable[[Request], Awaitable[None]]
 # told of each request refused before it could be parsed: its status, seconds since its head began
 OnReject = Callable[[int, float], None]
 
-_NEXT = compiled(CLIENT, ClientState, ClientEvent)
 # the states and events by name, as module globals: the connection's dispatch reads them per read
-_IDLE, _RECEIVING, _HANDLING = ClientState.IDLE, ClientState.RECEIVING, ClientState.HANDLING
-_CLOSING, _CLOSED = ClientState.CLOSING, ClientState.CLOSED
+_IDLE, _LINGERING, _CLOSING = ClientState.IDLE, ClientState.LINGERING, ClientState.CLOSING
 _HEAD, _REQUEST, _BODY = ClientEvent.HEAD, ClientEvent.REQUEST, ClientEvent.BODY
-_BAD_BODY, _DONE, _LINGER = ClientEvent.BAD_BODY, ClientEvent.DONE, ClientEvent.LINGER
-_CLOSE, _LOST = ClientEvent.CLOSE, ClientEvent.LOST
+_BAD_BODY, _SHUTDOWN, _DONE = ClientEvent.BAD_BODY, ClientEvent.SHUTDOWN, ClientEvent.DONE
+_LINGER, _CLOSE, _LOST = ClientEvent.LINGER, ClientEvent.CLOSE, ClientEvent.LOST
+_PAUSE, _RESUME = WriteEvent.PAUSE, WriteEvent.RESUME
 
 
-class ServerConnection(asyncio.Protocol):
+class ServerConnection(Carrier, asyncio.Protocol):
     """One client connection: parses requests, runs the handler for one at a time.
 
-    Its ``state`` (``states.ClientState``) says what a read is: a head coming (``IDLE``), the
-    request's body (``RECEIVING``), the next requests (``HANDLING``), or to be dropped; it
-    moves by ``states.CLIENT``'s events only.
+    Its ``state`` (``states.ClientState``, moved as ``Carrier`` does) says what a read is: a
+    head coming (``IDLE``), the request's body, the next requests, or to be dropped; how far
+    the response went; and what follows the handler's return (the next request, the close,
+    or a lingering close).
     """
 
     def __init__(self, server: ProxyServer) -> None:
+        super().__init__()
         self._server = server
         self._loop = loop = server.loop
-        self.state = _IDLE
         self.transport: asyncio.Transport = None  # type: ignore[assignment]  # set on connect
         self.remote = ""
-        self.closing = False  # close once the current response has ended
-        self.paused_writing = False  # the client's buffer is over its high mark
         # Bytes read but not handled yet (a head coming in, pipelined requests) from
         # ``_at`` on: a request taken from the front moves ``_at``, copying nothing.
         self._buf = b""
@@ -120,7 +119,7 @@ class ServerConnection(asyncio.Protocol):
         self.remote = str(peer[0]) if isinstance(peer, tuple) and peer else ""
         self._server.connections.add(self)
         if self._server.closing:
-            self._close()
+            self.close()
             return
         self._arm_idle()
 
@@ -134,9 +133,9 @@ class ServerConnection(asyncio.Protocol):
                 self._head_t = self._loop.time()
             self._at = 0
             self._next()
-        elif state is _RECEIVING:
+        elif state in CLIENT_RECEIVING:
             self._receive(data)
-        elif state is _HANDLING:
+        elif state in CLIENT_HANDLING:
             self._pipelined(data)
         # else the unread rest of a refused request: dropped (drained, then closed)
 
@@ -156,7 +155,7 @@ class ServerConnection(asyncio.Protocol):
     def _body_share(self) -> bool:
         """The next share of the body's read (``Reading``'s work): True while more is left."""
         request = self._request
-        if self.state is not _RECEIVING or request is None:
+        if self.state not in CLIENT_RECEIVING or request is None:
             return False  # (a lingering close reads again itself)
         rest = request.feed(None)
         if request.backlog:
@@ -175,16 +174,16 @@ class ServerConnection(asyncio.Protocol):
             self._reading.hold()
 
     def pause_writing(self) -> None:
-        self.paused_writing = True
-        self._sending.pause(self._stalled)
-        if self._request is not None:
-            self._request.tell_paused()
+        if self.flow(_PAUSE):
+            self._sending.pause(self._stalled)
+            if self._request is not None:
+                self._request.tell_paused()
 
     def resume_writing(self) -> None:
-        self.paused_writing = False
-        self._sending.stop()
-        if self._request is not None:
-            self._request.tell_resumed()
+        if self.flow(_RESUME):
+            self._sending.stop()
+            if self._request is not None:
+                self._request.tell_resumed()
 
     def _stalled(self) -> None:
         """``client_timeout`` since the pause, and the client took none of its response: cut
@@ -215,35 +214,13 @@ class ServerConnection(asyncio.Protocol):
         if task is not None and not task.done():
             task.cancel()
 
-    # -- states -----------------------------------------------------------------------------
-    def _go(self, event: ClientEvent) -> bool:
-        """Move by ``event`` (``states.CLIENT``); an illegal one is a bug: logged as an error,
-        the connection closed (its handler cancelled, no one else's)."""
-        after = _NEXT[self.state][event]
-        if after is not None:
-            self.state = after
-            return True
-        log.error(
-            "client connection: %s in state %s is not a transition (a bug): closing it",
-            event.name,
-            self.state.name,
-        )
-        if self.state is not _CLOSED:
-            self.state = _CLOSING
-        self.transport.abort()
-        return False
-
-    def _close(self) -> None:
-        self.transport.close()
-        self._go(_CLOSE)
-
     # -- requests ---------------------------------------------------------------------------
     def _arm_idle(self) -> None:
         self._idle = self._loop.call_later(self._server.client_timeout, self._idle_timeout)
 
     def _idle_timeout(self) -> None:
         if self.state is _IDLE:  # no complete head in time: idle, or a slowloris
-            self._close()
+            self.close()
 
     def _next(self) -> None:
         """Start the next request if its head is complete."""
@@ -285,7 +262,7 @@ class ServerConnection(asyncio.Protocol):
         arrived = _HEAD  # what came of the request: its head, or all of it
         if request.body_complete:
             arrived = _BAD_BODY if request.refused else _REQUEST
-        if not self._go(arrived):
+        if self._go(arrived) is None:
             return
         if self._reading.held:
             self._read_more()
@@ -313,27 +290,24 @@ class ServerConnection(asyncio.Protocol):
             except Exception:
                 log.exception("could not record a rejected request")
         self.transport.write(refusal(exc))
-        self._linger()
+        if self._go(_LINGER) is _LINGERING:
+            self._linger()
 
     def _linger(self) -> None:
-        """Close after a refusal, without losing the answer: the client may still be
-        sending, and closing with unread bytes resets the connection, which can discard the
-        response in flight. So half-close (the answer, then FIN), drain what comes for up
-        to ``LINGER`` seconds, then close (nginx's lingering close)."""
+        """Close after a refusal (the state is ``LINGERING``), without losing the answer: the
+        client may still be sending, and closing with unread bytes resets the connection,
+        which can discard the response in flight. So half-close (the answer, then FIN), drain
+        what comes for up to ``LINGER`` seconds, then close (nginx's lingering close)."""
         transport = self.transport
-        if transport.is_closing():
-            self._go(_CLOSE)
+        if transport.is_closing() or not transport.can_write_eof():
+            self.close()
             return
-        if not transport.can_write_eof():
-            self._close()
-            return
-        self._go(_LINGER)
         self._buf, self._at = b"", 0
         self._reading.reset()
         transport.write_eof()
         if self._idle is not None:
             self._idle.cancel()
-        self._idle = self._loop.call_later(LINGER, self._close)
+        self._idle = self._loop.call_later(LINGER, self.close)
 
     async def _run(self, request: Request) -> None:
         try:
@@ -342,36 +316,33 @@ class ServerConnection(asyncio.Protocol):
             pass  # the client went away (or shutdown gave up waiting): the transport is closed
         except Exception:
             log.exception("%s request: the handler failed", method_label(request.method))
-            if not request.started and not self.transport.is_closing():
+            if self.state in CLIENT_UNANSWERED and not self.transport.is_closing():
                 request.respond_error(500, "llmobs: internal error", close=True)
         finally:
             self._done(request)
 
     def _done(self, request: Request) -> None:
-        """The handler ended: the connection lingers, closes, or takes the next request."""
+        """The handler returned: the state says what follows (``DONE``): the next request,
+        the close, or a lingering close."""
         self._request = None
         self._task = None
         if self.transport.is_closing():
             self._go(_CLOSE)
             return
-        if not request.started:
+        if self.state in CLIENT_UNANSWERED:
             request.respond_error(500, "llmobs: no response", close=True)
-        elif not request.ended:
-            self._close()  # cut short: the client must not take it for a whole response
-            return
-        if self.state is not _HANDLING:
-            self._linger()  # the body was refused, or its rest never read
-            return
-        if not request.keep_alive or self.closing:
-            self._close()
-            return
-        self._go(_DONE)
-        self._arm_idle()
-        if self._buf:  # a pipelined request: its turn starts now
-            self._head_t = self._loop.time()
-            self._next()
-        elif self._reading.held:
-            self._read_more()
+        after = self._go(_DONE)
+        if after is _IDLE:
+            self._arm_idle()
+            if self._buf:  # a pipelined request: its turn starts now
+                self._head_t = self._loop.time()
+                self._next()
+            elif self._reading.held:
+                self._read_more()
+        elif after is _LINGERING:
+            self._linger()
+        elif after is _CLOSING:
+            self.transport.close()
 
     @property
     def task(self) -> asyncio.Task[None] | None:
@@ -380,15 +351,14 @@ class ServerConnection(asyncio.Protocol):
 
     def close_when_done(self) -> None:
         """Shutdown: close now if idle, else once the current response has ended."""
-        self.closing = True
-        if self.state not in CLIENT_BUSY:
-            self._close()
+        if self._go(_SHUTDOWN) is _CLOSING:
+            self.transport.close()
 
     def cancel(self) -> None:
         """Shutdown gave up waiting: cancel the handler and close."""
         if self._task is not None and not self._task.done():
             self._task.cancel()
-        self._close()
+        self.close()
 
 
 class ProxyServer:

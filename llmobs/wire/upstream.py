@@ -23,6 +23,7 @@ from llmobs.wire.connection import (
     UpstreamClosed,
     UpstreamTimeout,
 )
+from llmobs.wire.habits import SETTLE, Habits
 from llmobs.wire.http1 import Frames
 from llmobs.wire.states import EngineState
 
@@ -61,6 +62,8 @@ class Upstream:
         self._ssl: ssl.SSLContext | None = ssl.create_default_context() if self.https else None
         self._idle: list[Connection] = []
         self._busy: set[Connection] = set()
+        # how the engine keeps its connections (``habits``)
+        self.habits = Habits()
         # the loop its connections live on, taken at the first acquire: on CPython 3.11
         # asyncio.get_running_loop() makes a getpid system call, once a request otherwise
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -82,6 +85,8 @@ class Upstream:
                     stale.close()
                 self._idle.clear()
                 break
+            if conn.streamed and self.habits.closes_after_stream is None:
+                await self._settle(conn, loop)  # once: does the engine keep it after a stream?
             if (
                 conn.state is _IDLE
                 and conn.transport is not None
@@ -92,7 +97,7 @@ class Upstream:
         try:
             async with asyncio.timeout(self._connect_timeout):
                 transport, conn = await loop.create_connection(
-                    lambda: Connection(loop, self._frames),
+                    lambda: Connection(loop, self._frames, self.habits),
                     self.host,
                     self.port,
                     ssl=self._ssl,
@@ -105,6 +110,16 @@ class Upstream:
         self._busy.add(conn)
         return conn, False
 
+    async def _settle(self, conn: Connection, loop: asyncio.AbstractEventLoop) -> None:
+        """Reuse the first connection to end a streamed response only once it has stayed open
+        ``SETTLE`` seconds: closed meanwhile, it taught the pool the engine's habit
+        (``habits``), and the request takes another; open, the engine keeps them."""
+        wait = conn.idle_since + SETTLE - loop.time()
+        if wait > 0:
+            await asyncio.sleep(wait)
+        if conn.state is _IDLE:
+            self.habits.settled()
+
     def release(self, conn: Connection) -> None:
         """Back to the pool if it may carry another request, else closed."""
         self._busy.discard(conn)
@@ -114,7 +129,7 @@ class Upstream:
         if conn.state is _IDLE and len(idle) < MAX_IDLE:  # (reusable)
             conn.resume_reading()
             conn.idle_since = conn.last_read
-            self._idle.append(conn)
+            idle.append(conn)
         else:
             conn.close()
 
@@ -135,7 +150,7 @@ class Upstream:
     ) -> bytes:
         """The request line and headers: the client's (already filtered), ``Host``, framing."""
         lines = [f"{method} {self.prefix}{target} HTTP/1.1", f"Host: {self.host_header}"]
-        lines.extend(f"{k}: {v}" for k, v in headers)
+        lines += [f"{k}: {v}" for k, v in headers]  # (a list built in one frame: no generator)
         if body is not None:
             lines.append(f"Content-Length: {len(body)}")
         lines.append("\r\n")

@@ -1,9 +1,13 @@
-"""Leak checks for loopback tests: open fds, asyncio tasks and RSS of this very process."""
+"""Leak checks for loopback tests: open fds, asyncio tasks and RSS of this very process, and
+reference cycles among llmobs's objects."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import gc
 import os
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 
@@ -43,3 +47,26 @@ async def back_to(baseline: Usage, within: float = 5.0) -> None:
             tasks = [t.get_coro() for t in asyncio.all_tasks()]
             raise AssertionError(f"leak: {now} after, {baseline} before; tasks {tasks}")
         await asyncio.sleep(0.02)
+
+
+def _ours(obj: object) -> bool:
+    """Whether ``obj`` is llmobs's: an instance of, or a function from, ``llmobs``."""
+    module = getattr(obj, "__module__", None) if callable(obj) else type(obj).__module__
+    return isinstance(module, str) and module.startswith("llmobs")
+
+
+@contextlib.contextmanager
+def cyclic_garbage() -> Iterator[list[object]]:
+    """llmobs's objects that only the cycle collector frees, made while the block runs: the
+    list, filled when the block ends. Cyclic garbage waits for the collector, whose passes
+    over everything young stall the loop (docs/benchmarks.md)."""
+    found: list[object] = []
+    gc.collect()
+    gc.set_debug(gc.DEBUG_SAVEALL)
+    try:
+        yield found
+        gc.collect()
+        found.extend(o for o in gc.garbage if _ours(o))
+    finally:
+        gc.set_debug(0)
+        gc.garbage.clear()

@@ -1,6 +1,6 @@
 """The client leg's server (``llmobs.wire.server.ProxyServer``) with small test handlers, for
-the tests of tests/unit/wire/server/: start one (``serving``), and run a module's tests on
-uvloop too."""
+the tests of the client leg (tests/unit/wire/server/, request/, test_flow.py) and of the
+relay's headers: start one (``serving``), and run a module's tests on uvloop too."""
 
 from __future__ import annotations
 
@@ -15,7 +15,8 @@ from dataclasses import dataclass, field
 import pytest
 
 from llmobs.wire.http1 import BadRequest
-from llmobs.wire.server import BodyTooLarge, BodyTooSlow, ProxyServer, Request, error_body
+from llmobs.wire.request import openai_error_body
+from llmobs.wire.server import BodyTooLarge, BodyTooSlow, ProxyServer, Request
 from tests.support.rawhttp import WAIT, Client
 
 MAX_BODY = 1024
@@ -92,7 +93,7 @@ def echo(seen: Seen, budget: float = WAIT) -> Handler:
         except (BodyTooLarge, BodyTooSlow, BadRequest) as exc:
             seen.errors.append(exc)
             status = {BodyTooLarge: 413, BodyTooSlow: 408}.get(type(exc), 400)
-            request.respond(status, error_body(status, type(exc).__name__))
+            request.respond(status, openai_error_body(status, type(exc).__name__))
             return
         line = f"{request.method} {request.target}\n".encode()
         request.respond(200, line + body, "text/plain")

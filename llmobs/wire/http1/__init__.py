@@ -39,7 +39,7 @@ from llmobs.wire.http1.heads import (
     parse_response_head,
 )
 from llmobs.wire.http1.policy import (
-    Framing,
+    ResponseFraming,
     body_decoder,
     content_length,
     declared_length,
@@ -66,11 +66,11 @@ __all__ = [
     "CloseBody",
     "FieldsTooLarge",
     "Frames",
-    "Framing",
     "LengthBody",
     "NoBody",
     "ProtocolError",
     "RequestHead",
+    "ResponseFraming",
     "ResponseHead",
     "body_decoder",
     "climbs_above_root",

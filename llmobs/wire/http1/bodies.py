@@ -198,14 +198,8 @@ class ChunkedBody(BodyDecoder):
         self._rest_at = 0  # ... and where it stopped
 
     def feed(self, data: bytes) -> bytes:
-        if self.done:
-            self.extra += data
-            self.whole = False
-            return b""
-        if self.backlog:  # the caller must ``resume`` first: keep the order of the bytes
-            self._rest = self._rest[self._rest_at :] + data
-            self._rest_at = 0
-            return self.resume()
+        if self.done or self.backlog:
+            return self._late(data)
         if self._state == _SIZE and not self._line:
             frame = self._frames.get(len(data))
             if frame is not None:
@@ -223,10 +217,7 @@ class ChunkedBody(BodyDecoder):
                     if not size:  # the last chunk alone, with no trailer
                         self._state, self.done = _TRAILER, True
                         return b""
-                    if len(self._frames) >= _FRAMES:
-                        self._frames.clear()
-                    self._frames[stop + 2] = (end + 2, data[: end + 2])
-                    return data[end + 2 : stop]  # exactly one chunk: the hot path
+                    return self._remember(data, end + 2, stop)  # exactly one chunk
             out: list[bytes] = []
             pos, budget = _scan(data, 0, out, FEED_BUDGET)
             n = len(data)
@@ -238,6 +229,26 @@ class ChunkedBody(BodyDecoder):
                 return out[0] if len(out) == 1 else b"".join(out)
             return self._decode(data, pos, out, budget, True)
         return self._decode(data, 0, [], FEED_BUDGET, False)
+
+    def _late(self, data: bytes) -> bytes:
+        """A read after the end of the body (kept in ``extra``), or while ``feed`` left part
+        of the last one (the caller must ``resume`` first: the bytes are kept in order)."""
+        if self.done:
+            self.extra += data
+            self.whole = False
+            return b""
+        self._rest = self._rest[self._rest_at :] + data
+        self._rest_at = 0
+        return self.resume()
+
+    def _remember(self, data: bytes, at: int, stop: int) -> bytes:
+        """A read of exactly one chunk, of a length not seen as one before: its size line is
+        remembered (``_frames``), so that the next read of that length takes two slices;
+        returns its payload, ``data[at:stop]``."""
+        if len(self._frames) >= _FRAMES:
+            self._frames.clear()
+        self._frames[len(data)] = (at, data[:at])
+        return data[at:stop]
 
     def resume(self) -> bytes:
         if not self.backlog:

@@ -25,7 +25,7 @@ from llmobs.wire.http1.heads import RequestHead, ResponseHead
 MAX_LENGTH_DIGITS = 18  # a Content-Length of more digits is no body anyone sends
 
 
-class Framing(IntEnum):
+class ResponseFraming(IntEnum):
     """How a response to the client is framed."""
 
     NONE = 0  # no body: HEAD, 1xx, 204, 304
@@ -92,14 +92,14 @@ def content_length(headers: CIMultiDict[str]) -> int | None:
 
 def response_framing(
     method: str, status: int, version: tuple[int, int], length: int | None
-) -> Framing:
+) -> ResponseFraming:
     """How a response of ``length`` bytes (None: unknown) is framed for a client that spoke
     ``version``."""
     if not response_has_body(method, status):
-        return Framing.NONE
+        return ResponseFraming.NONE
     if length is not None:
-        return Framing.LENGTH
-    return Framing.CHUNKED if version >= (1, 1) else Framing.CLOSE
+        return ResponseFraming.LENGTH
+    return ResponseFraming.CHUNKED if version >= (1, 1) else ResponseFraming.CLOSE
 
 
 def body_decoder(head: ResponseHead, method: str, frames: Frames | None = None) -> BodyDecoder:

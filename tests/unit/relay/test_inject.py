@@ -11,9 +11,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from llmobs.relay.inject import UsageStripper, inject_usage
-from llmobs.sim.replay import load_transcripts
 from tests.integration.llamacpp import masked
 from tests.support import FIXTURES
+from tests.support.replay import load_transcripts
 from tests.support.scripted import Script, ScriptedUpstream, chat_chunk, sse
 from tests.support.servers import AppFactory, SidecarFactory, SimFactory, eventually
 

@@ -1,34 +1,39 @@
 """Every test of the wire runs with no illegal transition: each would be a bug that a
-connection caught, logged and closed on, which a test looking only at responses can miss. The
-connections log each one as an error on their leg's logger; this counts those records."""
+connection caught, reported and closed on, which a test looking only at responses can miss.
+Both legs report one the same way (``states.illegal``: an error record on ``llmobs.wire``
+that carries the ``IllegalTransition``); this counts those records, per leg. And ``serve``: the
+client leg's server on loopback, for the tests of the modules it runs (``server``,
+``request``, ``flow``)."""
 
 from __future__ import annotations
 
 import logging
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 
 import pytest
 
-LEGS = {"llmobs.server": "client", "llmobs.upstream": "engine"}
+from llmobs.wire.states import IllegalTransition
+from tests.support.protocol_server import ServeFactory, serving
 
 
 class _Illegal(logging.Handler):
-    """Counts, per leg, the log records of illegal transitions."""
+    """Counts, per leg, the records of illegal transitions."""
 
     def __init__(self) -> None:
         super().__init__(logging.ERROR)
         self.seen: Counter[str] = Counter()
 
     def emit(self, record: logging.LogRecord) -> None:
-        if record.name in LEGS and "is not a transition" in record.getMessage():
-            self.seen[LEGS[record.name]] += 1
+        error = getattr(record, "illegal", None)
+        if isinstance(error, IllegalTransition):
+            self.seen[error.leg] += 1
 
 
 @pytest.fixture
 def _illegal_seen() -> Iterator[_Illegal]:
     handler = _Illegal()
-    logger = logging.getLogger("llmobs")
+    logger = logging.getLogger("llmobs.wire")
     logger.addHandler(handler)
     try:
         yield handler
@@ -49,3 +54,11 @@ def no_illegal_transitions(
     yield
     if "illegal" not in request.fixturenames:
         assert not _illegal_seen.seen, "an illegal transition, a bug: see the log"
+
+
+@pytest.fixture
+async def serve() -> AsyncIterator[ServeFactory]:
+    """``await serve(handler, client_timeout=..., max_body=...)``: a ProxyServer on loopback,
+    shut down (and its clients closed) when the test ends."""
+    async with serving() as start:
+        yield start

@@ -16,10 +16,10 @@ from llmobs.wire.http1 import (
     ChunkedBody,
     CloseBody,
     Frames,
-    Framing,
     LengthBody,
     NoBody,
     ProtocolError,
+    ResponseFraming,
     body_decoder,
     content_length,
     declared_length,
@@ -54,17 +54,17 @@ def test_which_responses_have_a_body(method: str, status: int, has: bool) -> Non
 @pytest.mark.parametrize(
     ("method", "status", "version", "length", "framing"),
     [
-        ("GET", 200, (1, 1), 5, Framing.LENGTH),
-        ("GET", 200, (1, 1), None, Framing.CHUNKED),
-        ("GET", 200, (1, 0), None, Framing.CLOSE),  # HTTP/1.0 has no chunked
-        ("GET", 200, (1, 0), 0, Framing.LENGTH),
-        ("HEAD", 200, (1, 1), 5, Framing.NONE),
-        ("POST", 204, (1, 1), None, Framing.NONE),
-        ("GET", 304, (1, 0), 10, Framing.NONE),
+        ("GET", 200, (1, 1), 5, ResponseFraming.LENGTH),
+        ("GET", 200, (1, 1), None, ResponseFraming.CHUNKED),
+        ("GET", 200, (1, 0), None, ResponseFraming.CLOSE),  # HTTP/1.0 has no chunked
+        ("GET", 200, (1, 0), 0, ResponseFraming.LENGTH),
+        ("HEAD", 200, (1, 1), 5, ResponseFraming.NONE),
+        ("POST", 204, (1, 1), None, ResponseFraming.NONE),
+        ("GET", 304, (1, 0), 10, ResponseFraming.NONE),
     ],
 )
 def test_a_response_to_the_client_is_framed_by_its_length_and_the_clients_version(
-    method: str, status: int, version: tuple[int, int], length: int | None, framing: Framing
+    method: str, status: int, version: tuple[int, int], length: int | None, framing: ResponseFraming
 ) -> None:
     assert response_framing(method, status, version, length) is framing
 

@@ -1,16 +1,21 @@
-"""A connection's life: the client going away, idle and slowloris timeouts, shutdown."""
+"""A connection's life (``wire/server.py``): the client going away, idle and slowloris
+timeouts, handlers that fail or leave a response unfinished, shutdown; and nothing left behind
+once it closes."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import gc
+import json
+import weakref
 
+import aiohttp
 import pytest
 
-from llmobs.wire.server import (
-    Request,
-)
+from llmobs.wire.server import Request
+from tests.support.backpressure import Flow, flood, small_receiver
+from tests.support.leaks import cyclic_garbage
 from tests.support.protocol_server import (
     Seen,
     ServeFactory,
@@ -24,7 +29,9 @@ from tests.support.rawhttp import (
     closed,
     get,
     post,
+    read_head,
     read_response,
+    read_to_eof,
 )
 from tests.support.servers import eventually
 
@@ -133,6 +140,72 @@ async def test_a_handler_running_past_client_timeout_is_not_cut(serve: ServeFact
     assert response.body == b"firstsecond"
 
 
+# -- handlers that fail ---------------------------------------------------------------------
+
+
+async def test_a_handler_that_raises_gets_a_500_and_a_close(serve: ServeFactory) -> None:
+    async def fail(request: Request) -> None:
+        raise RuntimeError("boom")
+
+    served = await serve(fail)
+    client = await served.connect()
+    await client.send(get("/fail") + get("/never"))
+    response = await read_response(client.reader)
+    assert response.status == 500
+    assert response.header("Connection") == "close"
+    assert json.loads(response.body)["error"] == {
+        "message": "llmobs: internal error",
+        "type": "internal_error",
+        "code": 500,
+    }
+    assert await closed(client.reader)
+
+
+async def test_a_handler_that_returns_without_answering_gets_a_500(serve: ServeFactory) -> None:
+    async def silent(request: Request) -> None:
+        return None
+
+    served = await serve(silent)
+    client = await served.connect()
+    await client.send(get("/silent"))
+    response = await read_response(client.reader)
+    assert response.status == 500
+    assert response.header("Connection") == "close"
+    assert await closed(client.reader)
+
+
+@pytest.mark.parametrize("how", ["returns", "raises"])
+async def test_a_response_begun_and_not_ended_is_cut_by_a_close(
+    serve: ServeFactory, how: str
+) -> None:
+    async def unfinished(request: Request) -> None:
+        request.begin(200, "OK", [("Content-Type", "text/event-stream")], None)
+        request.write(b"data: 1\n\n")
+        if how == "raises":
+            raise RuntimeError("upstream went away")
+
+    served = await serve(unfinished)
+    client = await served.connect()
+    await client.send(get("/cut") + get("/never"))
+    status, _, headers = await read_head(client.reader)
+    assert status == 200
+    assert ("Transfer-Encoding", "chunked") in headers
+    rest = await read_to_eof(client.reader)
+    assert rest == b"9\r\ndata: 1\n\n\r\n"  # one chunk, no last chunk: visibly cut
+
+
+async def test_a_cut_response_is_an_error_for_an_http_client(serve: ServeFactory) -> None:
+    async def unfinished(request: Request) -> None:
+        request.begin(200, "OK", [("Content-Type", "text/event-stream")], None)
+        request.write(b"data: 1\n\n")
+
+    served = await serve(unfinished)
+    async with aiohttp.ClientSession() as session, session.get(served.url + "/cut") as r:
+        assert r.status == 200
+        with pytest.raises(aiohttp.ClientPayloadError):
+            await r.read()
+
+
 # -- shutdown -------------------------------------------------------------------------------
 
 
@@ -193,10 +266,38 @@ async def test_shutdown_cancels_a_handler_that_outlasts_the_grace(serve: ServeFa
     assert not served.server.connections
 
 
-def _ours(obj: object) -> bool:
-    """Whether ``obj`` is the server's: an instance of, or a function from, ``llmobs``."""
-    module = getattr(obj, "__module__", None) if callable(obj) else type(obj).__module__
-    return isinstance(module, str) and module.startswith("llmobs")
+async def test_a_shutdown_after_a_keep_alive_head_closes_after_its_response(
+    serve: ServeFactory,
+) -> None:
+    """A shutdown that comes once a response promised keep-alive: the response goes whole,
+    as promised, then the connection closes; the request pipelined behind it is not taken
+    (the state, ``SENDING`` then ``SENDING_LAST``, says what follows the handler's return)."""
+    begun, release = asyncio.Event(), asyncio.Event()
+    targets: list[str] = []
+
+    async def handle(request: Request) -> None:
+        targets.append(request.target)
+        request.begin(200, "OK", [("Content-Type", "text/plain")], 4)
+        begun.set()
+        await release.wait()
+        request.write(b"done")
+        request.end()
+
+    served = await serve(handle, client_timeout=30.0)
+    client = await served.connect()
+    await client.send(get("/first") + get("/second"))
+    await asyncio.wait_for(begun.wait(), WAIT)
+    shutdown = asyncio.create_task(served.server.shutdown(30.0))
+    await asyncio.sleep(0)  # the shutdown marks the busy connection, and waits for it
+    release.set()
+    response = await read_response(client.reader)
+    await asyncio.wait_for(shutdown, WAIT)
+    assert (response.status, response.body, response.header("Connection")) == (200, b"done", None)
+    assert await closed(client.reader)
+    assert targets == ["/first"]
+
+
+# -- nothing left behind --------------------------------------------------------------------
 
 
 async def test_a_closed_connection_leaves_no_reference_cycles(serve: ServeFactory) -> None:
@@ -227,18 +328,31 @@ async def test_a_closed_connection_leaves_no_reference_cycles(serve: ServeFactor
 
     await once()  # warm
     await eventually(lambda: not served.server.connections)
-    gc.collect()
-    gc.set_debug(gc.DEBUG_SAVEALL)
-    try:
+    with cyclic_garbage() as cyclic:
         for _ in range(3):
             await once()
         await eventually(lambda: not served.server.connections)
-        gc.collect()
-        cyclic = [o for o in gc.garbage if _ours(o)]
-    finally:
-        gc.set_debug(0)
-        gc.garbage.clear()
     assert cyclic == []
+
+
+async def test_a_connection_cut_while_paused_leaves_nothing_behind(serve: ServeFactory) -> None:
+    """A client gone while its response was paused takes its send timeout with it: the
+    connection is not kept alive by a pending timer."""
+    flow = Flow()
+    served = await serve(flood(flow), client_timeout=30.0)
+    client = await small_receiver(served)
+    await client.send(get("/flood"))
+    await asyncio.wait_for(flow.paused.wait(), WAIT)
+    (conn,) = served.server.connections
+    gone = weakref.ref(conn)
+    del conn
+    client.writer.transport.abort()
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + WAIT
+    while served.server.connections or gone() is not None:
+        assert loop.time() < deadline, "the connection outlived its client"
+        gc.collect()
+        await asyncio.sleep(0.01)
 
 
 test_on_uvloop = on_uvloop(__name__)

@@ -1,5 +1,6 @@
-"""Requests on a connection: what the handler sees, keep-alive, pipelining, and malformed
-requests (a JSON error, then a close)."""
+"""Requests on a connection (``wire/server.py``): keep-alive, pipelining, a body decoded a share
+per loop turn; malformed requests, refused with a JSON error and a (lingering) close; a refused
+body whose rest is never read as requests."""
 
 from __future__ import annotations
 
@@ -11,6 +12,8 @@ import aiohttp
 import pytest
 
 from llmobs.wire.http1 import MAX_REQUEST_HEAD_BYTES
+from llmobs.wire.request import openai_error_body
+from llmobs.wire.server import Request
 from tests.support.protocol_server import (
     Seen,
     ServeFactory,
@@ -20,71 +23,16 @@ from tests.support.protocol_server import (
 )
 from tests.support.rawhttp import (
     WAIT,
+    chunked,
     closed,
     get,
     post,
     read_response,
     read_to_eof,
 )
-from tests.support.servers import eventually
+from tests.support.servers import eventually, loop_turns
 
 # -- requests, keep-alive, pipelining -------------------------------------------------------
-
-
-async def test_the_handler_sees_the_request_as_sent(serve: ServeFactory) -> None:
-    seen = Seen()
-    served = await serve(echo(seen))
-    client = await served.connect()
-    await client.send(
-        b"POST /v1/chat/completions?x=1 HTTP/1.1\r\nHost: test\r\nX-Tag: a\r\n"
-        b"x-tag: b\r\nContent-Length: 5\r\nContent-Type: application/json\r\n\r\nhello"
-    )
-    response = await read_response(client.reader)
-    assert response.status == 200
-    assert response.body == b"POST /v1/chat/completions?x=1\nhello"
-    assert response.header("Content-Type") == "text/plain"
-    assert response.header("Content-Length") == str(len(response.body))
-    assert response.header("Connection") is None  # HTTP/1.1: kept alive, nothing to say
-    assert response.header("Date") is not None
-    (request,) = seen.requests
-    assert (request.method, request.path, request.remote) == (
-        "POST",
-        "/v1/chat/completions",
-        "127.0.0.1",
-    )
-    assert request.headers.getall("X-Tag") == ["a", "b"]
-    assert request.has_body
-    assert request.content_length == 5
-
-
-async def test_the_declared_length_of_each_framing(serve: ServeFactory) -> None:
-    """``content_length`` is what the head declares: a length (0 too), None for chunked or
-    nothing declared."""
-    seen = Seen()
-    served = await serve(echo(seen))
-    client = await served.connect()
-    await client.send(b"POST /a HTTP/1.1\r\nHost: t\r\nContent-Length: 0\r\n\r\n")
-    await read_response(client.reader)
-    await client.send(
-        b"POST /b HTTP/1.1\r\nHost: t\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n0\r\n\r\n"
-    )
-    await read_response(client.reader)
-    await client.send(get("/c"))
-    assert (await read_response(client.reader)).status == 200
-    assert [(r.path, r.has_body, r.content_length) for r in seen.requests] == [
-        ("/a", False, 0), ("/b", True, None), ("/c", False, None),
-    ]  # fmt: skip
-
-
-async def test_respond_200_has_the_reason_ok(serve: ServeFactory) -> None:
-    """``respond`` takes the reason from ``REASONS``, which lists only error statuses: a 200
-    goes out as "HTTP/1.1 200 Error"."""
-    seen = Seen()
-    served = await serve(echo(seen))
-    client = await served.connect()
-    await client.send(get("/"))
-    response = await read_response(client.reader)
-    assert (response.status, response.reason) == (200, "OK")
 
 
 async def test_keep_alive_answers_two_requests_on_one_connection(serve: ServeFactory) -> None:
@@ -111,6 +59,17 @@ async def test_keep_alive_with_an_aiohttp_client_reuses_its_connection(
                 assert r.status == 200
                 assert await r.read() == b"POST /c%d\n" % i + b"x" * i
     assert len({id(r.transport) for r in seen.requests}) == 1
+
+
+async def test_connection_close_from_the_client_is_honoured(serve: ServeFactory) -> None:
+    seen = Seen()
+    served = await serve(echo(seen))
+    client = await served.connect()
+    await client.send(get("/a", "Connection: close") + get("/never"))
+    response = await read_response(client.reader)
+    assert response.header("Connection") == "close"
+    assert await closed(client.reader)
+    assert seen.targets == ["/a"]
 
 
 async def test_pipelined_requests_are_answered_in_order(serve: ServeFactory) -> None:
@@ -171,6 +130,24 @@ async def test_stray_crlf_between_requests_is_ignored(serve: ServeFactory) -> No
     await client.send(post("/1", b"one") + b"\r\n" + get("/2"))
     assert (await read_response(client.reader)).body == b"POST /1\none"
     assert (await read_response(client.reader)).body == b"GET /2\n"
+
+
+async def test_a_body_of_tiny_chunks_is_decoded_over_many_loop_turns(serve: ServeFactory) -> None:
+    """The probe's upload: a body that is all framing. Its reads are decoded a share per loop
+    turn (``http1.FEED_BUDGET`` chunks), so that the loop serves the other connections in
+    between; decoded in the read callback whole, 50,000 chunks took a turn or two."""
+    count = 50_000
+    seen = Seen()
+    served = await serve(echo(seen), max_body=1 << 20)
+    client = await served.connect()
+    head = b"POST /up HTTP/1.1\r\nHost: t\r\nTransfer-Encoding: chunked\r\n\r\n"
+    async with loop_turns() as turns:
+        await client.send(head + chunked(*[b"x"] * count))
+        response = await read_response(client.reader)
+    assert (response.status, response.body) == (200, b"POST /up\n" + b"x" * count)
+    assert turns.count >= count // 256 // 2, turns  # ~195 shares; a turn or two before
+    await client.send(get("/after"))  # in sync: the next request is read after the body
+    assert (await read_response(client.reader)).body == b"GET /after\n"
 
 
 # -- malformed requests ---------------------------------------------------------------------
@@ -286,6 +263,102 @@ async def test_a_non_ascii_digit_content_length_gets_a_400(serve: ServeFactory) 
     await client.send(b"POST / HTTP/1.1\r\nHost: t\r\nContent-Length: \xb2\r\n\r\n")
     assert await read_to_eof(client.reader) != b"", "closed without a response"
     assert seen.requests == []
+
+
+async def test_connect_is_answered_405_with_allow(serve: ServeFactory) -> None:
+    seen = Seen()
+    served = await serve(echo(seen))
+    client = await served.connect()
+    await client.send(b"CONNECT engine:443 HTTP/1.1\r\nHost: engine:443\r\n\r\n")
+    response = await read_response(client.reader)
+    assert response.status == 405
+    assert "POST" in (response.header("Allow") or "")
+    assert await closed(client.reader)
+    assert seen.requests == []
+
+
+async def test_a_path_climbing_above_the_root_is_400(serve: ServeFactory) -> None:
+    seen = Seen()
+    served = await serve(echo(seen))
+    client = await served.connect()
+    await client.send(get("/v1/%2e%2e/../admin"))
+    assert (await read_response(client.reader)).status == 400
+    assert seen.requests == []
+
+
+# -- refusals and what follows them ---------------------------------------------------------
+
+
+async def test_a_refusal_reaches_a_client_still_sending_its_body(serve: ServeFactory) -> None:
+    """The server answers 413 on the head and closes while the client goes on sending the
+    body. A plain close with unread bytes makes the kernel reset the connection, and a reset
+    discards the answer the client has not read yet; the lingering close (answer, FIN, drain)
+    keeps it readable."""
+
+    async def refuse(request: Request) -> None:
+        request.respond(413, openai_error_body(413, "too large"), close=True)
+
+    served = await serve(refuse)
+    client = await served.connect()
+    size = 4 * 1024 * 1024
+    await client.send(b"POST /e HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n" % size)
+    await asyncio.sleep(0.2)  # the answer is on its way, the server has closed its side
+    with contextlib.suppress(ConnectionError):
+        for _ in range(16):  # the body goes on: 4 MiB in 256 KiB writes
+            await client.send(b"x" * (256 * 1024))
+    response = await read_response(client.reader)
+    assert response.status == 413
+    assert json.loads(response.body)["error"]["code"] == 413
+
+
+@pytest.mark.parametrize(
+    ("head", "first"),
+    [
+        (b"Content-Length: %d", b"x" * 101),  # too large: the rest is still body
+        (b"Transfer-Encoding: chunked", b"zz\r\n"),  # broken framing: no telling where it ends
+    ],
+    ids=["too-large", "bad-chunk"],
+)
+async def test_the_rest_of_a_refused_body_is_never_parsed_as_a_request(
+    serve: ServeFactory, head: bytes, first: bytes
+) -> None:
+    """After BodyTooLarge (or a broken chunked body) the server cannot know where the body
+    ends, so the connection must close after the response, whatever the handler asked. Here
+    the handler answers without ``close=True`` (as ``echo`` does) and the rest of the body,
+    which looks like a request, is parsed and handled: request smuggling. The relay passes
+    ``close=True`` today, so it is latent there; the server should not depend on it."""
+    seen = Seen()
+    served = await serve(echo(seen), max_body=100, client_timeout=1.0)  # ends a kept one
+    client = await served.connect()
+    smuggled = get("/smuggled")
+    if b"%d" in head:
+        head %= len(first) + len(smuggled)
+    await client.send(b"POST /refused HTTP/1.1\r\nHost: t\r\n" + head + b"\r\n\r\n" + first)
+    assert (await read_response(client.reader)).status in (400, 413)
+    with contextlib.suppress(ConnectionError):
+        await client.send(smuggled)
+    after = await read_to_eof(client.reader)
+    assert seen.targets == ["/refused"]
+    assert after == b""
+
+
+async def test_http_1_0_with_transfer_encoding_closes_the_connection(
+    serve: ServeFactory,
+) -> None:
+    """RFC 9112 6.1: an HTTP/1.0 message with Transfer-Encoding MUST be treated as having
+    faulty framing and the connection closed after it (an HTTP/1.0 front proxy may not
+    know chunked, and would see a different body). Here it is kept alive on request."""
+    seen = Seen()
+    served = await serve(echo(seen))
+    client = await served.connect()
+    await client.send(
+        b"POST /te HTTP/1.0\r\nConnection: keep-alive\r\nTransfer-Encoding: chunked\r\n\r\n"
+        + chunked(b"abc")
+    )
+    response = await read_response(client.reader)
+    assert response.status in (200, 400)
+    assert response.header("Connection") == "close"
+    assert await closed(client.reader)
 
 
 test_on_uvloop = on_uvloop(__name__)
