@@ -184,6 +184,55 @@ def _read_status(sock: socket.socket, timeout: float) -> str:
     return data.split(b"\r\n", 1)[0].decode("latin-1", "replace") or "closed"
 
 
+def _upload(sock: socket.socket, attack: str, max_body: int) -> dict[str, object]:
+    """A hostile body (tiny chunks, chunk extensions, endless trailers) sent as fast as taken."""
+    head, blocks = _body_blocks(attack, max_body)
+    sock.sendall(head)
+    sent = len(head) + _send_all(sock, blocks)
+    return {"bytes_sent": sent, "answer": _read_status(sock, 60)}
+
+
+def _engine_flood(sock: socket.socket, attack: str) -> dict[str, object]:
+    """Ask the engine for its flood (tiny chunks or tiny events) and read all of it."""
+    path = b"/flood" if attack == "engine-tiny-chunks" else b"/flood-events/v1/chat/completions"
+    body = b'{"model":"m","stream":true}'
+    sock.sendall(
+        b"POST %b HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        b"Content-Length: %d\r\n\r\n%b" % (path, len(body), body)
+    )
+    got = 0
+    sock.settimeout(60)
+    while data := sock.recv(1 << 20):
+        got += len(data)
+        if data.endswith(b"0\r\n\r\n"):
+            break
+    return {"bytes_received": got, "answer": "read"}
+
+
+def _pipeline(sock: socket.socket, deadline: float) -> dict[str, object]:
+    """Pipelined small requests on one connection until ``deadline``, answers discarded."""
+    block = b"GET /v1/models HTTP/1.1\r\nHost: x\r\n\r\n" * 4096
+    sock.setblocking(False)
+    sent = 0
+    while time.monotonic() < deadline:
+        try:
+            sent += sock.send(block)
+        except BlockingIOError:
+            time.sleep(0.001)
+        except OSError:
+            break
+        _discard(sock)
+    return {"bytes_sent": sent, "answer": "pipelined"}
+
+
+def _discard(sock: socket.socket) -> None:
+    try:
+        while sock.recv(1 << 20):
+            pass
+    except (BlockingIOError, OSError):
+        pass
+
+
 def run_attack(attack: str, port: int, max_body: int, seconds: float) -> dict[str, object]:
     """One attack against the sidecar on ``port``; returns what happened."""
     start = time.monotonic()
@@ -191,48 +240,11 @@ def run_attack(attack: str, port: int, max_body: int, seconds: float) -> dict[st
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4 << 20)
     result: dict[str, object] = {}
     if attack in ("tiny-chunks", "chunk-ext", "trailers"):
-        head, blocks = _body_blocks(attack, max_body)
-        sock.sendall(head)
-        result["bytes_sent"] = len(head) + _send_all(sock, blocks)
-        result["answer"] = _read_status(sock, 60)
+        result = _upload(sock, attack, max_body)
     elif attack in ("engine-tiny-chunks", "engine-tiny-events"):
-        path = b"/flood" if attack == "engine-tiny-chunks" else b"/flood-events/v1/chat/completions"
-        body = b'{"model":"m","stream":true}'
-        sock.sendall(
-            b"POST %b HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-            b"Content-Length: %d\r\n\r\n%b" % (path, len(body), body)
-        )
-        got = 0
-        sock.settimeout(60)
-        while True:
-            data = sock.recv(1 << 20)
-            if not data:
-                break
-            got += len(data)
-            if data.endswith(b"0\r\n\r\n"):
-                break
-        result["bytes_received"] = got
-        result["answer"] = "read"
+        result = _engine_flood(sock, attack)
     elif attack == "pipeline":
-        one = b"GET /v1/models HTTP/1.1\r\nHost: x\r\n\r\n"
-        deadline = start + seconds
-        sock.setblocking(False)
-        sent = 0
-        block = one * 4096
-        while time.monotonic() < deadline:
-            try:
-                sent += sock.send(block)
-            except BlockingIOError:
-                time.sleep(0.001)
-            except OSError:
-                break
-            try:
-                while sock.recv(1 << 20):
-                    pass
-            except (BlockingIOError, OSError):
-                pass
-        result["bytes_sent"] = sent
-        result["answer"] = "pipelined"
+        result = _pipeline(sock, start + seconds)
     sock.close()
     result["seconds"] = round(time.monotonic() - start, 3)
     return result

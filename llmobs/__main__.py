@@ -23,9 +23,14 @@ from llmobs.export.telemetry import build_telemetry
 from llmobs.sim import add_sim_arguments, run_sim, sim_settings_from_args
 from llmobs.sim.config import SIM_OPTIONS
 from llmobs.tools.demo import add_demo_arguments, demo_flag, run_demo
-from llmobs.tools.slo_report import EXIT_CODES, add_slo_arguments, add_source_arguments, run_slo_cli
+from llmobs.tools.slo.cli import (
+    EXIT_CODES,
+    add_slo_arguments,
+    add_source_arguments,
+    run_slo_cli,
+    run_why_cli,
+)
 from llmobs.tools.tenant_key import run_tenant_key
-from llmobs.tools.why import run_why_cli
 from llmobs.wire.listen import ListenError
 
 

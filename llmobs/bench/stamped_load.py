@@ -26,8 +26,9 @@ import json
 import random
 import time
 from array import array
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Coroutine, Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 import aiohttp
 
@@ -152,62 +153,76 @@ def session_for(concurrency: int) -> aiohttp.ClientSession:
     return aiohttp.ClientSession(connector=connector, timeout=timeout)
 
 
-async def run_load(spec: LoadSpec, session: aiohttp.ClientSession | None = None) -> LoadResult:
-    """Drive one cell; requests issued before ``duration`` ends are drained, then it returns."""
-    url = spec.url + CHAT_PATH
-    body = request_body(spec)
-    headers = {"Content-Type": "application/json", **spec.headers}
-    streams: list[Stream] = []
-    own = session is None
-    session = session or session_for(spec.concurrency)
-    started = time.monotonic_ns()
-    deadline = started + int(spec.duration * 1e9)
-    dropped = 0
+class _Cell:
+    """One cell's requests under way: the streams so far, the deadline, the arrivals dropped."""
 
-    async def closed_loop() -> None:
-        while time.monotonic_ns() < deadline:
-            streams.append(await one_request(session, url, body, headers, spec.record))
+    def __init__(self, spec: LoadSpec, session: aiohttp.ClientSession) -> None:
+        self.spec = spec
+        self._session = session
+        self._url = spec.url + CHAT_PATH
+        self._body = request_body(spec)
+        self._headers = {"Content-Type": "application/json", **spec.headers}
+        self.streams: list[Stream] = []
+        self.dropped = 0
+        self.started = time.monotonic_ns()
+        self._deadline = self.started + int(spec.duration * 1e9)
 
-    async def open_loop(rate: float) -> None:
-        nonlocal dropped
-        rng = random.Random(spec.seed)
+    def _one(self) -> Coroutine[Any, Any, Stream]:
+        return one_request(self._session, self._url, self._body, self._headers, self.spec.record)
+
+    async def run(self) -> None:
+        """The closed loop, or with ``arrival_rate`` the open one; drained before it returns."""
+        if self.spec.arrival_rate:
+            await self._open_loop(self.spec.arrival_rate)
+        else:
+            await asyncio.gather(*(self._closed_loop() for _ in range(self.spec.concurrency)))
+
+    async def _closed_loop(self) -> None:
+        while time.monotonic_ns() < self._deadline:
+            self.streams.append(await self._one())
+
+    async def _open_loop(self, rate: float) -> None:
+        rng = random.Random(self.spec.seed)
         in_flight: set[asyncio.Task[Stream]] = set()
 
         def finished(task: asyncio.Task[Stream]) -> None:
             in_flight.discard(task)
-            streams.append(task.result())
+            self.streams.append(task.result())
 
-        next_at = started / 1e9
-        while (now := time.monotonic_ns()) < deadline:
+        next_at = self.started / 1e9
+        while (now := time.monotonic_ns()) < self._deadline:
             next_at += rng.expovariate(rate)
             await asyncio.sleep(max(0.0, next_at - now / 1e9))
-            if len(in_flight) >= spec.concurrency:
-                dropped += 1
+            if len(in_flight) >= self.spec.concurrency:
+                self.dropped += 1
                 continue
-            task = asyncio.ensure_future(one_request(session, url, body, headers, spec.record))
+            task = asyncio.ensure_future(self._one())
             in_flight.add(task)
             task.add_done_callback(finished)
         while in_flight:
             await asyncio.gather(*list(in_flight))
 
+
+async def run_load(spec: LoadSpec, session: aiohttp.ClientSession | None = None) -> LoadResult:
+    """Drive one cell; requests issued before ``duration`` ends are drained, then it returns."""
+    own = session is None
+    session = session or session_for(spec.concurrency)
+    cell = _Cell(spec, session)
     # No garbage collection while the cell runs: a full collection of this process's heap
-    # (aiohttp, numpy, the rounds so far) stalls its loop for ~100-200 ms on a small machine,
-    # and every chunk in flight would arrive that much "late", charged to the target. What
-    # the cell leaves in cycles is collected after it.
+    # (aiohttp, numpy, the rounds so far) stalls its loop on a small machine, and every chunk
+    # in flight would arrive that much "late", charged to the target (docs/benchmarks.md).
+    # What the cell leaves in cycles is collected after it.
     collecting = gc.isenabled()
     gc.disable()
     try:
-        if spec.arrival_rate:
-            await open_loop(spec.arrival_rate)
-        else:
-            await asyncio.gather(*(closed_loop() for _ in range(spec.concurrency)))
+        await cell.run()
         ended = time.monotonic_ns()
     finally:
         if collecting:
             gc.enable()
         if own:
             await session.close()
-    return LoadResult(streams, started, ended, dropped)
+    return LoadResult(cell.streams, cell.started, ended, cell.dropped)
 
 
 async def scrape_loop(

@@ -1,4 +1,5 @@
 """Configuration, read once: each option declared once (``options``: flag, variable, default,
-parser), the sidecar's frozen ``Settings`` (``settings``, the only reader of ``LLMOBS_*``), the
-standard ``OTEL_*`` variables (``otel``), and log set-up (``logs``). Every layer may import it.
+parser, and its check from ``checks``), the sidecar's frozen ``Settings`` (``settings``, the
+only reader of ``LLMOBS_*``), the standard ``OTEL_*`` variables (``otel``), and log set-up
+(``logs``). Every layer may import it.
 """

@@ -21,6 +21,8 @@ from typing import Any
 
 import yaml
 
+from llmobs.config.checks import Check
+
 _OPTION = "llmobs.option"  # the key of a field's option in its metadata
 
 
@@ -102,13 +104,22 @@ class _Spec:
     parse: Callable[[str], Any]
     help: str
     metavar: str
+    check: Check | None
 
 
 def option(
-    default: Any, parse: Callable[[str], Any], help: str, metavar: str = "", *, secret: bool = False
+    default: Any,
+    parse: Callable[[str], Any],
+    help: str,
+    metavar: str = "",
+    *,
+    check: Check | None = None,
+    secret: bool = False,
 ) -> Any:
-    """A settings field that is an option; ``secret``: kept out of ``repr`` (a token)."""
-    return field(default=default, repr=not secret, metadata={_OPTION: _Spec(parse, help, metavar)})
+    """A settings field that is an option; ``check``: what a valid value is
+    (``llmobs.config.checks``); ``secret``: kept out of ``repr`` (a token)."""
+    spec = _Spec(parse, help, metavar, check)
+    return field(default=default, repr=not secret, metadata={_OPTION: spec})
 
 
 @dataclass(frozen=True)
@@ -122,6 +133,7 @@ class Option:
     help: str
     metavar: str
     default: Any
+    check: Check | None = None
 
 
 def options_of(settings: type[Any], env_prefix: str) -> tuple[Option, ...]:
@@ -132,7 +144,11 @@ def options_of(settings: type[Any], env_prefix: str) -> tuple[Option, ...]:
         if isinstance(spec, _Spec):
             flag = "--" + f.name.replace("_", "-")
             env = env_prefix + f.name.upper()
-            out.append(Option(f.name, flag, env, spec.parse, spec.help, spec.metavar, f.default))
+            out.append(
+                Option(
+                    f.name, flag, env, spec.parse, spec.help, spec.metavar, f.default, spec.check
+                )
+            )
     return tuple(out)
 
 
@@ -158,6 +174,18 @@ def _convert(opt: Option, raw: Any, source: str) -> Any:
         return opt.parse(raw)
     except (TypeError, ValueError) as exc:
         raise ConfigError(f"{source}: invalid value {raw!r}: {exc}") from exc
+
+
+def check_fields(settings: object, options: tuple[Option, ...]) -> None:
+    """Run each option's check on its value (an unset one, None, is not checked); the first
+    problem found is a ``ConfigError`` naming the flag and the variable."""
+    for opt in options:
+        value = getattr(settings, opt.field)
+        if opt.check is None or value is None:
+            continue
+        problem = opt.check(value)
+        if problem is not None:
+            raise ConfigError(f"{opt.flag} / {opt.env}: {problem}")
 
 
 def source_of(field: str, options: tuple[Option, ...]) -> str:

@@ -2,8 +2,10 @@
 
 Every option exists as a CLI flag and as an ``LLMOBS_*`` environment variable (twelve-factor),
 declared once, as a field of ``Settings`` (``options.option``), so that ``--help``, the README
-table and the parser cannot drift apart. Precedence: flag > environment > default. A bad value
-fails at start-up and names the flag or variable it came from. This is the only module that
+table and the parser cannot drift apart. Precedence: flag > environment > default. What a valid
+value is stands beside each option too (``check=``, ``config.checks``); a bad value fails at
+start-up naming its flag and variable, as do the two rules that bind several options (the
+ports, the objectives). This is the only module that
 reads the sidecar's settings from the environment, and it reads an injected mapping, never
 ``os.environ`` directly (the OpenTelemetry SDK's own ``OTEL_*`` variables: ``otel_config``).
 """
@@ -11,14 +13,24 @@ reads the sidecar's settings from the environment, and it reads an injected mapp
 from __future__ import annotations
 
 import argparse
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
-from urllib.parse import urlsplit
 
 from llmobs.config.buckets import FAMILIES as BUCKET_FAMILIES
 from llmobs.config.buckets import parse_buckets
+from llmobs.config.checks import (
+    at_least_one,
+    between,
+    fraction,
+    http_url,
+    matches,
+    non_negative,
+    one_of,
+    positive,
+    tcp_port,
+    unless_empty,
+)
 from llmobs.config.model import DTYPE_BYTES, KV_DTYPES
 from llmobs.config.objectives import (
     DEFAULT_TARGET,
@@ -30,6 +42,7 @@ from llmobs.config.objectives import (
 )
 from llmobs.config.options import (
     ConfigError,
+    check_fields,
     flags_of,
     merge_sources,
     option,
@@ -49,8 +62,14 @@ from llmobs.config.tenants import Tenancy, check_metrics, load_keys
 
 __all__ = ["OPTIONS", "ConfigError", "Settings", "add_arguments", "settings_from_args"]
 
-_LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
+LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
 EVENT_LOOPS = ("auto", "uvloop", "asyncio")
+# a label value, bounded and plain, as the conventions' own are
+_PROVIDER = matches(
+    r"[a-z][a-z0-9_.]{0,63}",
+    "auto or a name of lower-case letters, digits, '.' and '_' (as the conventions' own: "
+    "aws.bedrock)",
+)
 
 
 @dataclass(frozen=True)
@@ -60,219 +79,164 @@ class Settings:
     docs/slo.md)."""
 
     upstream: str = option(
-        "http://127.0.0.1:8000",
-        str,
-        "base URL of the inference server every request is forwarded to",
-        "URL",
-    )
+        "http://127.0.0.1:8000", str,
+        "base URL of the inference server every request is forwarded to", "URL", check=http_url,
+    )  # fmt: skip
     host: str = option("0.0.0.0", str, "address the proxy listens on", "ADDR")
     port: int = option(
-        8080,
-        int,
-        "port the proxy listens on (clients talk to it as to the engine)",
-        "PORT",
-    )
+        8080, int, "port the proxy listens on (clients talk to it as to the engine)", "PORT",
+        check=tcp_port,
+    )  # fmt: skip
     metrics_host: str = option("0.0.0.0", str, "address of the metrics/health server", "ADDR")
-    metrics_port: int = option(9464, int, "port serving /metrics, /healthz and /readyz", "PORT")
+    metrics_port: int = option(
+        9464, int, "port serving /metrics, /healthz and /readyz", "PORT", check=tcp_port
+    )
     connect_timeout: float = option(
-        10.0,
-        float,
-        "seconds to wait for a connection to the upstream (then 504)",
-        "SECONDS",
-    )
+        10.0, float, "seconds to wait for a connection to the upstream (then 504)", "SECONDS",
+        check=positive,
+    )  # fmt: skip
     upstream_idle_timeout: float = option(
-        4.0,
-        float,
+        4.0, float,
         "seconds an idle connection to the upstream is kept for reuse; keep it below the "
-        "engine's own keep-alive timeout (uvicorn's and llama.cpp's: 5 s)",
-        "SECONDS",
-    )
+        "engine's own keep-alive timeout (uvicorn's and llama.cpp's: 5 s)", "SECONDS",
+        check=positive,
+    )  # fmt: skip
     read_timeout: float = option(
-        300.0,
-        float,
+        300.0, float,
         "seconds the upstream may stay silent, before headers (then 504) or between chunks "
-        "(then the stream is cut)",
-        "SECONDS",
-    )
+        "(then the stream is cut)", "SECONDS", check=positive,
+    )  # fmt: skip
     client_timeout: float = option(
-        60.0,
-        float,
+        60.0, float,
         "seconds a client may take to send a request's headers, and in all to send its body "
         "(then the connection is closed, or 408), and to take any of a response it stopped "
-        "reading (then it is closed): slow clients cannot hold the sidecar",
-        "SECONDS",
-    )
+        "reading (then it is closed): slow clients cannot hold the sidecar", "SECONDS",
+        check=positive,
+    )  # fmt: skip
     max_body_bytes: int = option(
-        16 * 1024**2,
-        parse_size,
+        16 * 1024**2, parse_size,
         "largest request body accepted as it comes over the wire, chunked framing included "
-        "(then 413); accepts KiB/MiB/GiB suffixes",
-        "BYTES",
-    )
+        "(then 413); accepts KiB/MiB/GiB suffixes", "BYTES", check=at_least_one,
+    )  # fmt: skip
     max_models: int = option(
-        32,
-        int,
-        "distinct model label values before new ones are reported as 'other'",
-        "N",
-    )
+        32, int, "distinct model label values before new ones are reported as 'other'", "N",
+        check=at_least_one,
+    )  # fmt: skip
     stall_factor: float = option(
-        3.0,
-        float,
+        3.0, float,
         "a gap between chunks is a stall when it exceeds this multiple of the request's "
-        "median gap ...",
-        "X",
+        "median gap ...", "X", check=positive,
+    )  # fmt: skip
+    stall_min_gap: float = option(
+        0.05, float, "... and is at least this many seconds", "SECONDS", check=non_negative
     )
-    stall_min_gap: float = option(0.05, float, "... and is at least this many seconds", "SECONDS")
     max_line_bytes: int = option(
-        1024**2,
-        parse_size,
-        "longest SSE line parsed; longer ones are relayed but not parsed",
-        "BYTES",
-    )
+        1024**2, parse_size, "longest SSE line parsed; longer ones are relayed but not parsed",
+        "BYTES", check=at_least_one,
+    )  # fmt: skip
     inject_usage: bool = option(
-        False,
-        parse_bool,
+        False, parse_bool,
         "ask OpenAI-dialect streams for usage (exact token counts) and strip the extra usage "
-        "event before it reaches the client",
-        "BOOL",
-    )
+        "event before it reaches the client", "BOOL",
+    )  # fmt: skip
     token_events: int = option(
-        256,
-        int,
-        "per-chunk span events kept on a request's decode span (stalls are always kept)",
+        256, int, "per-chunk span events kept on a request's decode span (stalls are always kept)",
         "N",
-    )
+    )  # fmt: skip
     token_spans: bool = option(
-        False,
-        parse_bool,
+        False, parse_bool,
         "also emit a child span per output chunk (deep debugging; costly, see docs/tracing.md)",
         "BOOL",
-    )
+    )  # fmt: skip
     capture_content: bool = option(
-        False,
-        parse_bool,
+        False, parse_bool,
         "put prompt and completion text on spans, truncated to 1024 characters (off: never)",
         "BOOL",
-    )
+    )  # fmt: skip
     shutdown_grace: float = option(
-        60.0,
-        float,
+        60.0, float,
         "on SIGTERM: seconds in-flight streams may take to finish before they are ended cleanly",
-        "SECONDS",
-    )
+        "SECONDS", check=non_negative,
+    )  # fmt: skip
     metrics_token: str = option(
-        "",
-        str,
+        "", str,
         "if set, /metrics and the live page require it: 'Authorization: Bearer <token>', or "
-        "HTTP Basic with it as the password (health probes stay open)",
-        "TOKEN",
-        secret=True,
-    )
+        "HTTP Basic with it as the password (health probes stay open)", "TOKEN", secret=True,
+    )  # fmt: skip
     ui: bool = option(
-        True,
-        parse_bool,
-        "serve the live page (/ui on the metrics port): the last minutes, a point a second",
-        "BOOL",
-    )
+        True, parse_bool,
+        "serve the live page (/ui on the metrics port): the last minutes, a point a second", "BOOL",
+    )  # fmt: skip
     ui_history: int = option(
-        600,
-        int,
-        "seconds the live page keeps (one point a second, ~1 KB each)",
-        "SECONDS",
-    )
+        600, int, "seconds the live page keeps (one point a second, ~1 KB each)", "SECONDS",
+        check=between(10, 3600, "seconds"),
+    )  # fmt: skip
     instrument: bool = option(
-        True,
-        parse_bool,
-        "observe streams (false: a bare relay, to measure instrumentation cost)",
+        True, parse_bool, "observe streams (false: a bare relay, to measure instrumentation cost)",
         "BOOL",
-    )
+    )  # fmt: skip
     event_loop: str = option(
-        "auto",
-        str,
+        "auto", str,
         "event loop: auto (uvloop when installed, as it is with llmobs on Linux and macOS), "
-        "uvloop, asyncio",
-        "LOOP",
-    )
-    log_level: str = option("info", str, "log level: debug, info, warning, error", "LEVEL")
+        "uvloop, asyncio", "LOOP", check=one_of(EVENT_LOOPS),
+    )  # fmt: skip
+    log_level: str = option(
+        "info", str, "log level: debug, info, warning, error", "LEVEL",
+        check=one_of(LOG_LEVELS, fold=True),
+    )  # fmt: skip
     gpus: tuple[str, ...] = option(
-        (),
-        parse_list,
+        (), parse_list,
         "GPUs to report: NVML indices or GPU-/MIG- UUIDs, comma-separated (default: "
-        "CUDA_VISIBLE_DEVICES, else NVIDIA_VISIBLE_DEVICES, else all)",
-        "LIST",
-    )
+        "CUDA_VISIBLE_DEVICES, else NVIDIA_VISIBLE_DEVICES, else all)", "LIST",
+    )  # fmt: skip
     gpu_sample_interval: float = option(
-        1.0,
-        float,
-        "seconds between NVML samples (0: no GPU collector)",
-        "SECONDS",
-    )
+        1.0, float, "seconds between NVML samples (0: no GPU collector)", "SECONDS",
+        check=non_negative,
+    )  # fmt: skip
     gpu_peak_bandwidth: float | None = option(
-        None,
-        parse_quantity,
-        "peak memory bandwidth per GPU in bytes/s, e.g. 3.35T (default: from NVML)",
-        "BYTES_PER_S",
-    )
+        None, parse_quantity,
+        "peak memory bandwidth per GPU in bytes/s, e.g. 3.35T (default: from NVML)", "BYTES_PER_S",
+        check=positive,
+    )  # fmt: skip
     gpu_peak_flops: float | None = option(
-        None,
-        parse_quantity,
-        "peak dense FLOP/s per GPU for the model's dtype, e.g. 989T (needed for MFU)",
-        "FLOPS",
-    )
+        None, parse_quantity,
+        "peak dense FLOP/s per GPU for the model's dtype, e.g. 989T (needed for MFU)", "FLOPS",
+        check=positive,
+    )  # fmt: skip
     engine_metrics_url: str = option(
-        "",
-        str,
-        "the engine's Prometheus endpoint (default: the upstream's /metrics)",
-        "URL",
-    )
+        "", str, "the engine's Prometheus endpoint (default: the upstream's /metrics)", "URL",
+        check=unless_empty(http_url),
+    )  # fmt: skip
     engine_scrape_interval: float = option(
-        5.0,
-        float,
-        "seconds between scrapes of the engine's /metrics (0: no engine collector)",
-        "SECONDS",
-    )
+        5.0, float, "seconds between scrapes of the engine's /metrics (0: no engine collector)",
+        "SECONDS", check=non_negative,
+    )  # fmt: skip
     model_bytes: int | None = option(
-        None,
-        parse_size,
-        "bytes of weights read per decode step, for MBU (default: params x dtype size)",
-        "BYTES",
-    )
+        None, parse_size,
+        "bytes of weights read per decode step, for MBU (default: params x dtype size)", "BYTES",
+        check=positive,
+    )  # fmt: skip
     model_params: float | None = option(
-        None,
-        parse_quantity,
-        "parameter count, e.g. 8B, for MBU and MFU",
-        "N",
+        None, parse_quantity, "parameter count, e.g. 8B, for MBU and MFU", "N", check=positive
     )
     weight_dtype: str = option(
-        "bf16",
-        str,
-        "weight storage type: fp32, fp16, bf16, fp8, int8, int4, fp4",
-        "DTYPE",
-    )
+        "bf16", str, "weight storage type: fp32, fp16, bf16, fp8, int8, int4, fp4", "DTYPE",
+        check=one_of(DTYPE_BYTES),
+    )  # fmt: skip
     model_layers: int = option(
-        0,
-        int,
-        "transformer layers, for the KV-cache bytes of MBU (0: weights only)",
-        "N",
-    )
+        0, int, "transformer layers, for the KV-cache bytes of MBU (0: weights only)", "N",
+        check=non_negative,
+    )  # fmt: skip
     model_kv_heads: int = option(
-        0,
-        int,
-        "key/value heads per layer (GQA), for the KV-cache bytes",
-        "N",
+        0, int, "key/value heads per layer (GQA), for the KV-cache bytes", "N", check=non_negative
     )
     model_head_dim: int = option(
-        0,
-        int,
-        "dimension of one attention head, for the KV-cache bytes",
-        "N",
+        0, int, "dimension of one attention head, for the KV-cache bytes", "N", check=non_negative
     )
     kv_dtype: str = option(
-        "auto",
-        str,
-        "KV-cache element type: auto (the activation dtype), fp16, bf16, fp8, ...",
-        "DTYPE",
-    )
+        "auto", str, "KV-cache element type: auto (the activation dtype), fp16, bf16, fp8, ...",
+        "DTYPE", check=one_of(KV_DTYPES),
+    )  # fmt: skip
     # Service-level objectives (docs/slo.md): the default set; --slo-file overrides per model
     slo_ttft: float | None = option(
         None, parse_duration, "SLO: a good request's time to first token is at most this",
@@ -296,9 +260,8 @@ class Settings:
         DEFAULT_TARGET, float, "SLO: the share of requests that should be good", "RATIO"
     )
     slo_window: float = option(
-        DEFAULT_WINDOW, parse_duration, "SLO: the window the target is measured over",
-        "DURATION",
-    )  # fmt: skip
+        DEFAULT_WINDOW, parse_duration, "SLO: the window the target is measured over", "DURATION"
+    )
     slo_file: str = option(
         "", str, "SLO: a YAML file of per-model, per-operation and per-tenant objectives "
         "(docs/slo.md)", "PATH",
@@ -318,11 +281,11 @@ class Settings:
     )  # fmt: skip
     max_tenants: int = option(
         32, int, "distinct tenant label values before new ones are reported as 'other' (the "
-        "--tenant-keys file's names always have their own)", "N",
+        "--tenant-keys file's names always have their own)", "N", check=at_least_one,
     )  # fmt: skip
     tenant_metrics: tuple[str, ...] = option(
         DEFAULT_TENANT_METRICS, parse_list, "tenants: the request families labelled by tenant: "
-        f"some of {', '.join(TENANT_METRIC_NAMES)}", "LIST",
+        f"some of {', '.join(TENANT_METRIC_NAMES)}", "LIST", check=check_metrics,
     )  # fmt: skip
     buckets: tuple[tuple[str, tuple[float, ...]], ...] = option(
         (), parse_buckets, "classic histogram bounds in seconds, per family: "
@@ -336,20 +299,21 @@ class Settings:
     provider_name: str = option(
         "auto", str, "the gen_ai.provider.name on the GenAI metrics and spans: auto (the "
         "engine its metrics name; if they name none, Ollama or Triton from a request in its "
-        "own API answered with a 2xx; else unknown) or a name, e.g. vllm", "NAME",
+        "own API answered with a 2xx; else unknown) or a name, e.g. vllm", "NAME", check=_PROVIDER,
     )  # fmt: skip
     traces_good_ratio: float = option(
-        1.0,
-        float,
+        1.0, float,
         "share of good requests' traces kept (sampled by trace id); bad ones are always kept",
-        "RATIO",
-    )
+        "RATIO", check=fraction,
+    )  # fmt: skip
     # Not options: the CUDA/NVIDIA runtime's variables, read by ``from_sources`` (docs/gpu.md).
     cuda_visible_devices: str | None = None
     nvidia_visible_devices: str | None = None
 
     def __post_init__(self) -> None:
-        _validate(self)
+        check_fields(self, OPTIONS)  # each option's own bounds, then what binds several
+        _check_ports(self)
+        _check_objectives(self)
 
     @classmethod
     def from_sources(
@@ -391,46 +355,7 @@ def _source(field: str) -> str:
     return source_of(field, OPTIONS)
 
 
-def _validate(s: Settings) -> None:
-    parts = urlsplit(s.upstream)
-    if parts.scheme not in ("http", "https") or not parts.netloc:
-        raise ConfigError(f"{_source('upstream')}: expected an http(s) URL, got {s.upstream!r}")
-    _validate_ports(s)
-    if s.shutdown_grace < 0:
-        raise ConfigError(f"{_source('shutdown_grace')}: must be >= 0")
-    for name in (
-        "connect_timeout", "upstream_idle_timeout", "read_timeout", "client_timeout",
-        "stall_factor",
-    ):  # fmt: skip
-        if getattr(s, name) <= 0:
-            raise ConfigError(f"{_source(name)}: must be > 0, got {getattr(s, name)}")
-    if s.stall_min_gap < 0:
-        raise ConfigError(f"{_source('stall_min_gap')}: must be >= 0")
-    check_metrics(s.tenant_metrics)
-    if not _PROVIDER.fullmatch(s.provider_name):
-        raise ConfigError(
-            f"{_source('provider_name')}: expected auto or a name of lower-case letters, "
-            f"digits, '.' and '_' (as the conventions' own: aws.bedrock), got {s.provider_name!r}"
-        )
-    for name in ("max_body_bytes", "max_models", "max_line_bytes", "max_tenants"):
-        if getattr(s, name) < 1:
-            raise ConfigError(f"{_source(name)}: must be >= 1, got {getattr(s, name)}")
-    if s.event_loop not in EVENT_LOOPS:
-        raise ConfigError(f"{_source('event_loop')}: expected one of {', '.join(EVENT_LOOPS)}")
-    if s.log_level.lower() not in _LOG_LEVELS:
-        raise ConfigError(f"{_source('log_level')}: expected one of {', '.join(_LOG_LEVELS)}")
-    _validate_collectors(s)
-    _validate_objectives(s)
-
-
-_PROVIDER = re.compile(r"[a-z][a-z0-9_.]{0,63}")  # a label value: bounded, plain
-
-
-def _validate_ports(s: Settings) -> None:
-    for name in ("port", "metrics_port"):
-        value = getattr(s, name)
-        if not 0 <= value <= 65535:
-            raise ConfigError(f"{_source(name)}: port out of range: {value}")
+def _check_ports(s: Settings) -> None:
     wildcard = {"0.0.0.0", "::", ""}
     shared = s.host == s.metrics_host or {s.host, s.metrics_host} & wildcard
     if s.port == s.metrics_port != 0 and shared:  # the second bind would fail on the first
@@ -439,9 +364,7 @@ def _validate_ports(s: Settings) -> None:
         )
 
 
-def _validate_objectives(s: Settings) -> None:
-    if not 0 <= s.traces_good_ratio <= 1:
-        raise ConfigError(f"{_source('traces_good_ratio')}: must be from 0 to 1")
+def _check_objectives(s: Settings) -> None:
     try:  # the default set (checked by ObjectiveSet), then the file's entries
         s.objectives()
     except ObjectiveError as exc:  # a field of the default set: a flag's or variable's
@@ -454,29 +377,6 @@ def visible_devices(environ: Mapping[str, str]) -> dict[str, Any]:
              "NVIDIA_VISIBLE_DEVICES": "nvidia_visible_devices"}  # fmt: skip
     found: dict[str, Any] = {f: environ[v] for v, f in names.items() if v in environ}
     return found
-
-
-def _validate_collectors(s: Settings) -> None:
-    for name in ("gpu_sample_interval", "engine_scrape_interval", "model_layers",
-                 "model_kv_heads", "model_head_dim"):  # fmt: skip
-        if getattr(s, name) < 0:
-            raise ConfigError(f"{_source(name)}: must be >= 0, got {getattr(s, name)}")
-    if not 10 <= s.ui_history <= 3600:  # an hour at most: what a page opened renders at once
-        raise ConfigError(
-            f"{_source('ui_history')}: must be 10 to 3600 seconds, got {s.ui_history}"
-        )
-    for name in ("gpu_peak_bandwidth", "gpu_peak_flops", "model_bytes", "model_params"):
-        value = getattr(s, name)
-        if value is not None and not value > 0:
-            raise ConfigError(f"{_source(name)}: must be > 0, got {value}")
-    if s.weight_dtype not in DTYPE_BYTES:
-        raise ConfigError(f"{_source('weight_dtype')}: expected one of {', '.join(DTYPE_BYTES)}")
-    if s.kv_dtype not in KV_DTYPES:
-        raise ConfigError(f"{_source('kv_dtype')}: expected one of {', '.join(KV_DTYPES)}")
-    if s.engine_metrics_url:
-        parts = urlsplit(s.engine_metrics_url)
-        if parts.scheme not in ("http", "https") or not parts.netloc:
-            raise ConfigError(f"{_source('engine_metrics_url')}: expected an http(s) URL")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

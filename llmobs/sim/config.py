@@ -13,9 +13,18 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from llmobs.config.checks import (
+    at_least_one,
+    fraction,
+    non_negative,
+    not_blank,
+    one_of,
+    tcp_port,
+)
 from llmobs.config.options import (
     ConfigError,
     add_arguments,
+    check_fields,
     flags_of,
     merge_sources,
     option,
@@ -24,13 +33,13 @@ from llmobs.config.options import (
     parse_list,
     source_of,
 )
+from llmobs.sim.dialects import ALL, DIALECTS, dialect_name
 from llmobs.sim.faults import FAULT_MODES
 
-# The APIs the sim can speak; ``all`` serves every one at once, each on its native paths.
-SIM_DIALECTS = ("all", "openai", "ollama", "tgi", "anthropic", "responses", "triton")
+SIM_DIALECTS = (ALL, *DIALECTS)  # what --dialect takes
 
 
-def _parse_dialect(text: str) -> str:
+def _lower(text: str) -> str:
     return text.strip().lower()
 
 
@@ -40,8 +49,8 @@ class SimSettings:
     Every field is an option (``LLMOBS_SIM_*``)."""
 
     host: str = option("127.0.0.1", str, "address the sim listens on", "ADDR")
-    port: int = option(8000, int, "port the sim listens on", "PORT")
-    model: str = option("sim-llama-3-8b", str, "model name served", "NAME")
+    port: int = option(8000, int, "port the sim listens on", "PORT", check=tcp_port)
+    model: str = option("sim-llama-3-8b", str, "model name served", "NAME", check=not_blank)
     seed: int = option(
         0,
         int,
@@ -53,36 +62,42 @@ class SimSettings:
         int,
         "most requests decoding at once; the rest wait in a FIFO queue",
         "N",
+        check=at_least_one,
     )
     prefill_base: float = option(
         0.02,
         float,
         "seconds of prefill per admitted request ...",
         "SECONDS",
+        check=non_negative,
     )
     prefill_per_token: float = option(
         0.0002,
         float,
         "... plus these seconds per prompt token",
         "SECONDS",
+        check=non_negative,
     )
     decode_base: float = option(
         0.015,
         float,
         "seconds of one decode step (one token for every running request) ...",
         "SECONDS",
+        check=non_negative,
     )
     decode_per_seq: float = option(
         0.0005,
         float,
         "... plus these seconds per running request",
         "SECONDS",
+        check=non_negative,
     )
     output_tokens_min: int = option(
         32,
         int,
         "shortest output, in tokens (lengths are uniform between min and max)",
         "N",
+        check=at_least_one,
     )
     output_tokens_max: int = option(
         256,
@@ -95,12 +110,14 @@ class SimSettings:
         int,
         "every N-th decode step (counted over all requests) stalls; 0 turns stalls off",
         "N",
+        check=non_negative,
     )
     stall_ms: float = option(
         100.0,
         float,
         "milliseconds a stalled decode step takes in addition",
         "MS",
+        check=non_negative,
     )
     spec_tokens: int = option(
         0,
@@ -108,12 +125,14 @@ class SimSettings:
         "draft tokens each running request proposes per decode step, counted as vLLM's "
         "speculative decoding counts them (the timing model does not change); 0: none",
         "N",
+        check=non_negative,
     )
     spec_acceptance: float = option(
         0.7,
         float,
         "... of which this share is accepted (rounded down per request and step)",
         "FRACTION",
+        check=fraction,
     )
     lora_adapters: tuple[str, ...] = option(
         (),
@@ -129,32 +148,36 @@ class SimSettings:
         "that would overfill it preempts the latest admitted (recomputed later, as vLLM "
         "does); 0: no limit",
         "TOKENS",
+        check=non_negative,
     )
     error_rate: float = option(
         0.0,
         float,
         "fraction of requests answered with HTTP 500 (deterministic from the seed)",
         "FRACTION",
+        check=fraction,
     )
     tokens_per_chunk: int = option(
         1,
         int,
         "tokens per SSE chunk after the first, like vLLM --stream-interval",
         "N",
+        check=at_least_one,
     )
     dialect: str = option(
-        "all",
-        _parse_dialect,
-        "API served: all, openai, ollama, tgi, anthropic, responses, triton (one dialect keeps "
-        "/health, /v1/models, /metrics)",
+        ALL,
+        dialect_name,
+        f"API served: {', '.join(SIM_DIALECTS)} (one dialect keeps /health, /v1/models, /metrics)",
         "NAME",
+        check=one_of(SIM_DIALECTS),
     )
     fault: str = option(
         "none",
-        _parse_dialect,
+        _lower,
         "break every completion response this way (see llmobs/sim/faults.py), or 'header': "
         "each request names its fault in X-Sim-Fault; 'none': no faults",
         "NAME",
+        check=one_of(FAULT_MODES),
     )
     stamp: bool = option(
         False,
@@ -174,7 +197,8 @@ class SimSettings:
     )
 
     def __post_init__(self) -> None:
-        _validate(self)
+        check_fields(self, SIM_OPTIONS)  # each option's own bounds, then what binds two
+        _check_lengths(self)
 
     @classmethod
     def from_sources(
@@ -191,44 +215,11 @@ def _source(field: str) -> str:
     return source_of(field, SIM_OPTIONS)
 
 
-def _validate(s: SimSettings) -> None:
-    if not 0 <= s.port <= 65535:
-        raise ConfigError(f"{_source('port')}: port out of range: {s.port}")
-    if not s.model.strip():
-        raise ConfigError(f"{_source('model')}: must not be empty")
-    for name in ("max_batch", "output_tokens_min", "tokens_per_chunk"):
-        if getattr(s, name) < 1:
-            raise ConfigError(f"{_source(name)}: must be >= 1, got {getattr(s, name)}")
-    for name in (
-        "prefill_base",
-        "prefill_per_token",
-        "decode_base",
-        "decode_per_seq",
-        "stall_every",
-        "stall_ms",
-        "kv_capacity",
-    ):
-        value = getattr(s, name)
-        if not value >= 0:  # also rejects NaN
-            raise ConfigError(f"{_source(name)}: must be >= 0, got {value}")
+def _check_lengths(s: SimSettings) -> None:
     if s.output_tokens_max < s.output_tokens_min:
         raise ConfigError(
             f"{_source('output_tokens_max')}: must be >= output_tokens_min "
             f"({s.output_tokens_min}), got {s.output_tokens_max}"
-        )
-    if not 0.0 <= s.spec_acceptance <= 1.0:
-        raise ConfigError(f"{_source('spec_acceptance')}: must be within [0, 1]")
-    if s.spec_tokens < 0:
-        raise ConfigError(f"{_source('spec_tokens')}: must be >= 0, got {s.spec_tokens}")
-    if not 0.0 <= s.error_rate <= 1.0:
-        raise ConfigError(f"{_source('error_rate')}: must be within [0, 1], got {s.error_rate}")
-    if s.dialect not in SIM_DIALECTS:
-        raise ConfigError(
-            f"{_source('dialect')}: expected one of {', '.join(SIM_DIALECTS)}, got {s.dialect!r}"
-        )
-    if s.fault not in FAULT_MODES:
-        raise ConfigError(
-            f"{_source('fault')}: expected one of {', '.join(FAULT_MODES)}, got {s.fault!r}"
         )
 
 

@@ -34,35 +34,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from llmobs.sim.config import SimSettings
+from llmobs.sim.request import EOS_TOKEN, TOKENS, RequestState, SimRequest
 
 # A loop blocked for longer than this re-bases the schedule on "now" instead of emitting a
 # burst of overdue steps to catch up: a stalled host delays a GPU, it does not speed it up.
 _MAX_LAG = 0.05
-
-_LOREM = (
-    "lorem ipsum dolor sit amet consectetur adipiscing elit sed do eiusmod tempor incididunt ut "
-    "labore et dolore magna aliqua enim ad minim veniam quis nostrud exercitation ullamco "
-    "laboris nisi aliquip ex ea commodo consequat duis aute irure in reprehenderit voluptate "
-    "velit esse cillum fugiat nulla pariatur excepteur sint occaecat cupidatat non proident "
-    "sunt culpa qui officia deserunt mollit anim id est laborum"
-)
-_TOKENS = tuple(" " + word for word in _LOREM.split())
-# The end-of-sequence token, for dialects that stream it (TGI): Llama-2's text and id.
-EOS_TOKEN = "</s>"
-EOS_TOKEN_ID = 2
-# Word ids start past the special tokens, as in a real vocabulary.
-_TOKEN_IDS = {text: 100 + i for i, text in enumerate(_TOKENS)} | {EOS_TOKEN: EOS_TOKEN_ID}
-
-
-class EngineStopped(Exception):
-    """The engine shut down before the request finished."""
-
-
-class _State(enum.Enum):
-    WAITING = "waiting"
-    RUNNING = "running"
-    DONE = "done"
-    CANCELLED = "cancelled"
 
 
 class PauseCause(enum.StrEnum):
@@ -111,45 +87,6 @@ class SimCounters:
     last_headers: dict[str, str] = field(default_factory=dict)
 
 
-def token_id(text: str) -> int:
-    """The vocabulary id of a token the sim produces (dialects that send ids need one)."""
-    return _TOKEN_IDS[text]
-
-
-@dataclass(eq=False)
-class SimRequest:
-    """One sequence inside the engine; the HTTP handler awaits its tokens.
-
-    The ``*_at`` fields are the schedule's own deadlines on the loop clock (not when the
-    handler woke up), so that dialects reporting durations (Ollama) report the timing model.
-    """
-
-    seq: int
-    prompt_tokens: int
-    tokens: tuple[str, ...]
-    finish_reason: str
-    generated: int = 0
-    state: _State = _State.WAITING
-    submitted_at: float = 0.0  # when it joined the queue (the loop's clock)
-    prefill_started_at: float = 0.0
-    first_token_at: float = 0.0
-    last_token_at: float = 0.0
-    preempted_at: float | None = None  # preempted, not yet resumed
-    _queue: asyncio.Queue[str | None] = field(default_factory=asyncio.Queue)
-
-    @property
-    def completion_tokens(self) -> int:
-        """How many tokens the request will produce in all."""
-        return len(self.tokens)
-
-    async def next_token(self) -> str:
-        """The next token's text, as soon as the engine emits it."""
-        item = await self._queue.get()
-        if item is None:
-            raise EngineStopped
-        return item
-
-
 def plan_output(
     settings: SimSettings,
     seq: int,
@@ -176,7 +113,7 @@ def plan_output(
     finish_reason = "stop"
     if max_tokens is not None and (ignore_eos or max_tokens < length + int(eos)):
         length, finish_reason = max_tokens, "length"
-    tokens = tuple(rng.choices(_TOKENS, k=length))
+    tokens = tuple(rng.choices(TOKENS, k=length))
     if eos and finish_reason == "stop":
         tokens += (EOS_TOKEN,)
     return tokens, finish_reason
@@ -263,13 +200,13 @@ class SimEngine:
 
     def cancel(self, request: SimRequest) -> None:
         """Drop an unfinished request at once (its client is gone); no-op once finished."""
-        if request.state is _State.WAITING:
+        if request.state is RequestState.WAITING:
             self._waiting.remove(request)
-        elif request.state is _State.RUNNING:
+        elif request.state is RequestState.RUNNING:
             del self._running[request]
         else:
             return
-        request.state = _State.CANCELLED
+        request.state = RequestState.CANCELLED
         self.counters.cancelled += 1
         self._sync_counts()
 
@@ -304,7 +241,7 @@ class SimEngine:
             request = next(reversed(self._running))
             del self._running[request]
             held -= request.prompt_tokens + request.generated
-            request.state = _State.WAITING
+            request.state = RequestState.WAITING
             request.preempted_at = request.last_token_at
             self._waiting.appendleft(request)
             self.counters.preemptions += 1
@@ -349,7 +286,7 @@ class SimEngine:
         tokens = self._held_tokens()
         while self._waiting and self._admits(self._waiting[0], tokens):
             request = self._waiting.popleft()
-            request.state = _State.RUNNING
+            request.state = RequestState.RUNNING
             if request.preempted_at is None:
                 request.prefill_started_at = clock
             self._running[request] = None
@@ -365,7 +302,7 @@ class SimEngine:
             self.pauses.append(SimPause(started, clock, PauseCause.PREFILL, held))
         await asyncio.sleep(max(0.0, clock - loop.time()))
         for request in admitted:
-            if request.state is _State.RUNNING:  # not cancelled meanwhile
+            if request.state is RequestState.RUNNING:  # not cancelled meanwhile
                 self._emit(request, clock)
         return clock
 
@@ -398,19 +335,19 @@ class SimEngine:
             self.pauses.append(pause)
             request.preempted_at = None
         request.last_token_at = clock
-        request._queue.put_nowait(request.tokens[request.generated])
+        request.emit(request.tokens[request.generated])
         request.generated += 1
         self.counters.generation_tokens += 1
         if request.generated == len(request.tokens):
-            request.state = _State.DONE
+            request.state = RequestState.DONE
             del self._running[request]
             self.counters.completed += 1
             self._sync_counts()
 
     def _abort_all(self) -> None:
         for request in [*self._waiting, *self._running]:
-            request.state = _State.CANCELLED
-            request._queue.put_nowait(None)
+            request.state = RequestState.CANCELLED
+            request.stop()
         self._waiting.clear()
         self._running.clear()
         self._sync_counts()

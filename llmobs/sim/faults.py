@@ -21,7 +21,7 @@ request is parsed first (a bad body is still a 400), then broken:
 Content faults add events in the stream's framing (SSE, else NDJSON lines); they are meant for
 streamed requests. Connection refused needs no sim: a closed port does it.
 
-Imports only the standard library and aiohttp at run time: ``sim.config`` reads ``FAULTS``.
+Imports nothing of the sim but ``request`` (what it breaks): ``sim.config`` reads ``FAULTS``.
 """
 
 from __future__ import annotations
@@ -32,12 +32,11 @@ import struct
 import zlib
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol
+from typing import Protocol
 
 from aiohttp import web
 
-if TYPE_CHECKING:
-    from llmobs.sim.engine import SimRequest
+from llmobs.sim.request import SimRequest
 
 RESET_BEFORE_HEADERS = "reset-before-headers"
 HEADERS_THEN_NOTHING = "headers-then-nothing"

@@ -26,9 +26,10 @@ from prometheus_client.registry import Collector, CollectorRegistry
 
 from llmobs.sim.config import SimSettings
 from llmobs.sim.dialects import BadRequest, Context, Endpoint, Exchange, endpoints_for
-from llmobs.sim.dialects.base import Chunk
-from llmobs.sim.engine import EngineStopped, SimEngine, SimRequest
+from llmobs.sim.dialects.base import Chunk, Plan
+from llmobs.sim.engine import SimEngine
 from llmobs.sim.faults import Faulted, Out, fault_of, serve_fault
+from llmobs.sim.request import EngineStopped, SimRequest
 from llmobs.wire.listen import listening
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -157,14 +158,8 @@ def _handler(endpoint: Endpoint) -> Handler:
         engine = request.app[ENGINE_KEY]
         seq = engine.receive(request.headers)
         body = await request.read()
-        params = dict(request.match_info)
-        settings = engine.settings
-        received = time.monotonic_ns() if settings.stamp else None  # it has the whole request
-        ctx = Context(settings.model, received_ns=received, params=params,
-                      per_request_metrics=settings.per_request_metrics,
-                      request_id=request.headers.get("X-Request-Id"))  # fmt: skip
         try:
-            exchange = endpoint.parse(body, ctx)
+            exchange = endpoint.parse(body, _context(request, engine.settings))
         except BadRequest as exc:
             return _error(engine, endpoint, str(exc), endpoint.bad_request_status)
         if engine.injects_error(seq):
@@ -175,52 +170,69 @@ def _handler(endpoint: Endpoint) -> Handler:
             return _error(engine, endpoint, str(exc), 400)
         if fault is not None:
             return await serve_fault(request, fault, _faulted(engine, seq, exchange))
-        plan = exchange.plan
-        engine.look_up_prefix(body, plan.prompt_tokens)
-        jobs = [
-            engine.submit(
-                seq, plan.prompt_tokens, plan.max_tokens, plan.seed, plan.ignore_eos, i, plan.eos
-            )
-            for i in range(plan.n)
-        ]
-        try:
-            if exchange.stream:
-                return await _stream(request, exchange, jobs)
-            for job in jobs:
-                for _ in range(job.completion_tokens):
-                    await job.next_token()
-        except EngineStopped:
-            return _error(engine, endpoint, "engine shutting down", 503)
-        except asyncio.CancelledError:
-            for job in jobs:
-                engine.cancel(job)
-            raise
-        return _json(exchange.full(jobs))
+        engine.look_up_prefix(body, exchange.plan.prompt_tokens)
+        jobs = _submit(engine, seq, exchange.plan)
+        return await _answer(request, endpoint, exchange, jobs)
 
     return handle
 
 
+def _context(request: web.Request, settings: SimSettings) -> Context:
+    """What a dialect needs of the request and the settings to parse and render it."""
+    received = time.monotonic_ns() if settings.stamp else None  # it has the whole request
+    return Context(settings.model, received_ns=received, params=dict(request.match_info),
+                   per_request_metrics=settings.per_request_metrics,
+                   request_id=request.headers.get("X-Request-Id"))  # fmt: skip
+
+
+def _submit(engine: SimEngine, seq: int, plan: Plan) -> list[SimRequest]:
+    """Put a request in the engine: one sequence per choice, as vLLM fans ``n`` out."""
+    return [
+        engine.submit(
+            seq, plan.prompt_tokens, plan.max_tokens, plan.seed, plan.ignore_eos, i, plan.eos
+        )
+        for i in range(plan.n)
+    ]
+
+
+async def _drain(jobs: list[SimRequest]) -> None:
+    """Wait for every token of an answer given whole (not streamed)."""
+    for job in jobs:
+        for _ in range(job.completion_tokens):
+            await job.next_token()
+
+
+async def _answer(
+    request: web.Request, endpoint: Endpoint, exchange: Exchange, jobs: list[SimRequest]
+) -> web.StreamResponse:
+    """Stream the request's tokens as they come, or answer whole once they all have."""
+    engine = request.app[ENGINE_KEY]
+    try:
+        if exchange.stream:
+            return await _stream(request, exchange, jobs)
+        await _drain(jobs)
+    except EngineStopped:
+        return _error(engine, endpoint, "engine shutting down", 503)
+    except asyncio.CancelledError:
+        for job in jobs:
+            engine.cancel(job)
+        raise
+    return _json(exchange.full(jobs))
+
+
 def _faulted(engine: SimEngine, seq: int, exchange: Exchange) -> Faulted:
     """The request as ``faults`` sees it: submit it, render its answer, cancel it."""
-    plan = exchange.plan
     every = 1 if exchange.one_token_per_event else engine.settings.tokens_per_chunk
 
     def submit() -> list[SimRequest]:
-        return [
-            engine.submit(
-                seq, plan.prompt_tokens, plan.max_tokens, plan.seed, plan.ignore_eos, i, plan.eos
-            )
-            for i in range(plan.n)
-        ]
+        return _submit(engine, seq, exchange.plan)
 
     async def render(out: Out, jobs: list[SimRequest]) -> None:
         try:
             if exchange.stream:
                 await _relay(out, exchange, jobs, every)
                 return
-            for job in jobs:
-                for _ in range(job.completion_tokens):
-                    await job.next_token()
+            await _drain(jobs)
         except EngineStopped:
             return  # shutting down: the answer ends unfinished, as a dying server's would
         await out.write(exchange.full(jobs).encode())

@@ -26,6 +26,7 @@ from llmobs.config.settings import Settings
 from llmobs.export.metrics.query import buckets, quantile, total
 from llmobs.export.telemetry import build_telemetry
 from llmobs.sim import SimSettings, build_sim_app
+from llmobs.sim.dialects import dialect_name
 from llmobs.tools.traffic import DIALECTS, Result, Workload, run_load
 from llmobs.wire.listen import ListenError
 
@@ -51,6 +52,7 @@ def add_demo_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--dialect",
+        type=dialect_name,  # an earlier name too: responses
         choices=(*DIALECTS, "mixed"),
         default="openai",
         help="API the clients speak: OpenAI, Ollama native, TGI native, Anthropic Messages, "
@@ -103,7 +105,7 @@ def _with_objective(settings: Settings) -> Settings:
 def goodput_lines(sidecar: Sidecar, elapsed: float) -> list[str]:
     """Goodput against the objective, read from the sidecar's SLO series."""
     reg = sidecar.telemetry.registry
-    objective = sidecar.proxy.sink.objectives.default
+    objective = sidecar.proxy.recorder.objectives.default
     good = total(reg, "llmobs_slo_requests_total", verdict="good")
     judged = good + total(reg, "llmobs_slo_requests_total", verdict="bad")
     good_tokens = total(reg, "llmobs_slo_output_tokens_total", verdict="good")

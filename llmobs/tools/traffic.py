@@ -16,12 +16,17 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
-from urllib.parse import quote
 
 import aiohttp
 
-from llmobs.observe.dialects import detect_stream, route_for_path
+from llmobs.observe.dialects import (
+    OPENAI_CHAT,
+    detect_stream,
+    route_for_path,
+)
 from llmobs.observe.framing import Framing, NdjsonDecoder, SseDecoder
+from llmobs.sim.dialects import DIALECTS as SIM_DIALECTS
+from llmobs.sim.dialects import dialect_name
 
 _WORDS = ("the", "quick", "brown", "fox", "jumps", "over", "a", "lazy", "dog", "while",
           "seven", "wizards", "quietly", "hum")  # fmt: skip
@@ -51,20 +56,24 @@ class Result:
         return self.error is None and 200 <= self.status < 300
 
 
-DIALECTS = ("openai", "ollama", "tgi", "anthropic", "responses", "triton")
+# the APIs the clients speak, by the names the sidecar gives them (``llmobs.dialect``)
+DIALECTS = tuple(SIM_DIALECTS)
+MIXED = "mixed"  # each in turn
 
 
 class Workload:
     """A seeded mix: 80 % short prompts (~40-170 tokens), 20 % long (~400-1700).
 
     ``dialect`` picks the API the clients speak: ``openai`` (80 % chat, 20 % completions),
-    ``ollama``, ``tgi``, ``anthropic``, ``responses``, ``triton``, or ``mixed`` (each in turn).
+    ``ollama``, ``tgi``, ``anthropic``, ``openai-responses`` (earlier ``responses``),
+    ``triton``, or ``mixed`` (each in turn).
     """
 
     def __init__(
-        self, model: str, seed: int = 0, long_share: float = 0.2, dialect: str = "openai"
+        self, model: str, seed: int = 0, long_share: float = 0.2, dialect: str = OPENAI_CHAT.name
     ) -> None:
-        if dialect not in (*DIALECTS, "mixed"):
+        dialect = dialect_name(dialect)
+        if dialect not in (*DIALECTS, MIXED):
             raise ValueError(f"unknown dialect {dialect!r}")
         self._rng = random.Random(seed)
         self._model = model
@@ -82,42 +91,16 @@ class Workload:
         prompt = self._text(rng.randint(300, 1200) if long else rng.randint(30, 120))
         max_tokens = rng.randint(32, 256)
         dialect = self._dialect
-        if dialect == "mixed":
+        if dialect == MIXED:
             dialect = DIALECTS[self._sent % len(DIALECTS)]
         self._sent += 1
         return _call(dialect, self._model, prompt, max_tokens, rng.random() < 0.8)
 
 
 def _call(dialect: str, model: str, prompt: str, max_tokens: int, chat: bool) -> Call:
-    """One streaming request in ``dialect``'s own shape."""
-    messages = [{"role": "user", "content": prompt}]
-    body: dict[str, Any]
-    if dialect == "ollama":
-        options = {"num_predict": max_tokens}
-        if chat:
-            return Call("/api/chat", {"model": model, "messages": messages, "options": options})
-        return Call("/api/generate", {"model": model, "prompt": prompt, "options": options})
-    if dialect == "tgi":
-        body = {"inputs": prompt, "parameters": {"max_new_tokens": max_tokens, "details": True}}
-        return Call("/generate_stream", body)
-    if dialect == "triton":  # TensorRT-LLM's ensemble, which names its model in the path
-        body = {"text_input": prompt, "max_tokens": max_tokens, "stream": True,
-                "return_num_input_tokens": True, "return_num_output_tokens": True}  # fmt: skip
-        return Call(f"/v2/models/{quote(model, safe='')}/generate_stream", body)
-    if dialect == "anthropic":
-        body = {"model": model, "max_tokens": max_tokens, "messages": messages, "stream": True}
-        return Call("/v1/messages", body)
-    if dialect == "responses":
-        body = {"model": model, "input": prompt, "max_output_tokens": max_tokens, "stream": True}
-        return Call("/v1/responses", body)
-    usage = {"include_usage": True}
-    if chat:
-        body = {"model": model, "messages": messages, "max_tokens": max_tokens, "stream": True,
-                "stream_options": usage}  # fmt: skip
-        return Call("/v1/chat/completions", body)
-    body = {"model": model, "prompt": prompt, "max_tokens": max_tokens, "stream": True,
-            "stream_options": usage}  # fmt: skip
-    return Call("/v1/completions", body)
+    """One streaming request in ``dialect``'s own shape (the sim's dialect knows it)."""
+    path, body = SIM_DIALECTS[dialect].request(model, prompt, max_tokens, chat)
+    return Call(path, body)
 
 
 async def stream_call(session: aiohttp.ClientSession, base_url: str, call: Call) -> Result:

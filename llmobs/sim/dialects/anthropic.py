@@ -15,6 +15,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from llmobs.sim.dialects.base import (
+    Api,
     BadRequest,
     Chunk,
     Context,
@@ -30,7 +31,7 @@ from llmobs.sim.dialects.base import (
     optional_int,
     sse,
 )
-from llmobs.sim.engine import SimRequest
+from llmobs.sim.request import SimRequest
 
 _STOP_REASONS = {"stop": "end_turn", "length": "max_tokens"}
 _ERROR_TYPES = {400: "invalid_request_error", 404: "not_found_error"}
@@ -112,3 +113,15 @@ class Messages(Exchange):
 
 
 ENDPOINTS = (Endpoint("/v1/messages", Messages, error_body),)
+
+
+def client_request(
+    model: str, prompt: str, max_tokens: int, chat: bool
+) -> tuple[str, dict[str, Any]]:
+    """A streaming Messages API request (it has no plain completions)."""
+    messages = [{"role": "user", "content": prompt}]
+    body = {"model": model, "max_tokens": max_tokens, "messages": messages, "stream": True}
+    return "/v1/messages", body
+
+
+API = Api(ENDPOINTS, client_request)

@@ -17,7 +17,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-from llmobs.sim.engine import SimRequest
+from llmobs.sim.request import SimRequest
 
 
 class BadRequest(ValueError):
@@ -201,6 +201,20 @@ class Endpoint:
     parse: Callable[[bytes, Context], Exchange]
     error: Callable[[str, int], str]  # (message, HTTP status) -> JSON body
     bad_request_status: int = 400
+
+
+# a client's streaming request in a dialect's own shape: (model, prompt, max tokens, chat or
+# a plain completion) -> (path, JSON body); what the traffic tool sends
+ClientRequest = Callable[[str, str, int, bool], tuple[str, dict[str, Any]]]
+
+
+@dataclass(frozen=True)
+class Api:
+    """One API the sim speaks: the routes it serves, and a client's request in its shape
+    (the traffic tool's), kept together so that a new dialect is one module and one line."""
+
+    endpoints: tuple[Endpoint, ...]
+    request: ClientRequest
 
 
 def sse(event: str, data: str) -> bytes:

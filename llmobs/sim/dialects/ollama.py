@@ -15,6 +15,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from llmobs.sim.dialects.base import (
+    Api,
     BadRequest,
     Chunk,
     Context,
@@ -29,7 +30,7 @@ from llmobs.sim.dialects.base import (
     optional_int,
     optional_object,
 )
-from llmobs.sim.engine import SimRequest, token_id
+from llmobs.sim.request import SimRequest, token_id
 
 LOAD_DURATION_NS = 5_000_000  # the model is always loaded: a small constant, as when warm
 _DONE_REASONS = {"stop": "stop", "length": "length"}
@@ -143,3 +144,17 @@ ENDPOINTS = (
     Endpoint("/api/generate", Generate, error_body),
     Endpoint("/api/chat", Chat, error_body),
 )
+
+
+def client_request(
+    model: str, prompt: str, max_tokens: int, chat: bool
+) -> tuple[str, dict[str, Any]]:
+    """A chat (or generate) request: Ollama streams unless told not to."""
+    options = {"num_predict": max_tokens}
+    if chat:
+        messages = [{"role": "user", "content": prompt}]
+        return "/api/chat", {"model": model, "messages": messages, "options": options}
+    return "/api/generate", {"model": model, "prompt": prompt, "options": options}
+
+
+API = Api(ENDPOINTS, client_request)

@@ -21,6 +21,7 @@ from typing import Any
 
 from llmobs.sim.dialects.base import (
     STAMP_SLOT,
+    Api,
     BadRequest,
     Chunk,
     Context,
@@ -36,7 +37,7 @@ from llmobs.sim.dialects.base import (
     optional_object,
     stamp_event,
 )
-from llmobs.sim.engine import SimRequest
+from llmobs.sim.request import SimRequest
 
 MAX_N = 128  # bounds the sequences one request may put in the engine
 DONE = b"data: [DONE]\n\n"
@@ -249,3 +250,21 @@ ENDPOINTS = (
     Endpoint("/v1/chat/completions", _chat, error_body),
     Endpoint("/v1/completions", _completions, error_body),
 )
+
+
+def client_request(
+    model: str, prompt: str, max_tokens: int, chat: bool
+) -> tuple[str, dict[str, Any]]:
+    """A streaming chat (or completions) request that asks for usage, as vLLM's clients do."""
+    usage = {"include_usage": True}
+    if chat:
+        messages = [{"role": "user", "content": prompt}]
+        body = {"model": model, "messages": messages, "max_tokens": max_tokens, "stream": True,
+                "stream_options": usage}  # fmt: skip
+        return "/v1/chat/completions", body
+    body = {"model": model, "prompt": prompt, "max_tokens": max_tokens, "stream": True,
+            "stream_options": usage}  # fmt: skip
+    return "/v1/completions", body
+
+
+API = Api(ENDPOINTS, client_request)

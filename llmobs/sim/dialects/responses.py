@@ -15,6 +15,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from llmobs.sim.dialects.base import (
+    Api,
     BadRequest,
     Chunk,
     Context,
@@ -30,7 +31,7 @@ from llmobs.sim.dialects.base import (
     sse,
 )
 from llmobs.sim.dialects.openai import error_body
-from llmobs.sim.engine import SimRequest
+from llmobs.sim.request import SimRequest
 
 
 def _input_text(value: Any) -> str:
@@ -157,3 +158,14 @@ def _part(text: str) -> dict[str, Any]:
 
 
 ENDPOINTS = (Endpoint("/v1/responses", Response, error_body),)
+
+
+def client_request(
+    model: str, prompt: str, max_tokens: int, chat: bool
+) -> tuple[str, dict[str, Any]]:
+    """A streaming Responses API request."""
+    body = {"model": model, "input": prompt, "max_output_tokens": max_tokens, "stream": True}
+    return "/v1/responses", body
+
+
+API = Api(ENDPOINTS, client_request)

@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from llmobs.sim.dialects.base import (
+    Api,
     BadRequest,
     Chunk,
     Context,
@@ -26,7 +27,7 @@ from llmobs.sim.dialects.base import (
     optional_int,
     optional_object,
 )
-from llmobs.sim.engine import EOS_TOKEN, SimRequest, token_id
+from llmobs.sim.request import EOS_TOKEN, SimRequest, token_id
 
 _FINISH_REASONS = {"stop": "eos_token", "length": "length"}
 _ERROR_TYPES = {422: "validation", 503: "overloaded"}
@@ -137,3 +138,14 @@ ENDPOINTS = (
     Endpoint("/generate", _generate, error_body, bad_request_status=422),
     Endpoint("/", _compat, error_body, bad_request_status=422),
 )
+
+
+def client_request(
+    model: str, prompt: str, max_tokens: int, chat: bool
+) -> tuple[str, dict[str, Any]]:
+    """A /generate_stream request (TGI serves one model: the body names none)."""
+    body = {"inputs": prompt, "parameters": {"max_new_tokens": max_tokens, "details": True}}
+    return "/generate_stream", body
+
+
+API = Api(ENDPOINTS, client_request)

@@ -13,8 +13,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from typing import Any
+from urllib.parse import quote
 
 from llmobs.sim.dialects.base import (
+    Api,
     BadRequest,
     Chunk,
     Context,
@@ -27,7 +29,7 @@ from llmobs.sim.dialects.base import (
     optional_int,
     optional_object,
 )
-from llmobs.sim.engine import SimRequest
+from llmobs.sim.request import SimRequest
 
 
 def error_body(message: str, status: int) -> str:
@@ -95,3 +97,15 @@ ENDPOINTS = tuple(
     for base in (_MODEL, _VERSION)
     for suffix, parse in (("/generate_stream", _stream), ("/generate", _generate))
 )
+
+
+def client_request(
+    model: str, prompt: str, max_tokens: int, chat: bool
+) -> tuple[str, dict[str, Any]]:
+    """A generate_stream request to TensorRT-LLM's ensemble, which names its model in the path."""
+    body = {"text_input": prompt, "max_tokens": max_tokens, "stream": True,
+            "return_num_input_tokens": True, "return_num_output_tokens": True}  # fmt: skip
+    return f"/v2/models/{quote(model, safe='')}/generate_stream", body
+
+
+API = Api(ENDPOINTS, client_request)

@@ -1,4 +1,5 @@
-"""The simulated engine over real loopback HTTP: wire format, timing schedule, batching, faults.
+"""The simulated engine over real loopback HTTP: timing schedule, batching, pauses, preemption,
+cancellation, determinism (what each dialect writes: tests/unit/sim/dialects/).
 
 Timings are measured at the client, as the proxy will see them, against the schedule the
 settings imply: never early, late by a few milliseconds on the median, so that the tests hold
@@ -7,48 +8,25 @@ on a loaded CI machine.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import json
-import re
 import statistics
-from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
 import aiohttp
-import pytest
-from aiohttp import web
-from openai import AsyncOpenAI
 
-from llmobs.config.settings import ConfigError
 from llmobs.sim import (
-    ENGINE_KEY,
-    SimEngine,
     SimSettings,
-    add_sim_arguments,
-    build_sim_app,
-    run_sim,
-    sim_settings_from_args,
 )
 from llmobs.sim.engine import PauseCause, plan_output
+from tests.support.servers import SimFactory, SimHandle, eventually
 from tests.support.sim import assert_near, assert_on_schedule, gaps
 
 CHAT = "/v1/chat/completions"
 COMPLETIONS = "/v1/completions"
 FAST: dict[str, Any] = {"prefill_base": 0.001, "prefill_per_token": 0.0, "decode_base": 0.001}
 MESSAGES = [{"role": "user", "content": "Say something."}]
-
-
-@dataclass
-class Sim:
-    """A sim served on a loopback port."""
-
-    url: str
-    engine: SimEngine
-
-
-StartSim = Callable[..., Awaitable[Sim]]
 
 
 @dataclass
@@ -61,31 +39,6 @@ class Event:
     def json(self) -> dict[str, Any]:
         parsed: dict[str, Any] = json.loads(self.data)
         return parsed
-
-
-@pytest.fixture
-async def start_sim() -> AsyncIterator[StartSim]:
-    runners: list[web.AppRunner] = []
-
-    async def start(**overrides: Any) -> Sim:
-        app = build_sim_app(SimSettings(**overrides))
-        runner = web.AppRunner(app, handler_cancellation=True)
-        await runner.setup()
-        runners.append(runner)
-        site = web.TCPSite(runner, "127.0.0.1", 0)
-        await site.start()
-        port = runner.addresses[0][1]
-        return Sim(f"http://127.0.0.1:{port}", app[ENGINE_KEY])
-
-    yield start
-    for runner in runners:
-        await runner.cleanup()
-
-
-@pytest.fixture
-async def http() -> AsyncIterator[aiohttp.ClientSession]:
-    async with aiohttp.ClientSession() as session:
-        yield session
 
 
 async def stream(
@@ -127,79 +80,8 @@ def content_events(events: list[Event]) -> list[tuple[Event, str]]:
     return out
 
 
-async def eventually(condition: Callable[[], bool]) -> None:
-    """Poll ``condition`` until it holds; fail after about two seconds."""
-    for _ in range(400):
-        if condition():
-            return
-        await asyncio.sleep(0.005)
-    raise AssertionError("condition not met in time")
-
-
-async def test_chat_stream_is_well_formed(start_sim: StartSim, http: aiohttp.ClientSession) -> None:
-    sim = await start_sim(**FAST, output_tokens_min=12, output_tokens_max=12)
-    body = {"model": "m1", "messages": MESSAGES, "stream_options": {"include_usage": True}}
-    events = await stream(http, sim.url + CHAT, body)
-
-    assert events[-1].data == "[DONE]"
-    chunks = [e.json() for e in events[:-1]]
-    assert len({c["id"] for c in chunks}) == 1
-    assert chunks[0]["id"].startswith("chatcmpl-")
-    assert all(c["object"] == "chat.completion.chunk" and c["model"] == "m1" for c in chunks)
-    assert chunks[0]["choices"][0]["delta"] == {"role": "assistant", "content": ""}
-    texts = [t for _, t in content_events(events)]
-    assert len(texts) == 12
-    assert all(re.fullmatch(r" [a-z]+", t) for t in texts)
-    finish = [c["choices"][0]["finish_reason"] for c in chunks if c["choices"]]
-    assert finish == [None] * 12 + ["stop"]
-    assert chunks[-1]["choices"] == []
-    assert chunks[-1]["usage"] == {"prompt_tokens": 4, "completion_tokens": 12, "total_tokens": 16}
-    assert all("usage" not in c for c in chunks[:-1])
-
-
-async def test_completions_stream_with_continuous_usage(
-    start_sim: StartSim, http: aiohttp.ClientSession
-) -> None:
-    sim = await start_sim(**FAST, tokens_per_chunk=2)
-    body = {"prompt": ["abcd", "efgh"], "max_tokens": 7}
-    body["stream_options"] = {"continuous_usage_stats": True}
-    events = await stream(http, sim.url + COMPLETIONS, body)
-
-    assert events[-1].data == "[DONE]"
-    chunks = [e.json() for e in events[:-1]]
-    assert all(c["object"] == "text_completion" and c["id"].startswith("cmpl-") for c in chunks)
-    assert all(c["model"] == "sim-llama-3-8b" for c in chunks)
-    counts = [c["usage"]["completion_tokens"] for c in chunks]
-    assert counts == [1, 3, 5, 7]  # first token at once, then two per chunk
-    words = [len(c["choices"][0]["text"].split()) for c in chunks]
-    assert words == [1, 2, 2, 2]
-    assert all(c["usage"]["prompt_tokens"] == 2 for c in chunks)
-    assert chunks[-1]["choices"][0]["finish_reason"] == "length"
-
-
-@pytest.mark.parametrize(("path", "payload"), [(CHAT, "messages"), (COMPLETIONS, "prompt")])
-async def test_non_streaming_reports_usage(
-    start_sim: StartSim, http: aiohttp.ClientSession, path: str, payload: str
-) -> None:
-    sim = await start_sim(**FAST, output_tokens_min=20, output_tokens_max=20)
-    prompt: Any = [{"role": "user", "content": [{"type": "text", "text": "x" * 9}]}]
-    body = {payload: prompt if payload == "messages" else "x" * 9}
-    async with http.post(sim.url + path, json=body) as resp:
-        full = await resp.json()
-    async with http.post(sim.url + path, json={**body, "max_completion_tokens": 5}) as resp:
-        capped = await resp.json()
-
-    choice = full["choices"][0]
-    text = choice["message"]["content"] if payload == "messages" else choice["text"]
-    assert len(text.split()) == 20
-    assert choice["finish_reason"] == "stop"
-    assert full["usage"] == {"prompt_tokens": 3, "completion_tokens": 20, "total_tokens": 23}
-    assert capped["choices"][0]["finish_reason"] == "length"
-    assert capped["usage"]["completion_tokens"] == 5
-
-
 async def test_timing_follows_the_schedule(
-    start_sim: StartSim, http: aiohttp.ClientSession
+    start_sim: SimFactory, http: aiohttp.ClientSession
 ) -> None:
     sim = await start_sim(
         max_batch=1,
@@ -220,7 +102,7 @@ async def test_timing_follows_the_schedule(
 
 
 async def test_every_nth_decode_step_stalls(
-    start_sim: StartSim, http: aiohttp.ClientSession
+    start_sim: SimFactory, http: aiohttp.ClientSession
 ) -> None:
     sim = await start_sim(
         **{**FAST, "decode_base": 0.02, "decode_per_seq": 0.0},
@@ -242,7 +124,7 @@ async def test_every_nth_decode_step_stalls(
 
 
 async def test_the_engine_keeps_the_truth_of_every_pause(
-    start_sim: StartSim, http: aiohttp.ClientSession
+    start_sim: SimFactory, http: aiohttp.ClientSession
 ) -> None:
     """Each stretch in which running requests got no token is kept with its cause: another
     request's prefill (the first stream waits 50 ms for the second's) and the periodic engine
@@ -268,7 +150,7 @@ async def test_the_engine_keeps_the_truth_of_every_pause(
 
 
 async def test_a_full_kv_cache_preempts_the_latest_and_recomputes_it(
-    start_sim: StartSim, http: aiohttp.ClientSession
+    start_sim: SimFactory, http: aiohttp.ClientSession
 ) -> None:
     """Two requests whose prompts and outputs outgrow a 20-token cache: the second admitted
     is preempted when the cache would overfill, waits for the first to finish, and is
@@ -294,7 +176,7 @@ async def test_a_full_kv_cache_preempts_the_latest_and_recomputes_it(
 
 
 async def test_a_request_named_by_x_request_id_keeps_its_name(
-    start_sim: StartSim, http: aiohttp.ClientSession
+    start_sim: SimFactory, http: aiohttp.ClientSession
 ) -> None:
     """As vLLM, the client's X-Request-Id is the response's id; the engine maps it to its
     sequence number, for tests that join the sidecar's spans to the engine's truth."""
@@ -305,7 +187,7 @@ async def test_a_request_named_by_x_request_id_keeps_its_name(
 
 
 async def test_tokens_per_chunk_batches_the_stream(
-    start_sim: StartSim, http: aiohttp.ClientSession
+    start_sim: SimFactory, http: aiohttp.ClientSession
 ) -> None:
     sim = await start_sim(
         **{**FAST, "prefill_base": 0.05, "decode_base": 0.02, "decode_per_seq": 0.0},
@@ -323,7 +205,7 @@ async def test_tokens_per_chunk_batches_the_stream(
 
 
 async def test_requests_queue_when_the_batch_is_full(
-    start_sim: StartSim, http: aiohttp.ClientSession
+    start_sim: SimFactory, http: aiohttp.ClientSession
 ) -> None:
     sim = await start_sim(
         max_batch=1,
@@ -360,7 +242,7 @@ async def test_requests_queue_when_the_batch_is_full(
 
 
 async def test_disconnect_cancels_and_frees_the_batch(
-    start_sim: StartSim, http: aiohttp.ClientSession
+    start_sim: SimFactory, http: aiohttp.ClientSession
 ) -> None:
     sim = await start_sim(
         **{**FAST, "decode_base": 0.01}, max_batch=1, output_tokens_min=200, output_tokens_max=200
@@ -384,8 +266,8 @@ async def test_disconnect_cancels_and_frees_the_batch(
     assert sim.engine.counters.completed == 1
 
 
-async def test_output_is_deterministic(start_sim: StartSim, http: aiohttp.ClientSession) -> None:
-    async def text(sim: Sim, **extra: Any) -> str:
+async def test_output_is_deterministic(start_sim: SimFactory, http: aiohttp.ClientSession) -> None:
+    async def text(sim: SimHandle, **extra: Any) -> str:
         async with http.post(sim.url + COMPLETIONS, json={"prompt": "p", **extra}) as resp:
             return str((await resp.json())["choices"][0]["text"])
 
@@ -404,151 +286,3 @@ def test_capped_output_is_a_prefix_of_the_uncapped_one() -> None:
     assert (reason, capped_reason) == ("stop", "length")
     assert capped == full[:10]
     assert len(plan_output(settings, seq=3, max_tokens=80, ignore_eos=True)[0]) == 80
-
-
-@pytest.mark.parametrize("streamed", [False, True])
-async def test_error_rate_answers_500(
-    start_sim: StartSim, http: aiohttp.ClientSession, streamed: bool
-) -> None:
-    sim = await start_sim(**FAST, error_rate=1.0)
-    body = {"messages": MESSAGES, "stream": streamed}
-    async with http.post(sim.url + CHAT, json=body) as resp:
-        assert resp.status == 500
-        assert resp.content_type == "application/json"
-        error = (await resp.json())["error"]
-    assert error["type"] == "internal_server_error"
-    assert error["code"] == 500
-    assert sim.engine.counters.errors == 1
-
-
-@pytest.mark.parametrize(
-    ("path", "body"),
-    [
-        (CHAT, b"{not json"),
-        (CHAT, b"[1, 2]"),
-        (CHAT, b'{"model": "m"}'),
-        (CHAT, b'{"messages": []}'),
-        (COMPLETIONS, b'{"messages": [{"role": "user", "content": "hi"}]}'),
-        (COMPLETIONS, b'{"prompt": "hi", "max_tokens": 0}'),
-    ],
-)
-async def test_bad_requests_answer_400(
-    start_sim: StartSim, http: aiohttp.ClientSession, path: str, body: bytes
-) -> None:
-    sim = await start_sim(**FAST)
-    async with http.post(sim.url + path, data=body) as resp:
-        assert resp.status == 400
-        error = (await resp.json())["error"]
-    assert error["type"] == "invalid_request_error"
-    assert error["code"] == 400
-    assert error["message"]
-
-
-def metric_values(text: str) -> dict[str, float]:
-    values: dict[str, float] = {}
-    for name, labels, value in re.findall(r"^([\w:]+)\{(.*)\} (\S+)$", text, re.MULTILINE):
-        assert labels == 'model_name="sim-llama-3-8b"'
-        values[name] = float(value)
-    return values
-
-
-async def test_metrics_expose_vllm_gauges(start_sim: StartSim, http: aiohttp.ClientSession) -> None:
-    sim = await start_sim(
-        **{**FAST, "decode_base": 0.01}, max_batch=1, output_tokens_min=30, output_tokens_max=30
-    )
-    body = {"messages": MESSAGES}
-    requests = [asyncio.create_task(stream(http, sim.url + CHAT, body)) for _ in range(2)]
-    await eventually(lambda: sim.engine.counters.waiting + sim.engine.counters.running == 2)
-    async with http.get(sim.url + "/metrics") as resp:
-        assert resp.status == 200
-        busy = metric_values(await resp.text())
-    await asyncio.gather(*requests)
-    async with http.get(sim.url + "/metrics") as resp:
-        idle = metric_values(await resp.text())
-
-    assert busy["vllm:num_requests_waiting"] == 1
-    assert busy["vllm:num_requests_running"] == 1
-    assert 0 < busy["vllm:kv_cache_usage_perc"] <= 1
-    assert busy["vllm:request_success_total"] == 0
-    assert idle["vllm:num_requests_running"] == idle["vllm:kv_cache_usage_perc"] == 0
-    assert idle["vllm:request_success_total"] == 2
-
-
-async def test_models_health_and_received_headers(
-    start_sim: StartSim, http: aiohttp.ClientSession
-) -> None:
-    sim = await start_sim(**FAST, model="tiny")
-    async with http.get(sim.url + "/health") as resp:
-        assert resp.status == 200
-    async with http.get(sim.url + "/v1/models") as resp:
-        models = await resp.json()
-    assert models["object"] == "list"
-    assert [m["id"] for m in models["data"]] == ["tiny"]
-
-    traceparent = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
-    headers = {"Traceparent": traceparent}
-    async with http.post(sim.url + CHAT, json={"messages": MESSAGES}, headers=headers) as resp:
-        assert (await resp.json())["model"] == "tiny"
-    assert sim.engine.counters.last_headers["traceparent"] == traceparent
-    assert sim.engine.counters.requests_received == 1
-
-
-def test_settings_from_flags_and_environment() -> None:
-    parser = argparse.ArgumentParser()
-    add_sim_arguments(parser)
-    args = parser.parse_args(["--max-batch", "4", "--stall-ms", "50"])
-    environ = {"LLMOBS_SIM_MAX_BATCH": "2", "LLMOBS_SIM_ERROR_RATE": "0.25"}
-    settings = sim_settings_from_args(args, environ)
-    assert (settings.max_batch, settings.stall_ms, settings.error_rate) == (4, 50.0, 0.25)
-    assert settings.decode_base == 0.015
-
-    with pytest.raises(ConfigError, match="LLMOBS_SIM_ERROR_RATE"):
-        sim_settings_from_args(parser.parse_args([]), {"LLMOBS_SIM_ERROR_RATE": "2"})
-    with pytest.raises(ConfigError, match="--tokens-per-chunk"):
-        sim_settings_from_args(parser.parse_args(["--tokens-per-chunk", "0"]), {})
-    with pytest.raises(ConfigError, match="--output-tokens-max"):
-        SimSettings(output_tokens_min=10, output_tokens_max=5)
-
-
-async def test_openai_sdk_reads_the_stream(start_sim: StartSim) -> None:
-    sim = await start_sim(**FAST, output_tokens_min=6, output_tokens_max=6)
-    async with AsyncOpenAI(base_url=sim.url + "/v1", api_key="unused", max_retries=0) as client:
-        chunks = [
-            chunk
-            async for chunk in await client.chat.completions.create(
-                model="sim-llama-3-8b",
-                messages=[{"role": "user", "content": "hello"}],
-                stream=True,
-                stream_options={"include_usage": True},
-            )
-        ]
-        completion = await client.completions.create(model="x", prompt="hi", max_tokens=3)
-
-    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
-    assert len(text.split()) == 6
-    assert chunks[-1].usage is not None
-    assert chunks[-1].usage.completion_tokens == 6
-    assert completion.choices[0].finish_reason == "length"
-    assert completion.usage is not None
-    assert completion.usage.completion_tokens == 3
-
-
-async def test_run_sim_serves_until_cancelled(
-    http: aiohttp.ClientSession, capsys: pytest.CaptureFixture[str]
-) -> None:
-    task = asyncio.create_task(run_sim(SimSettings(port=0, model="cli-model")))
-    printed: list[str] = []
-
-    def listening() -> bool:
-        printed.append(capsys.readouterr().out)
-        return "\n" in "".join(printed)
-
-    await eventually(listening)
-    line = "".join(printed).splitlines()[0]
-    match = re.fullmatch(r"llmobs sim: listening on (http://\S+) \(model cli-model\)", line)
-    assert match is not None
-    async with http.get(match.group(1) + "/health") as resp:
-        assert resp.status == 200
-    task.cancel()
-    with pytest.raises(asyncio.CancelledError):
-        await task

@@ -1,4 +1,4 @@
-"""Replay: the simulated engine sends a recorded transcript, byte for byte, on its schedule.
+"""Replay: a recorded transcript sent byte for byte, on its schedule (tests only).
 
 A transcript (tests/fixtures/streams/*.json) is a response written from an engine's public
 documentation: status, content type and a list of ``{"delay_ms", "text"}`` chunks. Replaying
