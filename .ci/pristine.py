@@ -18,82 +18,37 @@ install here starts from an empty virtual environment and gets exactly what a us
              lowest-direct resolution), then the same checks as readme.
 
 Run it with the project's test environment (it reads YAML and the Dockerfile with kept
-parsers): `python .ci/pristine.py [readme|container|lowest ...]`.
+parsers): `python .ci/pristine.py [readme|container|lowest ...]`. How it runs them is in
+.ci/pristine_processes.py (environments, processes, HTTP), how it reads the container and its
+stacks in .ci/pristine_stacks.py.
 """
 
 from __future__ import annotations
 
-import contextlib
-import json
-import os
 import re
 import shlex
-import shutil
-import signal
-import socket
 import subprocess
 import sys
 import tempfile
 import time
-import urllib.error
-import urllib.request
-from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
-import yaml
-from docker.utils.build import exclude_paths
-from dockerfile_parse import DockerfileParser
+from pristine_processes import (
+    ROOT,
+    Failed,
+    Venv,
+    free_port,
+    processes,
+    samples,
+    say,
+    scrape,
+    stream_one_chat,
+    wait_for,
+)
+from pristine_stacks import Image, compose_stack, kubernetes_stack, run_stack, stage
 
-ROOT = Path(__file__).resolve().parent.parent
 PYTHON = f"python{sys.version_info.major}.{sys.version_info.minor}"
-
-
-class Failed(Exception):
-    """A check that did not hold: the message says what a user would have seen."""
-
-
-def say(text: str) -> None:
-    print(f"pristine: {text}", flush=True)
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
-
-
-@dataclass
-class Venv:
-    """An empty virtual environment: its bin/ goes first on PATH, as `source activate` does."""
-
-    path: Path
-
-    @classmethod
-    def create(cls, where: Path, name: str) -> Venv:
-        path = where / name
-        subprocess.run([sys.executable, "-m", "venv", str(path)], check=True)
-        return cls(path)
-
-    def env(self, extra: Mapping[str, str] | None = None) -> dict[str, str]:
-        env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
-        env["PATH"] = f"{self.path / 'bin'}{os.pathsep}{env.get('PATH', '')}"
-        env["VIRTUAL_ENV"] = str(self.path)
-        env.update(extra or {})
-        return env
-
-    def shell(self, command: str, cwd: Path, timeout: float = 600) -> str:
-        """Run a command line as a user types it, inside this environment."""
-        done = subprocess.run(["bash", "-c", command], cwd=cwd, env=self.env(), text=True,
-                              capture_output=True, timeout=timeout, check=False)  # fmt: skip
-        if done.returncode != 0:
-            raise Failed(f"`{command}` exited {done.returncode}:\n{done.stdout}{done.stderr}")
-        return done.stdout + done.stderr
-
-
-# --- reading what a user is told to type -----------------------------------------------------
 
 
 def readme_first_command() -> tuple[str, str]:
@@ -107,125 +62,6 @@ def readme_first_command() -> tuple[str, str]:
     if not run.strip().startswith("llmobs demo"):
         raise Failed(f"README.md's first command no longer runs the demo: {first!r}")
     return install.strip(), run.strip()
-
-
-# --- processes and HTTP ----------------------------------------------------------------------
-
-
-@dataclass
-class Processes:
-    """Processes started for one check; all are ended (SIGTERM, then SIGKILL) on exit."""
-
-    venv: Venv
-    logs: Path
-    started: list[tuple[str, subprocess.Popen[bytes]]] = field(default_factory=list)
-    may_finish: set[str] = field(default_factory=set)
-
-    def start(
-        self, name: str, argv: Sequence[str], env: Mapping[str, str] | None = None,
-        may_finish: bool = False,
-    ) -> None:  # fmt: skip
-        """Start a server (it must stay up) or, with ``may_finish``, a client (it may exit 0)."""
-        with (self.logs / f"{name}.log").open("wb") as log:
-            proc = subprocess.Popen(list(argv), env=self.venv.env(env), stdout=log,
-                                    stderr=subprocess.STDOUT, start_new_session=True)  # fmt: skip
-        self.started.append((name, proc))
-        if may_finish:
-            self.may_finish.add(name)
-
-    def check_alive(self) -> None:
-        for name, proc in self.started:
-            code = proc.poll()
-            if code is not None and (code != 0 or name not in self.may_finish):
-                raise Failed(f"{name} exited {code}:\n{self.log(name)}")
-
-    def log(self, name: str) -> str:
-        return (self.logs / f"{name}.log").read_text(errors="replace")[-4000:]
-
-    def stop(self) -> None:
-        for _, proc in self.started:
-            if proc.poll() is None:
-                os.killpg(proc.pid, signal.SIGTERM)
-        for _, proc in self.started:
-            try:
-                proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
-
-
-@contextlib.contextmanager
-def processes(venv: Venv, logs: Path) -> Iterator[Processes]:
-    running = Processes(venv, logs)
-    try:
-        yield running
-    except Failed:
-        for name, _ in running.started:
-            print(f"--- {name}'s log ---\n{running.log(name)}", file=sys.stderr)
-        raise
-    finally:
-        running.stop()
-
-
-def get(url: str, accept: str | None = None, timeout: float = 5) -> tuple[int, str, bytes]:
-    request = urllib.request.Request(url, headers={"Accept": accept} if accept else {})
-    try:
-        with urllib.request.urlopen(request, timeout=timeout) as response:
-            return response.status, response.headers.get("Content-Type", ""), response.read()
-    except urllib.error.HTTPError as error:
-        return error.code, error.headers.get("Content-Type", ""), error.read()
-
-
-def wait_for(url: str, running: Processes, seconds: float = 30) -> None:
-    deadline = time.monotonic() + seconds
-    while True:
-        running.check_alive()
-        with contextlib.suppress(OSError):
-            if get(url, timeout=2)[0] == 200:
-                return
-        if time.monotonic() > deadline:
-            raise Failed(f"{url} did not answer 200 within {seconds:.0f} s")
-        time.sleep(0.2)
-
-
-def stream_one_chat(base: str) -> int:
-    """One streamed chat completion as a client sends it; returns the content events."""
-    body = json.dumps({"model": "pristine-check", "stream": True, "max_tokens": 8,
-                       "messages": [{"role": "user", "content": "hello"}]}).encode()  # fmt: skip
-    request = urllib.request.Request(f"{base}/v1/chat/completions", data=body,
-                                     headers={"Content-Type": "application/json"})  # fmt: skip
-    with urllib.request.urlopen(request, timeout=30) as response:
-        if not response.headers.get("Content-Type", "").startswith("text/event-stream"):
-            raise Failed(f"the stream came back as {response.headers.get('Content-Type')}")
-        events = [line[6:] for line in response.read().decode().splitlines()
-                  if line.startswith("data: ")]  # fmt: skip
-    if not events or events[-1] != "[DONE]":
-        raise Failed(f"the stream did not end in [DONE]: {events[-3:]}")
-    return sum(1 for e in events[:-1] if json.loads(e)["choices"][0]["delta"].get("content"))
-
-
-def samples(text: str, name: str) -> list[tuple[str, float]]:
-    """(labels, value) of every sample of ``name`` in a text exposition."""
-    found = re.findall(rf"^{re.escape(name)}(\{{[^}}]*\}})? (\S+)$", text, re.M)
-    return [(labels, float(value)) for labels, value in found]
-
-
-def scrape(metrics: str) -> str:
-    """/metrics in the three formats Prometheus asks for; returns the text one."""
-    formats = {
-        "text/plain": "text/plain; version=0.0.4",
-        "application/openmetrics-text": "application/openmetrics-text; version=1.0.0",
-        "application/vnd.google.protobuf": "application/vnd.google.protobuf;"
-        "proto=io.prometheus.client.MetricFamily;encoding=delimited",
-    }
-    text = ""
-    for expected, accept in formats.items():
-        status, kind, body = get(metrics, accept)
-        if status != 200 or not kind.startswith(expected) or not body:
-            raise Failed(f"/metrics asked for {expected}: {status} {kind}, {len(body)} bytes")
-        if expected == "text/plain":
-            text = body.decode()
-    return text
 
 
 # --- the checks ------------------------------------------------------------------------------
@@ -287,195 +123,6 @@ def lowest(work: Path) -> None:
     venv = Venv.create(work, "lowest")
     install = f"{shlex.quote(sys.executable)} -m uv pip install -q --resolution lowest-direct ."
     install_and_check(venv, install, work)
-
-
-# --- the container and the stacks built on it ------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Image:
-    """What the Dockerfile builds, read with dockerfile-parse: its files, install, commands."""
-
-    copies: tuple[tuple[str, str], ...]
-    install: str
-    entrypoint: tuple[str, ...]
-    cmd: tuple[str, ...]
-    healthcheck: tuple[str, ...]
-    python: str
-
-    @classmethod
-    def read(cls) -> Image:
-        parser = DockerfileParser(str(ROOT / "Dockerfile"))
-        base = parser.baseimage or ""
-        python = re.match(r"python:(\d+\.\d+)", base)
-        copies: list[tuple[str, str]] = []
-        install = ""
-        for step in parser.structure:
-            if step["instruction"] == "COPY" and not install:
-                *sources, dest = shlex.split(step["value"])
-                copies += [(source, dest) for source in sources]
-            if step["instruction"] == "RUN" and not install:
-                install = next((part.strip() for part in step["value"].split("&&")
-                                if "pip install" in part), "")  # fmt: skip
-        health = next(s["value"] for s in parser.structure if s["instruction"] == "HEALTHCHECK")
-        return cls(
-            copies=tuple(copies),
-            install=install,
-            entrypoint=tuple(json.loads(_last(parser, "ENTRYPOINT"))),
-            cmd=tuple(json.loads(_last(parser, "CMD"))),
-            healthcheck=tuple(json.loads(health[health.index("CMD") + 3 :])),
-            python=python.group(1) if python else "",
-        )
-
-
-def _last(parser: DockerfileParser, instruction: str) -> str:
-    values = [s["value"] for s in parser.structure if s["instruction"] == instruction]
-    if not values:
-        raise Failed(f"the Dockerfile has no {instruction}")
-    return str(values[-1])
-
-
-def stage(image: Image, work: Path) -> Path:
-    """What the image's `pip install .` sees: the files the Dockerfile copies, taken from the
-    build context that .dockerignore leaves (matched by docker-py, as Docker matches it)."""
-    ignore = ROOT / ".dockerignore"
-    patterns = [
-        line.strip()
-        for line in (ignore.read_text().splitlines() if ignore.exists() else [])
-        if line.strip() and not line.startswith("#")
-    ]
-    sent = {p for p in exclude_paths(str(ROOT), patterns) if (ROOT / p).is_file()}
-    installed = work / "image-src"
-    for copied, dest in image.copies:
-        source = copied.strip("/")
-        files = [p for p in sent if p == source or p.startswith(f"{source}/")]
-        if not files:
-            raise Failed(f"COPY {source}: not in the build context (.dockerignore?)")
-        for path in files:
-            if path == source:  # a file: into a folder (dest/) or as dest
-                target = (
-                    installed / dest / Path(path).name if dest.endswith("/") else installed / dest
-                )
-            else:  # a folder's contents go into dest
-                target = installed / dest / Path(path).relative_to(source)
-            target.parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(ROOT / path, target)
-    return installed
-
-
-@dataclass(frozen=True)
-class Workload:
-    """One container of a stack: its command and environment, addresses mapped to loopback."""
-
-    name: str
-    argv: tuple[str, ...]
-    env: dict[str, str]
-    probes: tuple[str, ...] = ()  # URLs that must answer 200 (Kubernetes' httpGet probes)
-    health: tuple[str, ...] = ()  # a command that must exit 0 (a compose or image healthcheck)
-
-
-def loopback(value: str, hosts: Mapping[str, Mapping[int, int]]) -> str:
-    """Service names become 127.0.0.1, and service ports the ports their containers listen on
-    (all share one network here, as the containers of a pod do)."""
-
-    def local(match: re.Match[str]) -> str:
-        port = match.group(2)
-        if port is None:
-            return "//127.0.0.1"
-        return f"//127.0.0.1:{hosts[match.group(1)].get(int(port), int(port))}"
-
-    for host in hosts:
-        value = re.sub(rf"//({re.escape(host)})(?::(\d+))?\b", local, value)
-    return value
-
-
-def compose_stack(image: Image) -> list[Workload]:
-    """docker-compose.yml's default stack: the services that run the llmobs image."""
-    services: dict[str, Any] = yaml.safe_load((ROOT / "docker-compose.yml").read_text())["services"]
-    hosts: dict[str, dict[int, int]] = {"sim": {}, "llmobs": {}, "jaeger": {}}
-    stack = []
-    for name, service in services.items():
-        if "profiles" in service or not str(service.get("image", "")).startswith("llmobs:"):
-            continue
-        entry = service.get("entrypoint", list(image.entrypoint))
-        env = {k: loopback(str(v), hosts) for k, v in service.get("environment", {}).items()}
-        check = service.get("healthcheck", {})
-        health = (
-            ()
-            if check.get("disable")
-            else tuple(check.get("test", ["CMD", *image.healthcheck])[1:])
-        )
-        argv = (*entry, *service.get("command", image.cmd))
-        stack.append(Workload(name, argv, env, health=health))
-    return stack
-
-
-def kubernetes_stack(image: Image, rendered: Path) -> list[Workload]:
-    """The cpu-sim overlay as `kubectl kustomize` renders it: every container of the image."""
-    documents = [d for d in yaml.safe_load_all(rendered.read_text()) if d]
-    hosts: dict[str, dict[int, int]] = {}
-    for service in (d for d in documents if d["kind"] == "Service"):
-        hosts[service["metadata"]["name"]] = {
-            port["port"]: _container_port(documents, port.get("targetPort", port["port"]))
-            for port in service["spec"]["ports"]
-        }
-    stack = []
-    for deployment in (d for d in documents if d["kind"] == "Deployment"):
-        for container in deployment["spec"]["template"]["spec"]["containers"]:
-            if not container["image"].split("/")[-1].startswith("llmobs:"):
-                continue
-            argv = (*container.get("command", image.entrypoint), *container.get("args", image.cmd))
-            env = {e["name"]: loopback(str(e["value"]), hosts) for e in container.get("env", [])}
-            ports = {p["name"]: p["containerPort"] for p in container.get("ports", [])}
-            probes = tuple(
-                f"http://127.0.0.1:{ports.get(p['httpGet']['port'], p['httpGet']['port'])}"
-                f"{p['httpGet']['path']}"
-                for key in ("startupProbe", "readinessProbe", "livenessProbe")
-                if (p := container.get(key)) and "httpGet" in p
-            )  # fmt: skip
-            stack.append(Workload(container["name"], argv, env, probes))
-    return stack
-
-
-def _container_port(documents: list[dict[str, Any]], target: int | str) -> int:
-    if isinstance(target, int):
-        return target
-    for deployment in (d for d in documents if d["kind"] == "Deployment"):
-        for container in deployment["spec"]["template"]["spec"]["containers"]:
-            for port in container.get("ports", []):
-                if port.get("name") == target:
-                    return int(port["containerPort"])
-    raise Failed(f"no container port is named {target}")
-
-
-def run_stack(venv: Venv, name: str, stack: list[Workload], logs: Path) -> None:
-    """Start the stack's containers as processes, probe each, let its load run, read /metrics."""
-    metrics = "http://127.0.0.1:9464/metrics"
-    with processes(venv, logs) as running:
-        for workload in stack:
-            load = "LOAD_URL" in workload.env  # the load generator: 4 s of it, not forever
-            env = {**workload.env, "LOAD_DURATION": "4"} if load else workload.env
-            running.start(f"{name}-{workload.name}", workload.argv, env, may_finish=load)
-            for probe in workload.probes:
-                wait_for(probe, running)
-            deadline = time.monotonic() + 30
-            while (
-                workload.health
-                and subprocess.run(
-                    workload.health, env=venv.env(workload.env), capture_output=True, check=False
-                ).returncode
-            ):
-                running.check_alive()
-                if time.monotonic() > deadline:
-                    raise Failed(f"{name} {workload.name}: {workload.health} never succeeded")
-                time.sleep(0.5)
-        time.sleep(5)
-        running.check_alive()
-        ok = sum(v for labels, v in samples(scrape(metrics), "llmobs_requests_total")
-                 if 'outcome="ok"' in labels)  # fmt: skip
-        if ok < 3:
-            raise Failed(f"{name}: its load generator's requests: {ok} ok in /metrics")
-    say(f"  {name}: {', '.join(w.name for w in stack)} up, probes answered, {ok:.0f} requests ok")
 
 
 def container(work: Path) -> None:
