@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 from aiohttp import web
+from hypothesis import settings
 
 from llmobs.app import Sidecar
 from llmobs.collectors.nvml import NvmlBackend
@@ -27,6 +28,12 @@ from tests.support.servers import (
     SimHandle,
     serve,
 )
+
+# No deadline for any property test: on a loaded machine one example can take longer than
+# hypothesis' default, and a slow example is not a failing one (the suite's timeout catches a
+# hang). Tests that set their own settings keep them.
+settings.register_profile("llmobs", deadline=None)
+settings.load_profile("llmobs")
 
 
 @pytest.fixture

@@ -175,10 +175,12 @@ def test_fast_alerts_change_only_the_hold_time() -> None:
 # --- end to end: a real Prometheus evaluates the shipped rules --------------------------------
 
 MODEL = "sim-llama-3-8b"
-# 20 ms decode steps, tiny prefill: only the injected pauses break the rhythm.
+# 50 ms decode steps, tiny prefill: only the injected pauses break the rhythm. A stall is a
+# gap of three steps, so a token the loaded machine made late is none: the steady engine's
+# streams stay steady however busy the machine (four streams share each of its hiccups).
 ENGINE = {
     "model": MODEL, "max_batch": 64, "prefill_base": 0.002, "prefill_per_token": 0.0,
-    "decode_base": 0.02, "output_tokens_min": 24, "output_tokens_max": 64,
+    "decode_base": 0.05, "output_tokens_min": 24, "output_tokens_max": 64,
 }  # fmt: skip
 STUTTER = "LLMObsStreamStutter"
 # Collectors that poll at once and often: up from the first scrapes, so that the collector,
@@ -192,7 +194,7 @@ MIN_TRAFFIC = 10.0  # seconds the steady engine streams while the alerts are wat
 async def test_stutter_alert_fires_for_a_stalling_engine_only(
     start_sim: SimFactory, start_sidecar: SidecarFactory, tmp_path: Path
 ) -> None:
-    stalled = await start_sim(**ENGINE, stall_every=8, stall_ms=100.0)
+    stalled = await start_sim(**ENGINE, stall_every=8, stall_ms=300.0)
     steady = await start_sim(**ENGINE)
     gpus = [FakeNvml([FakeGpu(f"GPU-{name}")]) for name in ("stalled", "steady")]
     side_stalled = await start_sidecar(stalled.url, nvml=gpus[0], **COLLECTORS)

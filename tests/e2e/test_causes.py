@@ -57,7 +57,8 @@ async def stream(url: str, name: str, delay: float) -> None:
 
 def truth_of(pauses: list[SimPause], seq: int, start_s: float, end_s: float) -> str:
     """The cause of the engine's pause of ``seq`` that covers most of the gap; "none" when
-    the engine held it back in none (a hiccup of the host)."""
+    the engine held it back in none (a hiccup of the host: the sidecar shares the host's
+    process with the engine, and sees the whole engine stop)."""
     best, most = "none", 0.0
     for pause in pauses:
         if seq in pause.seqs:
@@ -100,7 +101,9 @@ async def test_each_stall_gets_its_true_cause(
             end_s = (event.timestamp - offset) / 1e9
             start_s = end_s - attrs["llmobs.stall.gap"]
             judged[(truth_of(pauses, seq, start_s, end_s), attrs["llmobs.stall.cause"])] += 1
-    total = sum(judged.values())
+    # judged against the engine's own pauses: a host's hiccup (a loaded machine's) has no
+    # true cause to be right about, so it is in the table and not in the score
+    total = sum(n for (truth, _), n in judged.items() if truth != "none")
     right = sum(n for (truth, cause), n in judged.items() if truth == cause)
     table = json.dumps({f"{t} -> {c}": n for (t, c), n in sorted(judged.items())}, indent=1)
     truths = Counter(t for (t, _), n in judged.items() for _ in range(n))
@@ -119,6 +122,7 @@ async def test_each_stall_gets_its_true_cause(
 CHUNK_TEXT = "x" * 65536
 STEADY_S = 0.01
 CHUNKS = 200
+STALL_MIN_GAP = 0.3  # the client's pause holds the stream for most of its length
 
 
 async def test_a_client_that_stops_reading_makes_its_own_stall(
@@ -131,7 +135,10 @@ async def test_a_client_that_stops_reading_makes_its_own_stall(
     upstream = ScriptedUpstream({"default": Script((*steps, (0.0, b"data: [DONE]\n\n")))})
     url = await start_app(upstream.app())
     exporter = InMemorySpanExporter()
-    side = await start_sidecar(url, telemetry=build_telemetry(span_exporter=exporter))
+    # only a gap of the client's making is a stall here, not a loaded machine's late chunk
+    side = await start_sidecar(
+        url, telemetry=build_telemetry(span_exporter=exporter), stall_min_gap=STALL_MIN_GAP
+    )
     host, port = side.url.removeprefix("http://").split(":")
     sock = socket.socket()
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # a small window, as a slow phone

@@ -3,146 +3,36 @@
 from __future__ import annotations
 
 import asyncio
-import io
 import json
 import os
 import re
 import signal
 import sys
-import time
-from argparse import Namespace
 from pathlib import Path
 
 import aiohttp
-import pytest
 
-from llmobs.__main__ import main
-from llmobs.config.options import shown_default
-from llmobs.config.settings import OPTIONS, ConfigError, Settings
-from llmobs.sim.config import SIM_OPTIONS
-from llmobs.tools.demo import run_demo
-from tests.support.prom import Prometheus, free_port, needs_prometheus
+from tests.support.ports import SERVE, SIM, listening, port_of, refused_port
+from tests.support.prom import Prometheus, needs_prometheus
 from tests.support.servers import SidecarFactory, SimFactory, eventually
 
 
-def test_every_option_has_a_flag_and_variable_in_help(capsys: pytest.CaptureFixture[str]) -> None:
-    with pytest.raises(SystemExit):
-        main(["serve", "--help"])
-    text = capsys.readouterr().out
-    for opt in OPTIONS:
-        assert opt.flag in text
-        assert opt.env in text
-
-
-def test_flags_override_environment_override_defaults() -> None:
-    env = {"LLMOBS_PORT": "9000", "LLMOBS_READ_TIMEOUT": "7.5", "LLMOBS_MAX_BODY_BYTES": "2MiB"}
-    s = Settings.from_sources(env, {"port": "9100"})
-    assert (s.port, s.read_timeout, s.max_body_bytes, s.metrics_port) == (9100, 7.5, 2 << 20, 9464)
-
-
-def _serve_args(argv: list[str]) -> Namespace:
-    from llmobs.__main__ import _parser  # noqa: PLC0415
-    from llmobs.config.options import bool_flags  # noqa: PLC0415
-    from llmobs.sim.config import SIM_OPTIONS  # noqa: PLC0415
-
-    return _parser().parse_args(bool_flags(["serve", *argv], (*OPTIONS, *SIM_OPTIONS)))
-
-
-@pytest.mark.parametrize(
-    ("argv", "env", "want"),
-    [
-        (["--token-spans"], {}, True),
-        (["--no-token-spans"], {"LLMOBS_TOKEN_SPANS": "true"}, False),  # the flag wins
-        ([], {"LLMOBS_TOKEN_SPANS": "yes"}, True),
-        ([], {"LLMOBS_TOKEN_SPANS": "0"}, False),
-        ([], {}, False),  # the default
-        # the spelling earlier versions required, which scripts still pass
-        (["--token-spans", "true"], {}, True),
-        (["--token-spans", "off"], {}, False),
-        (["--token-spans=1"], {}, True),
-        (["--token-spans=no"], {}, False),
-    ],
-)
-def test_boolean_flags_both_ways(argv: list[str], env: dict[str, str], want: bool) -> None:
-    args = _serve_args(argv)
-    settings = Settings.from_sources(env, {"token_spans": args.token_spans})
-    assert settings.token_spans is want
-
-
-def test_every_boolean_option_is_a_bare_flag_with_a_no_form() -> None:
-    booleans = [o for o in OPTIONS if isinstance(o.default, bool)]
-    assert len(booleans) >= 5
-    for opt in booleans:
-        name = opt.field
-        assert getattr(_serve_args([opt.flag]), name) is True
-        assert getattr(_serve_args(["--no-" + opt.flag.removeprefix("--")]), name) is False
-
-
-def test_a_boolean_flag_refuses_a_value_that_is_not_one(
-    capsys: pytest.CaptureFixture[str],
-) -> None:
-    with pytest.raises(SystemExit):
-        _serve_args(["--token-spans", "maybe"])
-    assert "maybe" in capsys.readouterr().err
-    with pytest.raises(SystemExit):
-        _serve_args(["--no-token-spans=true"])
-
-
-@pytest.mark.parametrize(
-    ("env", "named"),
-    [
-        ({"LLMOBS_PORT": "eighty"}, "LLMOBS_PORT"),
-        ({"LLMOBS_UPSTREAM": "ftp://x"}, "LLMOBS_UPSTREAM"),
-        ({"LLMOBS_READ_TIMEOUT": "-1"}, "LLMOBS_READ_TIMEOUT"),
-        ({"LLMOBS_INSTRUMENT": "maybe"}, "LLMOBS_INSTRUMENT"),
-        ({"LLMOBS_TOKEN_SPANS": "sometimes"}, "LLMOBS_TOKEN_SPANS"),
-    ],
-)
-def test_bad_values_fail_naming_the_variable(env: dict[str, str], named: str) -> None:
-    with pytest.raises(ConfigError, match=named):
-        Settings.from_sources(env)
-
-
-def test_bad_configuration_exits_2(capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["serve"], {"LLMOBS_METRICS_PORT": "99999"}) == 2
-    assert "LLMOBS_METRICS_PORT" in capsys.readouterr().err
-
-
-async def _wait_port(port: int, proc: asyncio.subprocess.Process) -> None:
-    deadline = time.monotonic() + 15.0
-    while time.monotonic() < deadline:
-        assert proc.returncode is None, "process exited early"
-        try:
-            _, writer = await asyncio.open_connection("127.0.0.1", port)
-        except OSError:
-            await asyncio.sleep(0.05)
-            continue
-        writer.close()
-        return
-    raise AssertionError(f"port {port} never opened")
-
-
 async def test_serve_and_sim_processes_relay_and_stop_on_sigterm() -> None:
-    sim_port, port, metrics_port = free_port(), free_port(), free_port()
-    env = {
-        **os.environ,
-        "LLMOBS_UPSTREAM": f"http://127.0.0.1:{sim_port}",
-        "LLMOBS_HOST": "127.0.0.1",
-        "LLMOBS_METRICS_HOST": "127.0.0.1",
-        "LLMOBS_METRICS_PORT": str(metrics_port),
-    }
-    sim = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "llmobs", "sim", "--port", str(sim_port), "--decode-base", "0.001",
-        env=env,
-    )  # fmt: skip
-    side = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "llmobs", "serve", "--port", str(port), env=env,
-        stderr=asyncio.subprocess.PIPE,
-    )  # fmt: skip
+    """Both on port 0, as they say once listening: no port picked here that another
+    socket could take before they bind it."""
+    env = {**os.environ, "LLMOBS_HOST": "127.0.0.1", "LLMOBS_METRICS_HOST": "127.0.0.1",
+           "LLMOBS_PORT": "0", "LLMOBS_METRICS_PORT": "0"}  # fmt: skip
+    sim, (sim_port,), _ = await listening(
+        "sim", "--port", "0", "--decode-base", "0.001", pattern=SIM, env=env
+    )
     try:
-        await _wait_port(sim_port, sim)
-        await _wait_port(port, side)
-        await _wait_port(metrics_port, side)
+        env["LLMOBS_UPSTREAM"] = f"http://127.0.0.1:{sim_port}"
+        side, (port, metrics_port), logged = await listening("serve", pattern=SERVE, env=env)
+    except BaseException:
+        sim.send_signal(signal.SIGTERM)
+        await sim.wait()
+        raise
+    try:
         body = {"model": "m", "prompt": "hi", "max_tokens": 5, "stream": True}
         async with aiohttp.ClientSession() as s:
             async with s.post(f"http://127.0.0.1:{port}/v1/completions", json=body) as r:
@@ -156,55 +46,10 @@ async def test_serve_and_sim_processes_relay_and_stop_on_sigterm() -> None:
     finally:
         for proc in (side, sim):
             proc.send_signal(signal.SIGTERM)
-        codes = [await asyncio.wait_for(proc.wait(), 10) for proc in (side, sim)]
-    assert codes == [0, 0]
-    assert side.stderr is not None
-    logged = (await side.stderr.read()).decode()
+        outputs = [await asyncio.wait_for(proc.communicate(), 10) for proc in (side, sim)]
+    assert [side.returncode, sim.returncode] == [0, 0]
+    logged += outputs[0][0].decode()
     assert f"live page: http://127.0.0.1:{metrics_port}/ui/" in logged, logged
-
-
-async def test_demo_runs_and_prints_a_summary() -> None:
-    args = Namespace(duration=1.5, concurrency=4, host="127.0.0.1", port=0, metrics_port=0,
-                     max_batch=2, stall_every=10, stall_ms=50.0, seed=1,
-                     dialect="openai", linger=0.2)  # fmt: skip
-    out = io.StringIO()
-    assert await run_demo(args, {}, out) == 0
-    text = out.getvalue()
-    for needle in ("TTFT", "ITL", "smoothness", "stalls", "queue depth", "tokens/s", "/metrics"):
-        assert needle in text
-    # the live page's URL, and it stays up after the load for --linger seconds
-    assert re.search(r"live page +http://127\.0\.0\.1:\d+/ui/", text), text
-    assert re.search(r"stays up 0 s more: http://127\.0\.0\.1:\d+/ui/", text), text
-    assert re.search(r"requests\s+[1-9]", text)
-    # goodput against the demo's chat objective, every request judged
-    assert "objective       ttft <= 1s, tpot <= 0.05s, max gap <= 0.25s" in text
-    found = re.search(r"goodput\s+(\S+) of (\d+) requests good", text)
-    assert found is not None, text
-    requests = re.search(r"requests\s+(\d+)", text)
-    assert requests is not None and found.group(2) == requests.group(1)
-
-
-def test_the_default_install_is_the_fast_one() -> None:
-    """``pip install .`` brings uvloop and orjson (where they have wheels), and ``serve``
-    runs on uvloop by default (docs/benchmarks.md: 1.51-1.58 x nginx's CPU per chunk on
-    asyncio, 1.34-1.40 x on uvloop)."""
-    from importlib.metadata import requires  # noqa: PLC0415
-
-    from llmobs.app import loop_factory  # noqa: PLC0415
-    from llmobs.observe.dialects.base import JSON_PARSER  # noqa: PLC0415
-
-    default = {re.split(r"[<>=!~;\[ ]", r)[0]: r for r in requires("llmobs") or []
-               if "extra ==" not in r}  # fmt: skip
-    assert {"uvloop", "orjson"} <= set(default)
-    assert "win32" in default["uvloop"]  # a marker where it has no wheels
-    assert JSON_PARSER == "orjson"
-    factory = loop_factory("auto")
-    assert factory is not None
-    loop = factory()
-    try:
-        assert type(loop).__module__.startswith("uvloop")
-    finally:
-        loop.close()
 
 
 # -- the errors a new user hits: one sentence, a distinct exit code, no traceback -------------
@@ -229,16 +74,12 @@ async def _llmobs(*argv: str, env: dict[str, str] | None = None) -> tuple[int, s
 
 
 async def test_a_port_taken_is_one_sentence_naming_the_flag_and_exit_2() -> None:
-    port, metrics_port = free_port(), free_port()
     loopback = ["--host", "127.0.0.1", "--metrics-host", "127.0.0.1"]
-    first = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "llmobs", "serve", *loopback, "--port", str(port),
-        "--metrics-port", str(metrics_port), "--engine-scrape-interval", "0", env=_environ(),
-        stderr=asyncio.subprocess.DEVNULL,
+    first, (port, metrics_port), _ = await listening(
+        "serve", *loopback, "--port", "0", "--metrics-port", "0", "--engine-scrape-interval",
+        "0", pattern=SERVE, env=_environ(),
     )  # fmt: skip
     try:
-        await _wait_port(port, first)
-        await _wait_port(metrics_port, first)
         # (command, its arguments, the port it cannot have, how that port is set)
         cases = [
             ("serve", ["--port", str(port), "--metrics-port", "0", *loopback],
@@ -254,7 +95,7 @@ async def test_a_port_taken_is_one_sentence_naming_the_flag_and_exit_2() -> None
         results = await asyncio.gather(*(_llmobs(cmd, *argv) for cmd, argv, _, _ in cases))
     finally:
         first.send_signal(signal.SIGTERM)
-        await asyncio.wait_for(first.wait(), 10)
+        await asyncio.wait_for(first.communicate(), 10)
     for (command, _, taken, how), (code, out, err) in zip(cases, results, strict=True):
         want = (
             f"llmobs {command}: 127.0.0.1:{taken} is already in use ({how}): stop the process "
@@ -266,16 +107,15 @@ async def test_a_port_taken_is_one_sentence_naming_the_flag_and_exit_2() -> None
         assert "load:" not in out  # the demo stopped before any load
 
 
-def test_the_same_port_for_proxy_and_metrics_is_a_configuration_error(
-    capsys: pytest.CaptureFixture[str],
-) -> None:
-    assert main(["serve", "--port", "9000", "--metrics-port", "9000"], {}) == 2
-    err = capsys.readouterr().err
-    assert "--metrics-port / LLMOBS_METRICS_PORT: must differ from --port / LLMOBS_PORT" in err
-
-
 async def test_slo_cannot_judge_exits_2_with_a_sentence(start_sidecar: SidecarFactory) -> None:
-    nowhere = f"http://127.0.0.1:{free_port()}/metrics"
+    with refused_port() as closed:
+        await _slo_refused(f"http://127.0.0.1:{port_of(closed)}/metrics")
+        # a sidecar that wants its metrics token, and has judged no request yet
+        side = await start_sidecar(f"http://127.0.0.1:{port_of(closed)}", metrics_token="s3cret")
+    await _slo_unjudged(side.metrics_url + "/metrics")
+
+
+async def _slo_refused(nowhere: str) -> None:
     code, out, err = await _llmobs("slo", "--metrics-url", nowhere)
     assert code == 2, err
     assert err == (
@@ -284,9 +124,8 @@ async def test_slo_cannot_judge_exits_2_with_a_sentence(start_sidecar: SidecarFa
     )
     assert out == ""
 
-    # a sidecar that wants its metrics token, and has judged no request yet
-    side = await start_sidecar(f"http://127.0.0.1:{free_port()}", metrics_token="s3cret")
-    metrics = side.metrics_url + "/metrics"
+
+async def _slo_unjudged(metrics: str) -> None:
     code, _, err = await _llmobs("slo", "--metrics-url", metrics)
     assert code == 2, err
     assert err == (
@@ -337,8 +176,9 @@ async def test_slo_judges_a_sidecar_behind_its_token(
 
 
 async def test_slo_without_prometheus_exits_2() -> None:
-    nowhere = f"http://127.0.0.1:{free_port()}"
-    code, _, err = await _llmobs("slo", "--prometheus", nowhere)
+    with refused_port() as closed:
+        nowhere = f"http://127.0.0.1:{port_of(closed)}"
+        code, _, err = await _llmobs("slo", "--prometheus", nowhere)
     assert code == 2, err
     assert err == (
         f"llmobs slo: cannot judge: nothing is listening at {nowhere} (connection refused): "
@@ -362,49 +202,3 @@ async def test_slo_against_a_prometheus_with_nothing_judged_or_a_query_it_refuse
     assert f"Prometheus at {prom.url} refused the query" in err
     assert "duration out of range; check --range and --end." in err
     assert "Traceback" not in err
-
-
-# -- --help: defaults as a user would type them back ------------------------------------------
-
-
-def _help(capsys: pytest.CaptureFixture[str], command: str) -> str:
-    """``llmobs COMMAND --help``, one line per option (argparse wraps to $COLUMNS)."""
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setenv("COLUMNS", "1000")
-        with pytest.raises(SystemExit) as exited:
-            main([command, "--help"])
-    assert exited.value.code == 0
-    return capsys.readouterr().out
-
-
-def test_help_shows_defaults_as_a_user_would_type_them(
-    capsys: pytest.CaptureFixture[str],
-) -> None:
-    serve = _help(capsys, "serve")
-    assert "default 28d]" in serve and "2419200" not in serve  # --slo-window
-    assert "default 16MiB]" in serve and "16777216" not in serve  # --max-body-bytes
-    assert "default 1MiB]" in serve  # --max-line-bytes
-    assert "accepts KiB/MiB/GiB suffixes" in serve
-    assert "to the upstream (then 504) [env LLMOBS_CONNECT_TIMEOUT; default 10]" in serve
-    assert "(then 502)" not in serve
-    for command in ("serve", "sim", "demo", "slo", "bench"):
-        text = _help(capsys, command)
-        for raw in ("default None", "default ()", "default ]", "default True", "default False",
-                    "default ;"):  # fmt: skip
-            assert raw not in text, (command, raw)
-        assert not re.search(r"(default |\[)\d+\.0\]", text), (command, text)
-    bench = _help(capsys, "bench")
-    assert "--saturation, --no-saturation" in bench
-    assert "memory check; --no-saturation: only the paced cells [on]" in bench
-    slo = _help(capsys, "slo")
-    assert "Exit codes: 0 every objective met; 1 a label set below its target; 2 could not" in slo
-    assert "[env LLMOBS_METRICS_TOKEN]" in slo
-
-
-def test_every_default_shown_reads_back_as_the_default() -> None:
-    for opt in (*OPTIONS, *SIM_OPTIONS):
-        shown = shown_default(opt)
-        if shown is None:
-            assert opt.default in (None, "", ()), opt.flag
-            continue
-        assert opt.parse(shown) == opt.default, (opt.flag, shown)

@@ -17,20 +17,11 @@ from llmobs.sim import SimEngine
 from tests.support.leaks import Usage, back_to
 from tests.support.rawhttp import read_response
 from tests.support.scripted import ScriptedUpstream
-from tests.support.servers import SidecarFactory, SidecarHandle, SimFactory
+from tests.support.servers import SidecarFactory, SidecarHandle, SimFactory, eventually
 
 CHAT = "/v1/chat/completions"
 QUIET: dict[str, Any] = {"engine_scrape_interval": 0, "gpu_sample_interval": 0}
 STREAM = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "stream": True}
-
-
-async def wait_for(check: Callable[[], bool], within: float = 10.0) -> None:
-    """Like ``support.servers.eventually``, with room for a busy shared machine."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + within
-    while not check():
-        assert loop.time() < deadline, "condition never held"
-        await asyncio.sleep(0.01)
 
 
 def port_of(side: SidecarHandle) -> int:
@@ -68,7 +59,7 @@ async def test_disconnect_at_every_phase_reaches_the_engine(
     if phase == "queued":  # a direct request holds the only batch slot
         direct = aiohttp.ClientSession()
         blocker = asyncio.ensure_future(stream_until_cancelled(direct, sim.url))
-        await wait_for(lambda: sim.engine.counters.running == 1)
+        await eventually(lambda: sim.engine.counters.running == 1)
     reader, writer = await asyncio.open_connection("127.0.0.1", port_of(side))
     body = json.dumps({**STREAM, "max_tokens": 500}).encode()
     length = len(body) + (100 if phase == "upload" else 0)  # "upload": never finished
@@ -77,15 +68,15 @@ async def test_disconnect_at_every_phase_reaches_the_engine(
         f"Content-Length: {length}\r\n\r\n".encode()
         + body
     )
-    await wait_for(lambda: leave_when(sim.engine))
-    await wait_for(lambda: side.value("llmobs_requests_active") == 1)
+    await eventually(lambda: leave_when(sim.engine))
+    await eventually(lambda: side.value("llmobs_requests_active") == 1)
     writer.transport.abort()  # the client is gone, at once
 
     submitted = phase != "upload"
     if not submitted:  # the body is read whole before it goes upstream (as nginx buffers it)
         assert sim.engine.counters.requests_received == 0
-    await wait_for(lambda: sim.engine.counters.cancelled == int(submitted))  # the engine knows
-    await wait_for(lambda: side.value("llmobs_requests_total") == 1)
+    await eventually(lambda: sim.engine.counters.cancelled == int(submitted))  # the engine knows
+    await eventually(lambda: side.value("llmobs_requests_total") == 1)
     assert side.value("llmobs_requests_total", outcome="client_disconnect") == 1
     assert side.value("llmobs_requests_active") == 0
     assert side.value("llmobs_prefill_queue_depth") == 0
@@ -94,7 +85,7 @@ async def test_disconnect_at_every_phase_reaches_the_engine(
         with contextlib.suppress(asyncio.CancelledError):
             await blocker
         await direct.close()
-    await wait_for(lambda: engine_idle(sim.engine))
+    await eventually(lambda: engine_idle(sim.engine))
     assert sim.engine.counters.completed == 0
     del reader
     await back_to(baseline)
@@ -161,7 +152,7 @@ async def test_slowloris_body_gets_408_after_the_client_timeout(
     assert json.loads(response.body)["error"]["type"] == "request_timeout"
     assert response.header("Connection") == "close"
     assert elapsed < 5.0
-    await wait_for(lambda: side.value("llmobs_requests_total") == 1)
+    await eventually(lambda: side.value("llmobs_requests_total") == 1)
     assert side.value("llmobs_requests_total", outcome="rejected", status_class="4xx") == 1
     assert sim.engine.counters.waiting == sim.engine.counters.running == 0  # never submitted
     await back_to(baseline)
@@ -185,7 +176,7 @@ async def test_invalid_json_bodies_are_relayed_and_the_engine_answers(
             answers.append((r.status, r.headers["Content-Type"], await r.read()))
     assert answers[0] == answers[1]  # exactly what the engine said
     assert answers[0][0] == 400
-    await wait_for(lambda: side.value("llmobs_requests_total") == 1)
+    await eventually(lambda: side.value("llmobs_requests_total") == 1)
     assert side.value("llmobs_requests_total", outcome="ok", status_class="4xx") == 1
     assert side.value("llmobs_observer_errors_total") == 0
 
@@ -219,7 +210,7 @@ async def test_pipelined_and_keep_alive_requests_on_one_connection(
     assert json.loads(answers[0].body)["object"] == "chat.completion"
     assert json.loads(answers[1].body)["object"] == "list"
     assert answers[2].body.endswith(b"data: [DONE]\n\n")
-    await wait_for(lambda: side.value("llmobs_requests_total") == 5)
+    await eventually(lambda: side.value("llmobs_requests_total") == 5)
     assert side.value("llmobs_requests_total", outcome="ok") == 5
     assert sim.engine.counters.completed == 3
     await back_to(baseline)
@@ -239,18 +230,18 @@ async def test_cancelling_300_streams_at_once_reaches_the_engine(
     streams = [
         asyncio.ensure_future(stream_until_cancelled(session, side.url)) for _ in range(count)
     ]
-    await wait_for(lambda: sim.engine.counters.waiting + sim.engine.counters.running == count, 30)
-    await wait_for(lambda: side.value("llmobs_requests_active") == count, 30)
+    await eventually(lambda: sim.engine.counters.waiting + sim.engine.counters.running == count, 30)
+    await eventually(lambda: side.value("llmobs_requests_active") == count, 30)
     assert side.value("llmobs_prefill_queue_depth") >= count - 64  # waiting for a first token
     for stream in streams:
         stream.cancel()
     await asyncio.gather(*streams, return_exceptions=True)
     await session.close()
 
-    await wait_for(lambda: sim.engine.counters.cancelled == count, 30)  # every one reached it
+    await eventually(lambda: sim.engine.counters.cancelled == count, 30)  # every one reached it
     assert engine_idle(sim.engine)
     assert sim.engine.counters.completed == 0
-    await wait_for(lambda: side.value("llmobs_requests_total") == count, 30)
+    await eventually(lambda: side.value("llmobs_requests_total") == count, 30)
     assert side.value("llmobs_requests_total", outcome="client_disconnect") == count
     assert side.value("llmobs_requests_active") == 0
     assert side.value("llmobs_prefill_queue_depth") == 0

@@ -5,7 +5,7 @@ body it cannot read."""
 from __future__ import annotations
 
 import asyncio
-import json
+from collections.abc import AsyncIterator
 
 import anthropic
 import huggingface_hub
@@ -14,18 +14,18 @@ import openai
 import pytest
 from huggingface_hub.errors import GenerationError
 
-from llmobs.observe.dialects.errors import error_body
-from tests.support.prom import free_port
+from tests.support.ports import port_of, refused_port
 from tests.support.servers import SidecarFactory
 
 MESSAGE = "upstream unavailable"
 
 
 @pytest.fixture
-async def gone(start_sidecar: SidecarFactory) -> str:
+async def gone(start_sidecar: SidecarFactory) -> AsyncIterator[str]:
     """A sidecar whose engine is not there: every request gets the sidecar's 502."""
-    side = await start_sidecar(f"http://127.0.0.1:{free_port()}")
-    return side.url
+    with refused_port() as engine:
+        side = await start_sidecar(f"http://127.0.0.1:{port_of(engine)}")
+        yield side.url
 
 
 async def test_openai(gone: str) -> None:
@@ -63,19 +63,3 @@ async def test_tgi_through_the_hugging_face_client(gone: str) -> None:
     with pytest.raises(GenerationError) as caught:
         await asyncio.to_thread(generate)
     assert MESSAGE in str(caught.value)
-
-
-def test_each_shape() -> None:
-    assert error_body("openai", 502, "x") is None  # the wire's own, OpenAI's
-    assert error_body("none", 502, "x") is None
-    assert json.loads(error_body("anthropic", 413, "big") or b"") == {
-        "type": "error", "error": {"type": "request_too_large", "message": "big"}}  # fmt: skip
-    assert json.loads(error_body("anthropic", 504, "x") or b"")["error"]["type"] == "timeout_error"
-    assert json.loads(error_body("anthropic", 408, "x") or b"")["error"]["type"] == "timeout_error"
-    assert json.loads(error_body("anthropic", 431, "x") or b"")["error"]["type"] == (
-        "invalid_request_error")  # fmt: skip
-    assert json.loads(error_body("ollama", 502, "gone") or b"") == {"error": "gone"}
-    assert json.loads(error_body("triton", 504, "slow") or b"") == {"error": "slow"}
-    assert json.loads(error_body("tgi", 413, "big") or b"") == {
-        "error": "big", "error_type": "validation"}  # fmt: skip
-    assert json.loads(error_body("tgi", 503, "x") or b"")["error_type"] == "overloaded"

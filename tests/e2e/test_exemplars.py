@@ -125,10 +125,10 @@ async def test_buckets_carry_the_traces_of_their_requests(
 
 
 def requests_only(text: str) -> str:
-    """The exposition without the sidecar's own process and Python series (they change from
-    one scrape to the next)."""
-    own = ("process_", "python_", "# HELP process_", "# TYPE process_", "# HELP python_",
-           "# TYPE python_")  # fmt: skip
+    """The exposition without the sidecar's own process and Python series and its
+    collectors' (they change from one scrape to the next: a GPU poll may fall between two)."""
+    own = tuple(f"{prefix}{name}" for prefix in ("", "# HELP ", "# TYPE ")
+                for name in ("process_", "python_", "llmobs_collector_"))  # fmt: skip
     return "".join(line for line in text.splitlines(keepends=True) if not line.startswith(own))
 
 

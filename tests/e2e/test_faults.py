@@ -13,18 +13,17 @@ import asyncio
 import gc
 import json
 import re
-import socket
 import zlib
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
 import aiohttp
 import pytest
 
-from llmobs.config.settings import ConfigError
-from llmobs.sim import SimSettings
 from llmobs.sim.faults import FAULT_HEADER, LONG_LINE_BYTES
 from tests.support.leaks import Usage, back_to, rss_bytes
+from tests.support.ports import port_of, refused_port
 from tests.support.servers import SidecarFactory, SidecarHandle, SimFactory
 
 CHAT = "/v1/chat/completions"
@@ -84,10 +83,11 @@ def normal(seen: Seen) -> bytes:
     return re.sub(rb'"created":\d+', b'"created":0', data)
 
 
-def closed_port() -> str:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return f"http://127.0.0.1:{s.getsockname()[1]}"
+@pytest.fixture
+def closed_port() -> Iterator[str]:
+    """A URL whose port refuses connections, and stays refusing, for the whole test."""
+    with refused_port() as sock:
+        yield f"http://127.0.0.1:{port_of(sock)}"
 
 
 async def fixture_pair(
@@ -119,10 +119,10 @@ CASES = {
 
 @pytest.mark.parametrize("fault", list(CASES))
 async def test_upstream_fault_through_the_sidecar(
-    start_sim: SimFactory, start_sidecar: SidecarFactory, fault: str
+    start_sim: SimFactory, start_sidecar: SidecarFactory, fault: str, closed_port: str
 ) -> None:
     refused = fault == "connection-refused"
-    upstream = closed_port() if refused else None
+    upstream = closed_port if refused else None
     direct_url, side = await fixture_pair(start_sim, start_sidecar, upstream)
     if not refused:
         assert (await call(side.url, "")).kind == "complete"  # warm: a pooled connection
@@ -179,12 +179,6 @@ async def test_memory_stays_flat_across_repeated_faults(
     # A leaked 10 MiB line per round would add 40 MiB after the first (warm-up) round.
     assert samples[-1] - samples[1] < 25 * 1024**2, [s // 1024**2 for s in samples]
     assert side.value("llmobs_requests_total") == 6 * len(faults)
-
-
-def test_the_fault_setting_is_validated() -> None:
-    with pytest.raises(ConfigError, match="LLMOBS_SIM_FAULT"):
-        SimSettings(fault="bogus")
-    assert SimSettings.from_sources({"LLMOBS_SIM_FAULT": "GZIP"}).fault == "gzip"
 
 
 async def test_fault_modes_none_header_and_every_request(start_sim: SimFactory) -> None:

@@ -28,7 +28,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from llmobs.config.otel import otel_settings
 from llmobs.export.telemetry import build_telemetry
 from tests.support.otlp import OtlpReceiver, attributes
-from tests.support.prom import Prometheus, Target, needs_prometheus
+from tests.support.prom import Prometheus, Target, needs_prometheus, until
 from tests.support.servers import (
     AppFactory,
     SidecarFactory,
@@ -101,17 +101,6 @@ def measured(receiver: OtlpReceiver) -> dict[str, list[float]]:
     return out
 
 
-async def final(prom: Prometheus, expr: str, want: float) -> None:
-    """Wait until ``expr`` reads ``want``: a scrape after the last request."""
-    deadline = asyncio.get_running_loop().time() + 30
-    while True:
-        found = await prom.query(expr)
-        if found and found[0][1] == want:
-            return
-        assert asyncio.get_running_loop().time() < deadline, (expr, found)
-        await asyncio.sleep(0.5)
-
-
 def classic_samples(text: str) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
     out = {}
     for family in text_string_to_metric_families(text):
@@ -148,9 +137,9 @@ async def test_native_quantiles_within_3_percent_and_exemplars_to_received_trace
         await load(side)
         await asyncio.to_thread(side.sidecar.flush_traces)
         await eventually(lambda: len(measured(receiver)["llmobs_smoothness"]) == REQUESTS)
-        for name in MEASURED:
-            await final(native, f"histogram_count({name})", REQUESTS)
-            await final(classic, f"{name}_count", REQUESTS)
+        for name in MEASURED:  # a scrape after the last request
+            await until(native, f"histogram_count({name})", REQUESTS)
+            await until(classic, f"{name}_count", REQUESTS)
         # Quantiles: native within 3 %; classic as far off as its buckets make it
         values = measured(receiver)
         report = []

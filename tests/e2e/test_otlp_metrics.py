@@ -9,9 +9,7 @@ import asyncio
 from typing import Any
 
 import aiohttp
-import pytest
 
-from llmobs.config.options import ConfigError
 from llmobs.config.otel import otel_settings
 from llmobs.export.metrics.catalogue import TTFT
 from llmobs.export.telemetry import build_telemetry
@@ -75,12 +73,3 @@ async def test_explicit_buckets_when_the_spec_variable_asks(
     assert metric.WhichOneof("data") == "histogram"
     (point,) = metric.histogram.data_points
     assert list(point.explicit_bounds) == list(TTFT.buckets) and point.count == REQUESTS
-
-
-def test_the_spec_variable_is_read_and_checked() -> None:
-    name = "OTEL_EXPORTER_OTLP_METRICS_DEFAULT_HISTOGRAM_AGGREGATION"
-    assert otel_settings({}).exponential_histograms
-    assert otel_settings({name: "BASE2_exponential_bucket_histogram"}).exponential_histograms
-    assert not otel_settings({name: " explicit_bucket_histogram "}).exponential_histograms
-    with pytest.raises(ConfigError, match=name):
-        otel_settings({name: "exponential"})

@@ -65,7 +65,8 @@ async def test_streams_still_running_after_the_grace_end_cleanly_and_are_counted
     loop = asyncio.get_running_loop()
     started = loop.time()
     await side.sidecar.stop()
-    assert loop.time() - started < 2.0  # the grace, not the 6 s the streams would need
+    # the grace (and a loaded machine's margin), not the 6 s the streams would need
+    assert loop.time() - started < 4.0
     for status, body in await asyncio.gather(*streams):  # no ClientPayloadError: a clean end
         assert status == 200
         assert b"data: {" in body
@@ -94,7 +95,7 @@ async def test_requests_still_waiting_for_a_response_at_the_grace_get_a_503(
     loop = asyncio.get_running_loop()
     started = loop.time()
     await side.sidecar.stop()
-    assert loop.time() - started < 2.0  # the grace, not the grace and 5 s
+    assert loop.time() - started < 4.0  # the grace and a margin, not the grace and 5 s
     status, body = await waiting
     assert status == 503
     assert b"shutting down" in body

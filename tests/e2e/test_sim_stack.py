@@ -1,6 +1,8 @@
 """Through the sidecar to the simulated engine: timing against a known schedule, queueing,
 cancellation, byte identity and the real OpenAI client. Bounds are generous: the schedule is
-exact, the event loop's scheduling is not."""
+exact, the event loop's scheduling is not. The engine is never early, and a token a loaded
+machine makes late lengthens its gap and shortens the next: the decode step is long enough,
+and each bound loose enough, that one such token changes no verdict."""
 
 from __future__ import annotations
 
@@ -15,11 +17,12 @@ from openai import AsyncOpenAI
 from tests.support.servers import SidecarFactory, SidecarHandle, SimFactory, eventually
 
 CHAT = "/v1/chat/completions"
-# prefill 100 ms, then one token every 20 ms, 20 tokens, one request at a time
+# prefill 100 ms, then one token every 50 ms, 20 tokens, one request at a time
 SCHEDULE: dict[str, Any] = {
-    "max_batch": 1, "prefill_base": 0.1, "prefill_per_token": 0.0, "decode_base": 0.02,
+    "max_batch": 1, "prefill_base": 0.1, "prefill_per_token": 0.0, "decode_base": 0.05,
     "decode_per_seq": 0.0, "output_tokens_min": 20, "output_tokens_max": 20,
 }  # fmt: skip
+LATE = 0.075  # how late the busy machine may make the first token
 
 
 def chat(stream: bool = True, **extra: Any) -> dict[str, Any]:
@@ -47,18 +50,19 @@ async def test_ttft_itl_tpot_match_the_engine_schedule(
     await post(side.url, chat())
     ttft = single(side, "gen_ai_server_time_to_first_token_seconds")
     tpot = single(side, "gen_ai_server_time_per_output_token_seconds")
-    assert 0.098 <= ttft <= 0.125
-    assert tpot == pytest.approx(0.020, abs=0.003)
+    assert 0.098 <= ttft <= 0.1 + LATE
+    # from the first token to the last: only a late first or last token moves these
+    assert tpot == pytest.approx(0.050, abs=0.005)
     itl_n = side.value("llmobs_inter_token_latency_seconds_count")
     itl_sum = side.value("llmobs_inter_token_latency_seconds_sum")
     assert itl_n == 19
-    assert itl_sum / itl_n == pytest.approx(0.020, abs=0.003)
-    # 19 gaps of ~20 ms: all within the 20 ms bucket's neighbours, none beyond 30 ms
-    assert side.value("llmobs_inter_token_latency_seconds_bucket", le="0.03") == 19
-    # a late token (busy machine) makes the next gap short: a few may fall below 17.5 ms
-    assert side.value("llmobs_inter_token_latency_seconds_bucket", le="0.0175") <= 5
+    assert itl_sum / itl_n == pytest.approx(0.050, abs=0.005)
+    # 19 gaps of ~50 ms: in the 50 ms bucket's neighbours, but for a few late tokens' (each
+    # makes one gap long and the next short)
+    assert side.value("llmobs_inter_token_latency_seconds_bucket", le="0.075") >= 19 - 5
+    assert side.value("llmobs_inter_token_latency_seconds_bucket", le="0.04") <= 5
     assert side.value("llmobs_stalls_total") == 0
-    assert single(side, "llmobs_smoothness") > 0.95
+    assert single(side, "llmobs_smoothness") > 0.9
     assert side.value("gen_ai_client_token_usage_sum", gen_ai_token_type="output") == 20
 
 
@@ -85,8 +89,8 @@ async def test_multi_token_chunks_count_itl_per_token(
     n = side.value("llmobs_inter_token_latency_seconds_count")
     mean = side.value("llmobs_inter_token_latency_seconds_sum") / n
     assert n == itl_count
-    # 0.40 s from the first to the last chunk, shared by the tokens after the first chunk
-    assert mean * n == pytest.approx(0.40, abs=0.02)
+    # 1 s (20 steps) from the first to the last chunk, shared by the tokens after the first
+    assert mean * n == pytest.approx(1.0, abs=0.05)
     output = side.value("gen_ai_client_token_usage_sum", gen_ai_token_type="output")
     assert output == (8 if not options else 21)
 
@@ -96,13 +100,13 @@ async def test_stalls_and_smoothness_steady_versus_paused(
 ) -> None:
     steady_sim = await start_sim(**{**SCHEDULE, "output_tokens_min": 40, "output_tokens_max": 40})
     paused_sim = await start_sim(**{**SCHEDULE, "output_tokens_min": 40, "output_tokens_max": 40,
-                                    "stall_every": 10, "stall_ms": 100.0})  # fmt: skip
+                                    "stall_every": 10, "stall_ms": 300.0})  # fmt: skip
     steady = await start_sidecar(steady_sim.url)
     paused = await start_sidecar(paused_sim.url)
     await asyncio.gather(post(steady.url, chat()), post(paused.url, chat()))
     assert steady.value("llmobs_stalls_total") == 0
     assert 3 <= paused.value("llmobs_stalls_total") <= 4
-    assert single(steady, "llmobs_smoothness") > 0.95
+    assert single(steady, "llmobs_smoothness") > 0.9
     assert single(paused, "llmobs_smoothness") < 0.6
 
 
@@ -113,16 +117,19 @@ async def test_prefill_queue_depth_rises_to_n_and_returns_to_zero(
                              "output_tokens_max": 5})  # fmt: skip
     side = await start_sidecar(sim.url)
     n = 4
-    seen: list[float] = []
+    seen: list[tuple[float, float]] = []  # (when, depth)
+    loop = asyncio.get_running_loop()
     requests = asyncio.gather(*(post(side.url, chat()) for _ in range(n)))
     while not requests.done():
-        seen.append(side.value("llmobs_prefill_queue_depth"))
+        seen.append((loop.time(), side.value("llmobs_prefill_queue_depth")))
         await asyncio.sleep(0.01)
     await requests
-    assert max(seen) == n
-    assert seen.count(n) >= 5  # held for the first 300 ms prefill, not a blip
+    assert max(depth for _, depth in seen) == n
+    # held through the first 300 ms prefill, not a blip (however seldom a loaded loop samples)
+    full = [t for t, depth in seen if depth == n]
+    assert full[-1] - full[0] >= 0.1, seen
     assert side.value("llmobs_prefill_queue_depth") == 0
-    # later requests waited behind earlier ones: TTFTs ~0.3, 0.7, 1.1, 1.5 s
+    # later requests waited behind earlier ones: TTFTs ~0.3, 0.8, 1.3, 1.8 s
     assert side.value("gen_ai_server_time_to_first_token_seconds_bucket", le="0.5") == 1
     assert side.value("gen_ai_server_time_to_first_token_seconds_bucket", le="1.0") == 2
     assert side.value("gen_ai_server_time_to_first_token_seconds_count") == n
@@ -136,11 +143,7 @@ async def test_client_disconnect_reaches_the_engine(
     async with aiohttp.ClientSession() as s, s.post(side.url + CHAT, json=chat()) as r:
         for _ in range(3):
             await r.content.readline()
-    for _ in range(100):
-        if sim.engine.counters.cancelled:
-            break
-        await asyncio.sleep(0.01)
-    assert sim.engine.counters.cancelled == 1
+    await eventually(lambda: sim.engine.counters.cancelled == 1)
     assert sim.engine.counters.running == 0
     await eventually(lambda: side.value("llmobs_requests_total") == 1)
     assert side.value("llmobs_requests_total", outcome="client_disconnect") == 1

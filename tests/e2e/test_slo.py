@@ -15,7 +15,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 
 from llmobs.export.telemetry import build_telemetry
 from llmobs.sim.faults import FAULT_HEADER
-from llmobs.tools.slo_report import rows_from_metrics
+from llmobs.tools.slo.attainment import rows_from_metrics
 from tests.support.cli import cli
 from tests.support.prom import RULES, Prometheus, Target, needs_prometheus, until
 from tests.support.servers import SidecarFactory, SidecarHandle, SimFactory, eventually

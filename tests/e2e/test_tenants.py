@@ -19,9 +19,15 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 
 from llmobs.config.tenants import fingerprint
 from llmobs.export.telemetry import build_telemetry
-from llmobs.tools.slo_report import rows_from_metrics
+from llmobs.tools.slo.attainment import rows_from_metrics
 from tests.support.rawhttp import status_of
-from tests.support.servers import SidecarFactory, SidecarHandle, SimFactory, eventually
+from tests.support.servers import (
+    SidecarFactory,
+    SidecarHandle,
+    SimFactory,
+    eventually,
+    requests_shown,
+)
 
 MODEL = "sim-llama-3-8b"
 KEY_A = "sk-team-a-0123456789abcdefSECRET"  # named in the key file: team-a
@@ -115,12 +121,10 @@ async def test_per_tenant_series_objectives_and_cost(
     assert sum(c for c in costs if isinstance(c, float)) == pytest.approx(expected, abs=1e-9)
 
     # the gate reads tenants and costs too
-    async with aiohttp.ClientSession() as session:
-        async with session.get(side.metrics_url + "/metrics") as r:
-            metrics = await r.text()
-        await asyncio.sleep(1.1)  # a tick of the live page after the last request
-        async with session.get(side.metrics_url + "/ui/data") as r:
-            live = await r.text()
+    async with aiohttp.ClientSession() as session, session.get(side.metrics_url + "/metrics") as r:
+        metrics = await r.text()
+    # the live page once a tick has counted every request
+    live = json.dumps(await side.live(lambda data: requests_shown(data) == 8))
     rows = rows_from_metrics(metrics)
     assert rows[("chat", MODEL, "team-a")].bad == 4
     assert rows[("chat", MODEL, "team-a")].cost == pytest.approx(team_a, abs=0.005)

@@ -14,7 +14,7 @@ from multidict import CIMultiDict
 
 from llmobs.tools.traffic import Call, stream_call
 from tests.support.fake_nvml import FakeGpu, FakeNvml
-from tests.support.servers import SidecarFactory, SidecarHandle, SimFactory
+from tests.support.servers import Json, SidecarFactory, SidecarHandle, SimFactory, requests_shown
 
 # One request at a time, a stall every 8 decode steps: requests queue and streams stutter.
 ENGINE: dict[str, Any] = {
@@ -26,14 +26,14 @@ CHAT = Call("/v1/chat/completions", {"model": "chat-model", "stream": True,
             "messages": [{"role": "user", "content": "hi"}]})  # fmt: skip
 
 
-async def load(side: SidecarHandle, clients: int) -> None:
-    """``clients`` streams at once, and a tick after they end."""
+async def load(side: SidecarHandle, clients: int) -> Json:
+    """``clients`` streams at once; the live page's data once a tick has counted them all."""
     async with aiohttp.ClientSession() as session:
         results = await asyncio.gather(
             *(stream_call(session, side.url, CHAT) for _ in range(clients))
         )
     assert all(r.ok for r in results), results
-    await asyncio.sleep(1.2)  # the ticker reads the totals at each whole second
+    return await side.live(lambda data: requests_shown(data) == clients)
 
 
 async def get(url: str, **headers: str) -> tuple[int, CIMultiDict[str], bytes]:
@@ -46,11 +46,10 @@ async def test_the_data_shows_the_queue_and_the_stalls(
     start_sim: SimFactory, start_sidecar: SidecarFactory
 ) -> None:
     sim = await start_sim(**ENGINE)
-    side = await start_sidecar(sim.url)
-    await load(side, clients=4)
-    async with aiohttp.ClientSession() as s, s.get(side.metrics_url + "/ui/data") as r:
-        assert r.status == 200 and r.headers["Cache-Control"] == "no-store"
-        data = await r.json()
+    # a stall is a gap of 100 ms or more: the engine's pauses are, and so is any a loaded
+    # machine makes, which then counts in the bands over 100 ms too
+    side = await start_sidecar(sim.url, stall_min_gap=0.1)
+    data = await load(side, clients=4)
     model = data["models"]["chat-model"]
     # the engine serves one at a time: the others waited for their first token
     assert max(v for v in data["global"]["queue"] if v is not None) >= 2
@@ -61,17 +60,27 @@ async def test_the_data_shows_the_queue_and_the_stalls(
     assert sum(v for v in model["stalls_engine_pause"] if v) == stalls
     # the waits for the first token, by phase: all outside the sidecar (the sim reports none)
     assert max(v for v in model["ttft_other"] if v is not None) > 0.1
-    assert sum(v for v in model["itl_100_250ms"] if v) >= stalls
+    assert sum(v for v in model["itl_100_250ms"] if v) > 0
+    assert sum(v for band in ("itl_100_250ms", "itl_gt_250ms") for v in model[band] if v) >= stalls
     assert sum(v for v in model["tokens"] if v) == 4 * 24
     assert sum(v for v in model["requests"] if v) == 4
     p99 = [v for v in model["ttft_p99"] if v is not None]
     assert p99 and max(p99) > 0.3  # the last request waited for three others
     # one model: "all" is that model (0 where the model had no slot yet, not None)
     assert [v or 0 for v in data["models"]["all"]["tokens"]] == [v or 0 for v in model["tokens"]]
-    # since: only the points after it
-    last = data["t"][-1]
-    status, _, body = await get(side.metrics_url + f"/ui/data?since={last}")
-    assert status == 200 and json.loads(body)["t"] == []
+    # since: only the points after it, in order. The ticker goes on meanwhile: a point it
+    # added between two requests comes after every point the first one saw
+    t = data["t"]
+    assert len(t) >= 2 and t == sorted(set(t))
+    for since in t:
+        status, headers, body = await get(side.metrics_url + f"/ui/data?since={since}")
+        assert status == 200 and headers["Cache-Control"] == "no-store"
+        later = json.loads(body)["t"]
+        seen = t[t.index(since) + 1 :]
+        assert later[: len(seen)] == seen, (since, later)
+        assert all(a < b for a, b in zip([since, *later], later, strict=False)), (since, later)
+    future = json.loads((await get(side.metrics_url + f"/ui/data?since={t[-1] + 3600}"))[2])
+    assert future["t"] == [] and future["models"]["chat-model"]["tokens"] == []
     assert (await get(side.metrics_url + "/ui/data?since=x"))[0] == 400
 
 
@@ -140,10 +149,12 @@ async def test_the_engine_and_gpu_gauges_when_their_collectors_are_up(
         sim.url, nvml=nvml, engine_scrape_interval=0.2, gpu_sample_interval=0.2
     )
     await load(side, clients=2)
-    await asyncio.sleep(1.0)
-    status, _, body = await get(side.metrics_url + "/ui/data")
-    assert status == 200
-    data = json.loads(body)["global"]
+
+    def settled(data: Json) -> bool:  # a point read after both collectors' last readings
+        gauges = data["global"]
+        return gauges["engine_running"][-1] == 0 and gauges["gpu_bandwidth"][-1] is not None
+
+    data = (await side.live(settled))["global"]
     # the simulated engine's vLLM names, read by the engine collector; the fake GPU's memory
     # (30 of 80 GiB) and bandwidth (47.5 %)
     assert data["engine_running"][-1] == 0 and data["engine_kv_cache"][-1] is not None

@@ -22,7 +22,7 @@ import pytest
 
 from llmobs.tools.traffic import Call, stream_call
 from tests.e2e.test_ui import ENGINE
-from tests.support.servers import SidecarFactory, SimFactory
+from tests.support.servers import SidecarFactory, SimFactory, requests_shown
 
 CHROMIUM = next((p for p in map(shutil.which, ("chromium", "chromium-browser")) if p), None)
 pytestmark = pytest.mark.skipif(
@@ -80,7 +80,7 @@ async def test_the_page_draws_the_queue_and_the_stutter(
         # a model name is a client's string: the page shows it as text, never as HTML
         hostile = Call(chat.path, {**chat.body, "model": HOSTILE})
         assert (await stream_call(session, side.url, hostile)).ok
-    await asyncio.sleep(1.2)  # one more tick after the last request
+    await side.live(lambda data: requests_shown(data) == 9)  # a tick after the last request
     page = side.metrics_url + "/ui/"
     dom = (await chromium("--dump-dom", page)).decode()
     charts = Charts()

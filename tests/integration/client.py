@@ -13,15 +13,17 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Sequence
+from collections.abc import Coroutine, Sequence
 from contextvars import ContextVar
 from dataclasses import dataclass
+from typing import TypeVar
 
 from openai import AsyncOpenAI, DefaultAsyncHttpxClient
 
 CHAT = "/v1/chat/completions"
 COMPLETIONS = "/v1/completions"
 SEED = 0
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -65,12 +67,22 @@ def streams(
     compiled on first use): the process's first call also sends one of each, of one token, to
     ``warm_up`` (the engine itself, so that the sidecar does not count them).
     """
-    return asyncio.run(_streams(base_url, calls, concurrently, warm_up))
+    return _run(_streams(base_url, calls, concurrently, warm_up))
 
 
 def completion_tokens(base_url: str, call: Call) -> int:
     """``usage.completion_tokens`` of ``call`` sent without streaming."""
-    return asyncio.run(_completion_tokens(base_url, call))
+    return _run(_completion_tokens(base_url, call))
+
+
+def _run(work: Coroutine[object, object, T]) -> T:
+    """Run ``work``; a failure comes back to the test as a ``RuntimeError`` naming it. The
+    SDK's own errors do not survive pickling: one would break the process pool, and with it
+    every later test of the module, instead of failing its own."""
+    try:
+        return asyncio.run(work)
+    except Exception as exc:
+        raise RuntimeError(f"the client failed: {exc!r}") from None
 
 
 # When the SDK hands the current task's request to its transport (``stream`` sets the list).

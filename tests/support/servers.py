@@ -7,6 +7,7 @@ import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
+from typing import Any
 
 import aiohttp
 from aiohttp import web
@@ -16,6 +17,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from llmobs.app import Sidecar
 from llmobs.export.metrics.sink import MetricsSink
 from llmobs.sim import SimEngine, SimSettings
+
+Json = dict[str, Any]
 
 
 async def serve(app: web.Application) -> tuple[web.AppRunner, str]:
@@ -67,17 +70,39 @@ class SidecarHandle:
                 out.setdefault(sample.name, []).append((dict(sample.labels), sample.value))
         return out
 
+    async def live(self, holds: Callable[[Json], bool], within: float = 30.0) -> Json:
+        """The live page's data (``/ui/data``) once ``holds(data)``: its ticker adds a point
+        a second, so a test waits for the point it needs, not for a second to pass (which
+        a loaded machine stretches, and which may hold a tick more than the test expects)."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + within
+        async with aiohttp.ClientSession() as s:
+            while True:
+                async with s.get(self.metrics_url + "/ui/data") as r:
+                    assert r.status == 200
+                    data: Json = await r.json()
+                if holds(data):
+                    return data
+                assert loop.time() < deadline, f"the live page never showed it: {data}"
+                await asyncio.sleep(0.1)
+
+
+def requests_shown(data: Json) -> float:
+    """The requests the live page's points count, every model together."""
+    return float(sum(v or 0 for v in data["models"]["all"]["requests"]))
+
 
 SimFactory = Callable[..., Awaitable[SimHandle]]
 SidecarFactory = Callable[..., Awaitable[SidecarHandle]]
 AppFactory = Callable[[web.Application], Awaitable[str]]
 
 
-async def eventually(check: Callable[[], bool]) -> None:
-    """Wait (up to 2 s) until ``check()`` holds: the handler's bookkeeping may finish just
-    after the client has seen the end of its response."""
+async def eventually(check: Callable[[], bool], within: float = 10.0) -> None:
+    """Wait until ``check()`` holds: the handler's bookkeeping may finish just after the
+    client has seen the end of its response, an export or a poll a little later. The bound
+    only ends a failing test: generous, for a loaded machine."""
     loop = asyncio.get_running_loop()
-    deadline = loop.time() + 2.0
+    deadline = loop.time() + within
     while not check():
         assert loop.time() < deadline, "condition never held"
         await asyncio.sleep(0.01)
