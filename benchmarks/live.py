@@ -21,9 +21,9 @@ from concurrent.futures import ThreadPoolExecutor
 import uvloop
 
 from benchmarks.scrape import fill
-from llmobs.export.metrics.exposition import Registry, exposition_async
-from llmobs.export.metrics.sink import MetricsSink
+from llmobs.export.metrics.exposition import Format, Registry, render
 from llmobs.export.ui import LivePage, _dumps
+from tests.support.recording import recording
 
 
 def cpu(work: Callable[[], object], runs: int = 5) -> tuple[float, float]:
@@ -38,8 +38,8 @@ def cpu(work: Callable[[], object], runs: int = 5) -> tuple[float, float]:
 
 async def main(history: int) -> None:
     registry = Registry()
-    sink = MetricsSink(registry, 32)
-    fill(sink)
+    sink, recorder = recording(registry, 32)
+    fill(recorder)
     clock = iter(range(10**9))
     page = LivePage(sink, None, history, clock=lambda: float(next(clock)))
     for _ in range(history):
@@ -55,7 +55,7 @@ async def main(history: int) -> None:
         times = []
         for _ in range(5):
             start = time.process_time()
-            body = await exposition_async(registry, pool)
+            body = await render(Format.TEXT, registry, pool)
             times.append(time.process_time() - start)
     print(f"tick: {tick[0] * 1e3:.2f}-{tick[1] * 1e3:.2f} ms CPU")
     print(f"poll (the last second): {poll[0] * 1e3:.2f}-{poll[1] * 1e3:.2f} ms CPU, {poll_size} B")

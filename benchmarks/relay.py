@@ -39,13 +39,14 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import (  # noqa: E4
 from llmobs.app import observer_factory, tracing_for  # noqa: E402
 from llmobs.collectors import Collectors  # noqa: E402
 from llmobs.config.settings import Settings  # noqa: E402
-from llmobs.export.metrics.exposition import exposition, exposition_async  # noqa: E402
-from llmobs.export.metrics.sink import MetricsSink  # noqa: E402
+from llmobs.export.metrics.exposition import Format, render  # noqa: E402
 from llmobs.export.telemetry import build_telemetry  # noqa: E402
 from llmobs.export.tracing import RequestMeta  # noqa: E402
-from llmobs.observe.dialects import OPENAI_CHAT, OPENAI_COMPLETIONS, UNKNOWN  # noqa: E402
+from llmobs.observe.dialects import OPENAI_CHAT, OPENAI_COMPLETIONS, OTHER_ROUTE  # noqa: E402
 from llmobs.observe.observer import Observer, ObserveSettings  # noqa: E402
 from llmobs.observe.timing import Outcome  # noqa: E402
+from tests.support.exposition import rendered  # noqa: E402
+from tests.support.recording import recording  # noqa: E402
 
 CHUNK = (
     b'data: {"id":"chatcmpl-0123456789abcdef","object":"chat.completion.chunk",'
@@ -64,9 +65,9 @@ def micro(tokens: int, requests: int, tracing: bool = False) -> dict[str, float]
     telemetry = build_telemetry(span_exporter=InMemorySpanExporter() if tracing else None)
     settings = Settings(model_params=8e9, gpu_sample_interval=0, engine_scrape_interval=0)
     collectors = Collectors(settings, telemetry.meter)
-    sink = MetricsSink(telemetry.registry, settings.max_models)
+    _, recorder = recording(telemetry.registry, settings.max_models, consumers=[collectors])
     tracer = tracing_for(settings, telemetry)
-    new = observer_factory(settings, sink, tracer, [collectors])
+    new = observer_factory(settings, recorder, tracer)
     body = b'{"model":"m","stream":true,"messages":[]}'
     meta = RequestMeta("POST", "/v1/chat/completions", {}, 0)
     start_ns = chunk_ns = finish_ns = 0
@@ -104,23 +105,23 @@ def micro(tokens: int, requests: int, tracing: bool = False) -> dict[str, float]
 
 def scrape_lag(models: int, operations: int, interval: float) -> dict[str, float]:
     """Event-loop lag while /metrics is rendered back to back the way the admin app's handler
-    renders it (``metrics.exposition.exposition_async``: the request series on the loop in
+    renders it (``metrics.exposition.render``: the request series on the loop in
     parts, the rest in the render thread). ``render_ms``: one render once every series' text
     is cached."""
     telemetry = build_telemetry()
-    sink = MetricsSink(telemetry.registry, 32)
+    _, recorder = recording(telemetry.registry, 32)
     for m in range(models):
-        for op in (OPENAI_CHAT, OPENAI_COMPLETIONS, UNKNOWN)[:operations]:
+        for op in (OPENAI_CHAT, OPENAI_COMPLETIONS, OTHER_ROUTE)[:operations]:
             for status in (200, 404, 500):
-                obs = Observer(sink, ObserveSettings(), op, 0)
+                obs = Observer(recorder, ObserveSettings(), op, 0)
                 obs.request_body(b'{"model":"model-%d","stream":true}' % m)
                 obs.response(status, "text/event-stream")
                 for i in range(5):
                     obs.chunk(i * 20_000_000, CHUNK)
                 obs.finish(10**9, Outcome.OK)
-    exposition(telemetry.registry)  # the first render builds each series' label text
+    rendered(telemetry.registry)  # the first render builds each series' label text
     start = time.perf_counter()
-    size = len(exposition(telemetry.registry))
+    size = len(rendered(telemetry.registry))
     render_ms = (time.perf_counter() - start) * 1000
 
     async def measure() -> list[float]:
@@ -131,7 +132,7 @@ def scrape_lag(models: int, operations: int, interval: float) -> dict[str, float
 
         async def scraper() -> None:
             while not done:
-                await exposition_async(telemetry.registry, pool)
+                await render(Format.TEXT, telemetry.registry, pool)
 
         task = asyncio.ensure_future(scraper())
         lags = []

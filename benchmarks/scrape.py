@@ -18,26 +18,25 @@ import time
 import zlib
 from collections.abc import Awaitable, Callable
 from concurrent.futures import Executor, ThreadPoolExecutor
+from functools import partial
 
 import uvloop
 from prometheus_client import CollectorRegistry
 
+from llmobs.export.metrics import exposition
 from llmobs.export.metrics.catalogue import CATALOGUE
-from llmobs.export.metrics.exposition import (
-    Registry,
-    exposition_async,
-    openmetrics_async,
-    protobuf_async,
-)
-from llmobs.export.metrics.sink import MetricsSink
+from llmobs.export.metrics.exposition import Format, Registry
+from llmobs.observe.dialects import OPERATIONS
 from llmobs.observe.record import TraceRef
+from llmobs.observe.recorder import Recorder
 from llmobs.observe.timing import Outcome, StreamTimer
+from tests.support.recording import record_request, recording
 
 Render = Callable[[CollectorRegistry, Executor], Awaitable[bytes]]
 
 
-def fill(sink: MetricsSink, models: int = 32, requests: int = 20, tokens: int = 50) -> None:
-    for op in ("chat", "text_completion", "embeddings"):
+def fill(recorder: Recorder, models: int = 32, requests: int = 20, tokens: int = 50) -> None:
+    for op in OPERATIONS:
         for m in range(models):
             for i in range(requests):
                 timer = StreamTimer(0)
@@ -51,7 +50,7 @@ def fill(sink: MetricsSink, models: int = 32, requests: int = 20, tokens: int = 
                     status=200, stream=True, input_tokens=10, output_tokens=tokens,
                 )  # fmt: skip
                 trace = TraceRef(f"{m + 1:032x}", f"{i + 1:016x}")
-                sink.record_request(record, [window], trace)
+                record_request(recorder, record, [window], trace)
 
 
 async def lag_while(render: Awaitable[bytes]) -> tuple[float, float, int]:
@@ -110,13 +109,14 @@ def series(registry: CollectorRegistry) -> tuple[int, int]:
 
 async def main() -> None:
     registry = Registry()
-    fill(MetricsSink(registry, 32))
+    fill(recording(registry, 32)[1])
     gc.freeze()  # as llmobs serve does once started
     classic, native = series(registry)
     print(f"series at the label cap: {classic} classic, {native} with native histograms")
     formats: tuple[tuple[str, Render], ...] = (
-        ("Prometheus text", exposition_async), ("OpenMetrics", openmetrics_async),
-        ("Protobuf", protobuf_async),
+        ("Prometheus text", partial(exposition.render, Format.TEXT)),
+        ("OpenMetrics", partial(exposition.render, Format.OPENMETRICS)),
+        ("Protobuf", partial(exposition.render, Format.PROTOBUF)),
     )  # fmt: skip
     formats += tuple((f"{name}, gzip", _gzipped(render)) for name, render in formats)
     with ThreadPoolExecutor(1) as pool:

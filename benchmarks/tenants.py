@@ -14,11 +14,10 @@ import tracemalloc
 from prometheus_client import CollectorRegistry, generate_latest
 
 from llmobs.config.tenants import DEFAULT_METRICS, Tenancy
-from llmobs.export.metrics.sink import MetricsSink
+from llmobs.observe.dialects import OPERATIONS
 from llmobs.observe.record import RequestRecord
 from llmobs.observe.timing import Outcome, StreamTimer
-
-OPERATIONS = ("chat", "text_completion", "embeddings")
+from tests.support.recording import recording
 
 
 def filled(models: int, tenants: int, metrics: tuple[str, ...] | None) -> tuple[int, int, float]:
@@ -26,7 +25,8 @@ def filled(models: int, tenants: int, metrics: tuple[str, ...] | None) -> tuple[
     tracemalloc.start()
     registry = CollectorRegistry()
     tenancy = Tenancy(header="x-tenant", metrics=metrics) if metrics is not None else None
-    sink = MetricsSink(registry, models, tenancy=tenancy, max_tenants=tenants)
+    sink, recorder = recording(registry, models, tenancy=tenancy, max_tenants=tenants)
+    admission = recorder.admission
     for op in OPERATIONS:
         for m in range(models):
             for t in range(tenants if metrics is not None else 1):
@@ -38,8 +38,7 @@ def filled(models: int, tenants: int, metrics: tuple[str, ...] | None) -> tuple[
                     10**9, operation=op, model=f"model-{m}", outcome=Outcome.OK, status=200,
                     stream=True, input_tokens=10, output_tokens=49,
                 )  # fmt: skip
-                label = sink.models.get(stats.model)
-                tenant = sink.tenants.get(f"tenant-{t}") if sink.tenants is not None else ""
+                label, tenant = admission.labels(stats.model, f"tenant-{t}", True)
                 sink.consume(RequestRecord(stats, (window,), None, None, label, tenant=tenant))
     took = tracemalloc.get_traced_memory()[0] / 2**20
     tracemalloc.stop()

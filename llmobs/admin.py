@@ -19,6 +19,7 @@ from dataclasses import dataclass
 
 import aiohttp
 from aiohttp import web
+from prometheus_client import CollectorRegistry
 
 from llmobs.collectors import Collectors
 from llmobs.config.settings import Settings
@@ -27,7 +28,6 @@ from llmobs.export.telemetry import Telemetry
 from llmobs.export.ui import LivePage, add_routes
 
 SESSION = web.AppKey("session", aiohttp.ClientSession)
-COLLECTORS = web.AppKey("collectors", Collectors)
 
 READY_TIMEOUT = 2.0
 GZIP_INLINE = 4096  # a /metrics body smaller than this is compressed on the loop itself
@@ -71,29 +71,28 @@ class Lifecycle:
     draining: bool = False
 
 
-def build_admin_app(
-    settings: Settings,
-    telemetry: Telemetry,
-    collectors: Collectors | None = None,
-    lifecycle: Lifecycle | None = None,
-    live: LivePage | None = None,
-) -> web.Application:
-    """/metrics (Prometheus text, or OpenMetrics with exemplars when the scraper asks for
-    it), /healthz (the sidecar), /readyz (the upstream answers), and the live page (/ui)."""
-    app = web.Application()
-    lifecycle = lifecycle or Lifecycle()
-    registry = telemetry.registry
-    # One rendering thread: concurrent scrapes queue instead of collecting in parallel (the
-    # OpenTelemetry exporter's collector is not safe to run twice at once).
-    pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="llmobs-metrics")
+class _Admin:
+    """The admin port's handlers and what they share: the token, the registry, the render
+    thread, the sidecar's lifecycle and the session /readyz asks the engine with."""
 
-    token = settings.metrics_token
+    def __init__(
+        self, settings: Settings, registry: CollectorRegistry, lifecycle: Lifecycle
+    ) -> None:
+        self.settings = settings
+        self.registry = registry
+        self.lifecycle = lifecycle
+        # One rendering thread: concurrent scrapes queue instead of collecting in parallel
+        # (the OpenTelemetry exporter's collector is not safe to run twice at once).
+        self.pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="llmobs-metrics")
 
-    def allowed(request: web.Request) -> bool:
+    def allowed(self, request: web.Request) -> bool:
+        """Whether the request may read the metrics (and the live page): no token set, or
+        the token given."""
+        token = self.settings.metrics_token
         return not token or _authorized(request.headers.get("Authorization", ""), token)
 
-    async def metrics(request: web.Request) -> web.Response:
-        if not allowed(request):
+    async def metrics(self, request: web.Request) -> web.Response:
+        if not self.allowed(request):
             return web.json_response(
                 {"error": "a bearer token is required for /metrics"},
                 status=401,
@@ -104,25 +103,24 @@ def build_admin_app(
         # on the event loop a part at a time (no GIL contention with a thread, no garbage to
         # collect: docs/benchmarks.md); other collectors render in the thread.
         fmt = negotiate(request.headers.get("Accept", ""))
-        body = await render(fmt, registry, pool)
-        content_type = fmt.value
+        body = await render(fmt, self.registry, self.pool)
         # gzip when the scraper takes it (Prometheus does): compressed in the rendering
         # thread, which zlib runs without the GIL (docs/benchmarks.md, "/metrics in gzip")
-        resp = web.Response(body=body, zlib_executor=pool, zlib_executor_size=GZIP_INLINE)
+        resp = web.Response(body=body, zlib_executor=self.pool, zlib_executor_size=GZIP_INLINE)
         if accepts_gzip(request.headers.get("Accept-Encoding", "")):
             resp.enable_compression(web.ContentCoding.gzip)
-        resp.headers["Content-Type"] = content_type
+        resp.headers["Content-Type"] = fmt.value
         resp.headers["Vary"] = "Accept, Accept-Encoding"
         return resp
 
-    async def healthz(request: web.Request) -> web.Response:
+    async def healthz(self, request: web.Request) -> web.Response:
         return web.json_response({"status": "ok"})
 
-    async def readyz(request: web.Request) -> web.Response:
-        if lifecycle.draining:  # shutting down: take this pod out of the Service's endpoints
+    async def readyz(self, request: web.Request) -> web.Response:
+        if self.lifecycle.draining:  # shutting down: out of the Service's endpoints
             return web.json_response({"status": "unready", "detail": "draining"}, status=503)
         session = request.app[SESSION]
-        url = settings.upstream_base + "/health"
+        url = self.settings.upstream_base + "/health"
         try:
             async with session.get(url, timeout=aiohttp.ClientTimeout(total=READY_TIMEOUT)) as r:
                 ready = r.status < 500
@@ -134,20 +132,33 @@ def build_admin_app(
             status=200 if ready else 503,
         )
 
-    async def session_ctx(app: web.Application) -> AsyncIterator[None]:
+    async def session_ctx(self, app: web.Application) -> AsyncIterator[None]:
+        """``cleanup_ctx``: the session while the application runs; the render thread
+        ends with it."""
         async with _client_session(limit=4) as session:
             app[SESSION] = session
             yield
-        pool.shutdown(wait=True)
+        self.pool.shutdown(wait=True)
 
-    app.cleanup_ctx.append(session_ctx)
+
+def build_admin_app(
+    settings: Settings,
+    telemetry: Telemetry,
+    collectors: Collectors | None = None,
+    lifecycle: Lifecycle | None = None,
+    live: LivePage | None = None,
+) -> web.Application:
+    """/metrics (Prometheus text, or OpenMetrics with exemplars when the scraper asks for
+    it), /healthz (the sidecar), /readyz (the upstream answers), and the live page (/ui)."""
+    app = web.Application()
+    admin = _Admin(settings, telemetry.registry, lifecycle or Lifecycle())
+    app.cleanup_ctx.append(admin.session_ctx)
     if collectors is not None:  # polled in the background while the admin app runs
-        app[COLLECTORS] = collectors
         app.cleanup_ctx.append(collectors.lifecycle)
-    app.router.add_get("/metrics", metrics)
-    app.router.add_get("/healthz", healthz)
-    app.router.add_get("/readyz", readyz)
+    app.router.add_get("/metrics", admin.metrics)
+    app.router.add_get("/healthz", admin.healthz)
+    app.router.add_get("/readyz", admin.readyz)
     if live is not None:
         app.cleanup_ctx.append(live.lifecycle)
-        add_routes(app, live, allowed)
+        add_routes(app, live, admin.allowed)
     return app

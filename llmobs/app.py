@@ -20,19 +20,21 @@ from aiohttp import web
 
 from llmobs.admin import Lifecycle, build_admin_app
 from llmobs.collectors import Collectors, NvmlBackend
-from llmobs.config.prices import Prices
 from llmobs.config.settings import ConfigError, Settings
 from llmobs.config.tenants import Tenancy
+from llmobs.export.metrics.mapping import RequestMapping
 from llmobs.export.metrics.otel import OtelMetrics
 from llmobs.export.metrics.sink import MetricsSink
 from llmobs.export.telemetry import Telemetry
-from llmobs.export.tracing import Arrival, RequestMeta, Tracing
+from llmobs.export.tracing import RequestMeta, Tracing
 from llmobs.export.ui import LivePage
 from llmobs.observe.causes import EngineTimeline
 from llmobs.observe.dialects import Route
+from llmobs.observe.labels import LabelAdmission
 from llmobs.observe.observer import Observer, ObserveSettings
 from llmobs.observe.provider import Provider
-from llmobs.observe.record import RequestConsumer
+from llmobs.observe.record import Arrival, RequestConsumer
+from llmobs.observe.recorder import Recorder
 from llmobs.observe.tenants import tenant_of
 from llmobs.observe.timing import unparsed
 from llmobs.relay.observing import ObserverFactory
@@ -82,53 +84,46 @@ def loop_factory(choice: str) -> Callable[[], asyncio.AbstractEventLoop] | None:
 
 def observer_factory(
     settings: Settings,
-    sink: MetricsSink,
+    recorder: Recorder,
     tracing: Tracing | None = None,
-    consumers: Sequence[RequestConsumer] = (),
     timeline: EngineTimeline | None = None,
     tenancy: Tenancy | None = None,
-    prices: Prices | None = None,
     provider: Provider | None = None,
 ) -> ObserverFactory:
-    """New ``Observer`` per request, sharing the sink (the first consumer of each request's
-    record, and the keeper of the objectives it is judged by), the tracer, the consumers
-    after the sink, the engine's timeline (stall causes), the tenants' rules, the prices and
-    the settings' knobs; the provider name learns from answered requests' dialects until
-    settled."""
+    """New ``Observer`` per request, sharing the recorder (where each request's record is
+    made and delivered: the sink, then the consumers), the tracer, the engine's timeline
+    (stall causes), the tenants' rules and the settings' knobs; the provider name learns from
+    answered requests' dialects until settled."""
     config = ObserveSettings(
         stall_factor=settings.stall_factor,
         stall_min_gap=settings.stall_min_gap,
         max_line_bytes=settings.max_line_bytes,
         capture_content=settings.capture_content and tracing is not None,
-        objectives=sink.objectives,
-        prices=prices,
         provider=provider if provider is not None and not provider.settled else None,
     )
     tenancy = tenancy if tenancy is not None and tenancy.on else None
-    return _Observers(sink, config, tracing, tuple(consumers), timeline, tenancy)
+    return _Observers(recorder, config, tracing, timeline, tenancy)
 
 
 class _Observers:
     """``observer_factory``'s factory: ``traces`` says whether its observers add a trace
     context to the upstream request (the relay then makes them before sending it)."""
 
-    __slots__ = ("_config", "_consumers", "_sink", "_tenancy", "_timeline", "_tracing", "traces")
+    __slots__ = ("_config", "_recorder", "_tenancy", "_timeline", "_tracing", "traces")
 
     def __init__(
         self,
-        sink: MetricsSink,
+        recorder: Recorder,
         config: ObserveSettings,
         tracing: Tracing | None,
-        consumers: tuple[RequestConsumer, ...],
         timeline: EngineTimeline | None,
         tenancy: Tenancy | None = None,
     ) -> None:
-        self._sink = sink
+        self._recorder = recorder
         self._timeline = timeline
         self._tenancy = tenancy
         self._config = config
         self._tracing = tracing
-        self._consumers = consumers
         self.traces = tracing is not None
 
     def __call__(self, route: Route, start_ns: int, arrival: Arrival) -> Observer:
@@ -140,9 +135,8 @@ class _Observers:
         tenancy = self._tenancy  # whose request: read off its headers, the key not kept
         tenant = tenant_of(tenancy, arrival.headers) if tenancy is not None else None
         return Observer(
-            self._sink, self._config, route, start_ns, trace, self._consumers, self._timeline,
-            tenant,
-        )  # fmt: skip
+            self._recorder, self._config, route, start_ns, trace, self._timeline, tenant
+        )
 
 
 def tracing_for(
@@ -187,24 +181,25 @@ class Proxy:
         self.telemetry = telemetry
         self.tenancy = settings.tenancy()
         self.prices = settings.prices()
+        objectives = settings.objectives()
         # the gen_ai.provider.name: the operator's, or the engine's once found
         self.provider = Provider(settings.provider_name, settings.engine_scrape_interval > 0)
-        self.sink = MetricsSink(
-            telemetry.registry, settings.max_models, objectives=self.settings.objectives(),
-            tenancy=self.tenancy, max_tenants=settings.max_tenants,
-            currency=self.prices.currency if self.prices is not None else "",
-            buckets=settings.buckets, latest=telemetry.genai_latest, provider=self.provider.name,
+        # the request families and what a record observes in them: the series' and OTLP's
+        mapping = RequestMapping(
+            objectives, self.tenancy, self.prices.currency if self.prices is not None else "",
+            settings.buckets, telemetry.genai_latest,
         )  # fmt: skip
+        self.sink = MetricsSink(telemetry.registry, mapping, provider=self.provider.name)
         self.provider.subscribe(self.sink.set_provider)
         # What takes each finished request's record after the sink (which counts it first):
         # a new consumer is a class with ``consume(record)`` and one line here.
-        self.consumers: list[RequestConsumer] = [*consumers]
+        consumers = [*consumers]
         push = telemetry.push_meter
         if push is not None:  # request metrics pushed over OTLP too
-            self.consumers.append(OtelMetrics(
-                push, self.sink.objectives, self.sink.live, self.sink.tenanted, self.sink.currency,
-                self.sink.define, telemetry.genai_latest, self.provider,
-            ))  # fmt: skip
+            consumers.append(OtelMetrics(push, mapping, self.sink.live, self.provider))
+        admission = LabelAdmission(settings.max_models, self.tenancy, settings.max_tenants)
+        # where every request's record is made and delivered (refused ones' too)
+        self.recorder = Recorder(self.sink, admission, objectives, self.prices, consumers)
         # the engine's streams and preemptions, against which each stall is judged
         self.timeline = EngineTimeline()
         self.tracing: Tracing | None = None
@@ -221,14 +216,7 @@ class Proxy:
         self.tracing = tracing_for(settings, self.telemetry, self.provider)
         factory = (
             observer_factory(
-                settings,
-                self.sink,
-                self.tracing,
-                self.consumers,
-                self.timeline,
-                self.tenancy,
-                self.prices,
-                self.provider,
+                settings, self.recorder, self.tracing, self.timeline, self.tenancy, self.provider
             )
             if settings.instrument
             else None
@@ -244,15 +232,14 @@ class Proxy:
 
     def _rejected(self, status: int, duration_s: float) -> None:
         """A request the server refused unparsed still ends in an outcome (``rejected``),
-        in a record the sink and each consumer take, as an observer's."""
-        record = self.sink.judged(unparsed(status, duration_s))
-        self.sink.consume(record)
-        for consumer in self.consumers:
-            try:
-                consumer.consume(record)
-            except Exception:  # counted as an observer's would be, never raised
-                log.exception("a consumer failed on a rejected request")
-                self.sink.observer_error()
+        in a record made and delivered as an observer's is."""
+        self.recorder.record(unparsed(status, duration_s), self._failed)
+
+    def _failed(self) -> None:
+        """Recording a refused request failed: counted as an observer's failure is, never
+        raised (called inside the ``except``)."""
+        log.exception("recording a refused request failed")
+        self.sink.observer_error()
 
     async def stop(self, grace: float) -> None:
         """Stop accepting; wait up to ``grace`` seconds for requests in flight; close the
@@ -286,7 +273,7 @@ class Sidecar:
             self.collectors.engine.on_engine = self.proxy.provider.engine  # and its name
         self.live: LivePage | None = None
         if settings.ui:
-            self.live = LivePage(self.proxy.sink, self.collectors, settings.ui_history)
+            self.live = LivePage(self.proxy.sink, self.collectors.live_gauges, settings.ui_history)
         self.admin = build_admin_app(
             settings, telemetry, self.collectors, self.lifecycle, self.live
         )

@@ -22,6 +22,7 @@ from llmobs.collectors.engine import EngineCollector, register_engine
 from llmobs.collectors.gpu import GpuCollector, register_gpu
 from llmobs.collectors.nvml import NvmlBackend, NvmlError, PynvmlBackend
 from llmobs.config.settings import Settings
+from llmobs.export.live import Gauge
 from llmobs.observe.mbu import EfficiencyTracker, ModelShape
 from llmobs.observe.record import RequestRecord
 
@@ -82,24 +83,24 @@ class Collectors:
         self._runner = Runner(self.collectors)
 
     def live_gauges(self) -> dict[str, float]:
-        """The engine's and the GPUs' numbers now, for the live page (``live.GLOBAL``'s
-        names), from the collectors' last readings; absent where a collector is down."""
+        """The engine's and the GPUs' numbers now, for the live page (by ``live.Gauge``),
+        from the collectors' last readings; absent where a collector is down."""
         out: dict[str, float] = {}
         engine = self.engine.snapshot if self.engine is not None and self.engine.up else None
         if engine is not None:
-            for name, value in (("engine_waiting", engine.waiting),
-                                ("engine_running", engine.running),
-                                ("engine_kv_cache", engine.kv_usage)):  # fmt: skip
+            for name, value in ((Gauge.ENGINE_WAITING, engine.waiting),
+                                (Gauge.ENGINE_RUNNING, engine.running),
+                                (Gauge.ENGINE_KV_CACHE, engine.kv_usage)):  # fmt: skip
                 if value is not None:
                     out[name] = value
         gpus = self.gpu.snapshot if self.gpu is not None and self.gpu.up else None
         devices = gpus.compute_devices if gpus is not None else ()
         memory = [g.memory for g in devices if g.memory is not None and g.memory.total]
         if memory:
-            out["gpu_memory_used"] = sum(m.used for m in memory) / sum(m.total for m in memory)
+            out[Gauge.GPU_MEMORY_USED] = sum(m.used for m in memory) / sum(m.total for m in memory)
         bandwidth = [g.bandwidth_utilization for g in devices]
         if bandwidth and all(b is not None for b in bandwidth):
-            out["gpu_bandwidth"] = sum(b for b in bandwidth if b is not None) / len(bandwidth)
+            out[Gauge.GPU_BANDWIDTH] = sum(b for b in bandwidth if b is not None) / len(bandwidth)
         return out
 
     def consume(self, record: RequestRecord) -> None:

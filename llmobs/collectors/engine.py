@@ -69,6 +69,7 @@ class EngineSpec:
     prefix_ratio: tuple[Series, ...] = ()
     spec_accepted: tuple[Series, ...] = ()
     spec_drafted: tuple[Series, ...] = ()
+    provider: str = ""  # its gen_ai.provider.name where it is not ``engine``
 
     @property
     def series(self) -> tuple[Series, ...]:
@@ -117,6 +118,7 @@ ENGINES: tuple[EngineSpec, ...] = (
         _names("llamacpp:requests_deferred"),
         _names("llamacpp:requests_processing"),
         _names("llamacpp:kv_cache_usage_ratio"),
+        provider="llama_cpp",
     ),
     # trtllm-serve (tensorrt_llm/metrics/collector.py; NVIDIA Dynamo 0.7 wrote trtllm:)
     EngineSpec(
@@ -124,6 +126,7 @@ ENGINES: tuple[EngineSpec, ...] = (
         _names("trtllm_num_requests_waiting", "trtllm:num_requests_waiting"),
         _names("trtllm_num_requests_running"),
         _names("trtllm_kv_cache_utilization", "trtllm:kv_cache_utilization"),
+        provider="tensorrt_llm",
     ),
     # Triton with the TensorRT-LLM backend (its "waiting": active but not scheduled), else
     # Triton's own queue of requests not yet handed to a model
@@ -136,6 +139,9 @@ ENGINES: tuple[EngineSpec, ...] = (
     ),
 )
 _KNOWN = frozenset(series.name for spec in ENGINES for series in spec.series)
+# each engine as the GenAI conventions' gen_ai.provider.name calls it (observe.provider):
+# the engine label's value where no other spelling is in use
+PROVIDERS = {spec.engine: spec.provider or spec.engine for spec in ENGINES}
 
 
 @dataclass(frozen=True)
@@ -245,9 +251,9 @@ class EngineCollector(PollingCollector[EngineReading]):
         causes' (``observe.causes.EngineTimeline.preemptions``). ``models_url``: the engine's
         OpenAI model list, read for the LoRA adapters it serves and their base models (best
         effort: an engine without one, or without parents in it, has none).
-        ``on_engine(name)``: the engine each scrape names, or None when the endpoint answers
-        but names no known engine (no /metrics, or another program's): the provider name's
-        (``observe.provider``)."""
+        ``on_engine(name)``: the engine each scrape names, as a provider name (``PROVIDERS``),
+        or None when the endpoint answers but names no known engine (no /metrics, or another
+        program's): the provider name's (``observe.provider``)."""
         # at start by default: a pod just started shows its engine at once (up, or down with
         # the reason) instead of absent for a whole interval
         delay = 0.0 if first_delay is None else first_delay
@@ -293,7 +299,7 @@ class EngineCollector(PollingCollector[EngineReading]):
 
     def _named(self, engine: str | None) -> None:
         if self.on_engine is not None:
-            self.on_engine(engine)
+            self.on_engine(None if engine is None else PROVIDERS[engine])
 
     async def _adapters(self, limit: aiohttp.ClientTimeout) -> tuple[tuple[str, str], ...]:
         """The adapters /v1/models lists with a parent (vLLM's, SGLang's); none when it

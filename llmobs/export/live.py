@@ -15,11 +15,12 @@ of them are in ``all``.
 
 from __future__ import annotations
 
+import enum
 import math
 import threading
 from array import array
 from collections import deque
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, cast
 
@@ -46,10 +47,23 @@ PER_MODEL = (
     "ttft_p50", "ttft_p95", "ttft_p99", *BAND_NAMES, "stalls", "tokens", "requests",
     "attainment", "goodput", *CAUSE_NAMES, *PHASE_NAMES, "cost",
 )  # fmt: skip
-GLOBAL = (
-    "queue", "active", "engine_waiting", "engine_running", "engine_kv_cache",
-    "gpu_memory_used", "gpu_bandwidth",
-)  # fmt: skip
+
+
+class Gauge(enum.StrEnum):
+    """A collector's number the page shows, by the name it has in ``Totals.gauges`` and in
+    the data: defined here, where the collectors that read them can import it."""
+
+    ENGINE_WAITING = "engine_waiting"
+    ENGINE_RUNNING = "engine_running"
+    ENGINE_KV_CACHE = "engine_kv_cache"
+    GPU_MEMORY_USED = "gpu_memory_used"
+    GPU_BANDWIDTH = "gpu_bandwidth"
+
+
+GLOBAL = ("queue", "active", *(gauge.value for gauge in Gauge))
+# where the page reads the gauges from (the assembly passes ``Collectors.live_gauges``): a
+# shape export defines, so that it never imports the collectors, which import it
+GaugeSource = Callable[[], Mapping[str, float]]
 NAN = math.nan
 
 
@@ -75,7 +89,7 @@ class ModelTotals:
 @dataclass(frozen=True)
 class Totals:
     """What the sidecar reads once a second: the models' totals, the queue and active
-    requests now, and whichever of ``GLOBAL``'s gauges its collectors have (others absent)."""
+    requests now, and whichever ``Gauge`` the collectors have (others absent)."""
 
     models: Mapping[str, ModelTotals]
     queue: float = 0.0

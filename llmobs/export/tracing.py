@@ -17,7 +17,7 @@ import logging
 import queue
 import threading
 from collections.abc import Callable, Mapping, MutableMapping, Sequence
-from typing import NamedTuple, Protocol
+from typing import NamedTuple
 
 import numpy as np
 from opentelemetry import trace
@@ -29,8 +29,8 @@ from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapProp
 
 from llmobs.observe.dialects import Route
 from llmobs.observe.provider import Provider
-from llmobs.observe.record import RequestDetails
-from llmobs.observe.timing import Outcome, RequestStats
+from llmobs.observe.record import RequestRecord, SpanTimes
+from llmobs.observe.timing import Outcome
 from llmobs.observe.window import FloatArray, TokenWindow
 
 log = logging.getLogger("llmobs.tracing")
@@ -80,17 +80,6 @@ TOKEN_EVENT = "token"
 STALL_EVENT = "llmobs.stall"  # one per stall on the decode span: its cause and gap
 STALL_CAUSE = "llmobs.stall.cause"
 STALL_GAP = "llmobs.stall.gap"
-
-
-class Arrival(Protocol):
-    """What a request's arrival offers tracing: ``server.Request`` (or a ``RequestMeta``)."""
-
-    @property
-    def method(self) -> str: ...
-    @property
-    def path(self) -> str: ...
-    @property
-    def headers(self) -> Mapping[str, str]: ...
 
 
 class RequestMeta(NamedTuple):
@@ -253,44 +242,34 @@ class RequestTrace:
         """Put this request's span context on the upstream request (traceparent, baggage)."""
         self._tracing.inject(self._context, headers)
 
-    def finish(
-        self,
-        record: RequestStats,
-        windows: Sequence[TokenWindow],
-        times: tuple[int | None, int | None, int | None, int],
-        details: RequestDetails,
-    ) -> None:
+    def finish(self, record: RequestRecord, times: SpanTimes, completion: str | None) -> None:
         """Write attributes, phases and token events (on the tracing thread); end the span.
 
-        ``times`` = (forwarded, first token, last token, end) on the relay's monotonic clock.
+        ``times`` = (forwarded, first token, last token, end) on the relay's monotonic clock;
+        ``completion``: the output text, only with ``--capture-content`` (truncated).
         """
-        verdict = details.verdict
+        verdict = record.verdict
         if not self.keep and (verdict is None or verdict.good):
             return  # sampled out: never ended, so no processor sees it
         decoded = times[1] is not None and times[2] is not None
         spans = 3 if decoded else 2  # the request span, queue+prefill, and decode if any
-        self._tracing.defer(lambda: self._write(record, windows, times, details), spans)
+        self._tracing.defer(lambda: self._write(record, times, completion), spans)
 
-    def _write(
-        self,
-        record: RequestStats,
-        windows: Sequence[TokenWindow],
-        times: tuple[int | None, int | None, int | None, int],
-        details: RequestDetails,
-    ) -> None:
+    def _write(self, record: RequestRecord, times: SpanTimes, completion: str | None) -> None:
         span = self.span
         if not span.is_recording():  # not sampled: nothing to write
             span.end(end_time=self.wall(times[3]))
             return
         forwarded, first, last, end = times
-        model = record.model
-        span.update_name(f"{record.operation} {model}" if model else record.operation)
-        span.set_attributes(_attributes(record, windows, details, self._tracing.latest))
+        stats, windows = record.stats, record.windows
+        model = stats.model
+        span.update_name(f"{stats.operation} {model}" if model else stats.operation)
+        span.set_attributes(_attributes(record, completion, self._tracing.latest))
         # as the request's metrics have it (found while it ran, if it was)
         span.set_attribute(PROVIDER, self._tracing.provider.name)
-        if record.outcome in (Outcome.UPSTREAM_ERROR, Outcome.UPSTREAM_TIMEOUT):
-            span.set_status(Status(StatusCode.ERROR, record.outcome.value))
-            span.set_attribute("error.type", record.outcome.value)
+        if stats.outcome in (Outcome.UPSTREAM_ERROR, Outcome.UPSTREAM_TIMEOUT):
+            span.set_status(Status(StatusCode.ERROR, stats.outcome.value))
+            span.set_attribute("error.type", stats.outcome.value)
         tracer = self._tracing.tracer
         context = trace.set_span_in_context(span)
         prefill_start = forwarded if forwarded is not None else self._mono0
@@ -301,7 +280,7 @@ class RequestTrace:
         if first is not None and last is not None:
             decode = tracer.start_span(DECODE_SPAN, context=context, start_time=self.wall(first))
             self._token_events(decode, windows[0] if windows else None)
-            for stall in details.stalls:  # at its end: when the user saw the stream resume
+            for stall in record.stalls:  # at its end: when the user saw the stream resume
                 attributes = {STALL_CAUSE: stall.cause._value_, STALL_GAP: stall.gap_s}
                 decode.add_event(STALL_EVENT, attributes, timestamp=self.wall(stall.end_ns))
             decode.end(end_time=self.wall(last))
@@ -343,64 +322,78 @@ class RequestTrace:
 
 
 def _attributes(
-    record: RequestStats,
-    windows: Sequence[TokenWindow],
-    details: RequestDetails,
-    latest: bool = False,
+    record: RequestRecord, completion: str | None, latest: bool = False
 ) -> dict[str, str | bool | int | float | Sequence[str]]:
     """A finished request's span attributes; ``latest``: as the newest GenAI conventions
     say (``gen_ai.request.stream`` set if and only if the request streams)."""
+    stats, request = record.stats, record.request
     attrs: dict[str, str | bool | int | float | Sequence[str]] = {
-        OUTPUT_TOKENS: record.output_tokens,
-        TOKEN_SOURCE: record.token_source.value,
-        OUTCOME: record.outcome.value,
-        STALLS: record.stalls,
-        FINISH_REASONS: list(record.finish_reasons) or [record.finish_reason],
-        "http.response.status_code": record.status,
+        OUTPUT_TOKENS: stats.output_tokens,
+        TOKEN_SOURCE: stats.token_source.value,
+        OUTCOME: stats.outcome.value,
+        STALLS: stats.stalls,
+        FINISH_REASONS: list(stats.finish_reasons) or [stats.finish_reason],
+        "http.response.status_code": stats.status,
     }
     optional: dict[str, str | int | float | None] = {
-        REQUEST_MODEL: record.model,
-        RESPONSE_MODEL: record.response_model,
-        RESPONSE_ID: record.response_id,
-        INPUT_TOKENS: record.input_tokens,
-        TTFT: record.ttft_s,
-        TPOT: record.tpot_s,
-        SMOOTHNESS: record.smoothness,
-        MAX_TOKENS: details.max_tokens,
-        TENANT: details.tenant or None,
-        COST: details.cost,
-        TEMPERATURE: details.temperature,
-        INPUT_MESSAGES: details.prompt,
-        OUTPUT_MESSAGES: details.completion,
+        REQUEST_MODEL: stats.model,
+        RESPONSE_MODEL: stats.response_model,
+        RESPONSE_ID: stats.response_id,
+        INPUT_TOKENS: stats.input_tokens,
+        TTFT: stats.ttft_s,
+        TPOT: stats.tpot_s,
+        SMOOTHNESS: stats.smoothness,
+        MAX_TOKENS: request.max_tokens,
+        TENANT: record.tenant or None,
+        COST: record.cost,
+        TEMPERATURE: request.temperature,
+        INPUT_MESSAGES: request.prompt,
+        OUTPUT_MESSAGES: completion,
     }
     attrs.update({k: v for k, v in optional.items() if v is not None})
-    if record.stream or not latest:
-        attrs[REQUEST_STREAM] = record.stream
-    if record.stream and record.ttft_s is not None:
-        attrs[TIME_TO_FIRST_CHUNK] = record.ttft_s
-    if record.cached_tokens:
-        attrs[CACHE_READ_TOKENS] = record.cached_tokens
-    if record.reasoning_tokens:
-        attrs[REASONING_TOKENS] = record.reasoning_tokens
-    phases = details.phases
-    if phases is not None:  # seconds of each, and which the engine reported (docs/metrics.md)
+    if stats.stream or not latest:
+        attrs[REQUEST_STREAM] = stats.stream
+    if stats.stream and stats.ttft_s is not None:
+        attrs[TIME_TO_FIRST_CHUNK] = stats.ttft_s
+    if stats.cached_tokens:
+        attrs[CACHE_READ_TOKENS] = stats.cached_tokens
+    if stats.reasoning_tokens:
+        attrs[REASONING_TOKENS] = stats.reasoning_tokens
+    attrs.update(_judged(record))
+    attrs.update(_itl(record.windows))
+    return attrs
+
+
+def _judged(record: RequestRecord) -> dict[str, str | float | Sequence[str]]:
+    """The request's TTFT phases (seconds of each, and which the engine reported:
+    docs/metrics.md) and its verdict, with what it missed and why."""
+    attrs: dict[str, str | float | Sequence[str]] = {}
+    phases = record.phases
+    if phases is not None:
         for phase, ns in phases.present():
             attrs[f"llmobs.ttft.{phase._value_}"] = ns / 1e9
         attrs["llmobs.ttft.reported"] = [phase._value_ for phase in phases.reported]
-    verdict = details.verdict
+    verdict = record.verdict
     if verdict is not None:
         attrs[SLO_VERDICT] = "good" if verdict.good else "bad"
         if verdict.missed:
             attrs[SLO_MISSED] = [objective.value for objective in verdict.missed]
             attrs[SLO_CAUSES] = list(verdict.causes)
-    itl = [w.itl for w in windows if w.itl.size]
-    if itl:
-        values = np.concatenate(itl)
-        weights = np.concatenate([w.weights for w in windows if w.itl.size])
-        attrs[ITL_P50] = weighted_quantile(values, weights, 0.5)
-        attrs[ITL_P99] = weighted_quantile(values, weights, 0.99)
-        attrs[ITL_MAX] = float(values.max())
     return attrs
+
+
+def _itl(windows: Sequence[TokenWindow]) -> dict[str, float]:
+    """The request's ITL quantiles and worst gap, from its last windows."""
+    itl = [w.itl for w in windows if w.itl.size]
+    if not itl:
+        return {}
+    values = np.concatenate(itl)
+    weights = np.concatenate([w.weights for w in windows if w.itl.size])
+    return {
+        ITL_P50: weighted_quantile(values, weights, 0.5),
+        ITL_P99: weighted_quantile(values, weights, 0.99),
+        ITL_MAX: float(values.max()),
+    }
 
 
 def weighted_quantile(values: FloatArray, weights: FloatArray, q: float) -> float:

@@ -243,13 +243,7 @@ class SseDecoder:
 
     def _line(self, line: bytes, events: list[SseEvent]) -> None:
         if not line:
-            if self._data and not self._broken:
-                events.append(SseEvent(b"\n".join(self._data), self._event, self._last_id))
-            elif self._broken:
-                self._broken = False
-            self._data = []
-            self._data_len = 0
-            self._event = ""
+            self._dispatch(events)
             return
         if line.startswith(b"data:"):
             value = line[5:]
@@ -258,6 +252,21 @@ class SseDecoder:
         if line[:1] == b":":
             self.comments += 1
             return
+        self._field(line)
+
+    def _dispatch(self, events: list[SseEvent]) -> None:
+        """A blank line: the pending event is dispatched (unless broken), and the next
+        begins."""
+        if self._data and not self._broken:
+            events.append(SseEvent(b"\n".join(self._data), self._event, self._last_id))
+        elif self._broken:
+            self._broken = False
+        self._data = []
+        self._data_len = 0
+        self._event = ""
+
+    def _field(self, line: bytes) -> None:
+        """A line of another field than ``data:`` (or a data line without its colon)."""
         field, colon, value = line.partition(b":")
         if colon and value[:1] == b" ":
             value = value[1:]

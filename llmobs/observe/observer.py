@@ -13,29 +13,18 @@ then each consumer take.
 from __future__ import annotations
 
 from collections.abc import Callable, MutableMapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
-from llmobs.config.objectives import Objectives, ObjectiveSet
-from llmobs.config.prices import Prices
 from llmobs.observe.causes import EngineTimeline, Stall, stall_gaps
 from llmobs.observe.clock import RequestClock
-from llmobs.observe.cost import request_cost
-from llmobs.observe.dialects import UNKNOWN, Route
+from llmobs.observe.dialects import OTHER_ROUTE, Route
 from llmobs.observe.dialects.base import ABORTED, ERROR, NONE
 from llmobs.observe.dialects.request import NO_BODY, parse_request, truncate
-from llmobs.observe.labels import OTHER
 from llmobs.observe.phases import TtftPhases
 from llmobs.observe.provider import Provider
 from llmobs.observe.reader import StreamReader
-from llmobs.observe.record import (
-    RequestConsumer,
-    RequestDetails,
-    RequestRecord,
-    RequestSink,
-    TraceHandle,
-    TraceRef,
-)
-from llmobs.observe.slo import Verdict, judge
+from llmobs.observe.record import RequestRecord, TraceHandle, TraceRef
+from llmobs.observe.recorder import Recorder
 from llmobs.observe.timing import Outcome, RequestStats, TokenSource, finish_request
 from llmobs.observe.window import TokenWindow
 
@@ -53,9 +42,6 @@ class ObserveSettings:
     stall_min_gap: float = 0.05
     max_line_bytes: int = 1 << 20
     capture_content: bool = False
-    # what each request is judged by (the sink's: the app passes the same object)
-    objectives: Objectives = field(default_factory=lambda: Objectives(ObjectiveSet()))
-    prices: Prices | None = None  # the price file's (None: no cost)
     # the gen_ai.provider.name, told the dialect of each request the engine answered with a
     # 2xx until it is settled (an engine's own API names the engine: observe.provider)
     provider: Provider | None = None
@@ -67,9 +53,10 @@ class Observer:
     __slots__ = (
         "_clock",
         "_config",
-        "_consumers",
         "_finished",
+        "_labels",
         "_reader",
+        "_recorder",
         "_sink",
         "_stalls",
         "_tenant",
@@ -84,26 +71,27 @@ class Observer:
 
     def __init__(
         self,
-        sink: RequestSink,
+        recorder: Recorder,
         config: ObserveSettings,
         route: Route,
         start_ns: int,
         trace: TraceHandle | None = None,
-        consumers: Sequence[RequestConsumer] = (),
         timeline: EngineTimeline | None = None,
         tenant: str | None = None,
     ) -> None:
-        """``sink`` counts the request live and is the record's first consumer; ``consumers``
-        take the record after it, in order; ``timeline``: the engine's streams, shared by
-        every request, against which a stall is judged (``causes``); ``tenant``: whose
-        request it is (``tenants.tenant_of``), labelled at its end if tenants are."""
-        self._sink = sink
+        """``recorder``: where the request's record is made and delivered (its sink counts
+        the request live); ``timeline``: the engine's streams, shared by every request,
+        against which a stall is judged (``causes``); ``tenant``: whose request it is
+        (``tenants.tenant_of``), labelled at its end if tenants are."""
+        self._recorder = recorder
+        sink = self._sink = recorder.sink
         self._tenant = tenant
         self._timeline = timeline
         self._stalls: list[Stall] | None = None  # those of windows taken mid-stream
-        self._consumers = consumers
         self._trace = trace
         self._config = config
+        # its model's and tenant's labels, once admitted at a 2xx/3xx head (None: not yet)
+        self._labels: tuple[str, str] | None = None
         self.status = 0
         self._finished = False
         # positional arguments: a class called with keywords builds a dict of them
@@ -138,7 +126,7 @@ class Observer:
         try:
             confirm = self.route.confirm
             if confirm is not None and confirm not in body:  # not the route's API after all
-                self._use(UNKNOWN)
+                self._use(OTHER_ROUTE)
             self.info = parse_request(body, self.route, self._config.capture_content)
         except Exception:
             self._fail("request_body")
@@ -176,7 +164,10 @@ class Observer:
                 provider = self._config.provider
                 if provider is not None and not provider.settled and status < 300:
                     provider.dialect(self.route.name)  # (its series then bound under it)
-                self._sink.answered(self.operation, self.info.model, self._tenant)
+                labels = self._labels = self._recorder.admission.labels(
+                    self.info.model, self._tenant, True
+                )
+                self._sink.answered(self.operation, *labels)
         except Exception:
             self._fail("response")
 
@@ -184,9 +175,11 @@ class Observer:
         """A window of a long stream filled: its ITLs go to the sink now."""
         # a long stream of a 2xx/3xx response: its model gets its label now, as its request
         # will at the end, so that its first window is not counted under "other"
-        sink = self._sink
-        label, tenant = sink.labels(self.info.model, self._tenant, 200 <= self.status < 400)
-        sink.record_tokens(self.operation, label, window, tenant)
+        labels = self._labels
+        if labels is None:
+            admit = 200 <= self.status < 400
+            labels = self._recorder.admission.labels(self.info.model, self._tenant, admit)
+        self._sink.record_tokens(self.operation, labels[0], window, labels[1])
         if window.stalls and (self._stalls is None or len(self._stalls) < MAX_STALLS):
             stalls = self._judge_stalls((window,))
             if self._stalls is None:
@@ -226,84 +219,69 @@ class Observer:
     def finish(self, t_ns: int, outcome: Outcome) -> RequestStats | None:
         """Close the request with ``outcome``; only the first call has any effect.
 
-        The request's record (with its last ITL windows and its verdict, judged here once)
-        goes to the sink first, then to each consumer, each call guarded on its own: whatever
-        else fails, the request is counted once, with its outcome.
+        The request's record (with its last ITL windows and its verdict, judged once) goes
+        to the sink first, then to each consumer (``Recorder.record``), each call guarded on
+        its own: whatever else fails, the request is counted once, with its outcome.
         """
         if self._finished:
             return None
         self._finished = True
-        reader = self._reader
-        if reader.queued:
-            self._guard("finish", reader.leave)
-        sink = self._sink
-        record: RequestStats | None = None
-        windows: list[TokenWindow] = []
-        malformed = 0
+        if self._reader.queued:
+            self._guard("finish", self._reader.leave)
         if self._timeline is not None:  # before the clock cuts its tape in ``_close``
             self._guard("finish", self._leave_timeline, t_ns)
+        failed = self._failed_finish
         try:
-            record, windows, malformed = self._close(t_ns, outcome)
+            stats, windows, malformed = self._close(t_ns, outcome)
         except Exception:
-            self._fail("finish")
-        if record is None:  # observation broke: still count the request and its outcome
-            record = self._clock.counted(
-                t_ns, operation=self.operation, model=self.info.model, outcome=outcome,
-                status=self.status, stream=False, input_tokens=None, output_tokens=None,
-            )  # fmt: skip
-        finished = self._record(record, windows)
-        try:
-            sink.consume(finished)
-        except Exception:
-            self._fail("finish")
-        for consumer in self._consumers:
-            self._guard("finish", consumer.consume, finished)
+            failed()
+            stats, windows, malformed = self._counted(t_ns, outcome), [], 0
+        finished = self._record(stats, windows, failed)  # made and delivered
+        sink = self._sink
         if malformed:
             self._guard("finish", sink.malformed, malformed)
         try:
             sink.request_ended()
         except Exception:
-            self._fail("finish")
+            failed()
         if self._trace is not None:
-            trace = self._trace
-            self._guard("finish", self._finish_trace, trace, finished, t_ns)
+            self._guard("finish", self._finish_trace, self._trace, finished, t_ns)
         self._clock.on_window = _nothing  # the clock's only reference to this observer
-        return record
+        return stats
 
-    def _record(self, record: RequestStats, windows: list[TokenWindow]) -> RequestRecord:
-        """The request's record: labelled, its TTFT in phases, its stalls' causes, judged.
-        What fails here is counted, and the record goes on with what was made."""
-        verdict: Verdict | None = None
-        trace_ref: TraceRef | None = None
-        label, tenant = OTHER, ""
+    def _failed_finish(self) -> None:
+        self._fail("finish")
+
+    def _counted(self, t_ns: int, outcome: Outcome) -> RequestStats:
+        """The statistics of a request whose observation broke: counted all the same, with
+        its outcome."""
+        return self._clock.counted(
+            t_ns, operation=self.operation, model=self.info.model, outcome=outcome,
+            status=self.status, stream=False, input_tokens=None, output_tokens=None,
+        )  # fmt: skip
+
+    def _record(
+        self, stats: RequestStats, windows: list[TokenWindow], failed: Callable[[], None]
+    ) -> RequestRecord:
+        """The request's record, made and delivered (``Recorder.record``) with what
+        observation alone knows: its TTFT in phases, its stalls' causes, its trace. What
+        fails here is counted, and the record goes on with what was made."""
         phases: TtftPhases | None = None
         stalls: tuple[Stall, ...] = ()
-        cost: float | None = None
+        trace_ref: TraceRef | None = None
         try:  # the guards of _guard, inline: once per request
-            # a new model (tenant) takes a label only from a successful request (``labels``)
-            label, tenant = self._sink.labels(
-                record.model, self._tenant, 200 <= record.status < 400
-            )
-            config = self._config
-            objectives = config.objectives.for_request(
-                record.operation, record.model, tenant or None
-            )
-            if record.ttft_s is not None:
-                phases = self._clock.ttft_phases(record)
-            if record.stalls:
+            if stats.ttft_s is not None:
+                phases = self._clock.ttft_phases(stats)
+            if stats.stalls:
                 stalls = self._all_stalls(windows)
-            verdict = judge(objectives, record, phases, stalls)
-            if config.prices is not None:
-                cost = request_cost(config.prices.of(label), record)
             if self._trace is not None:
                 trace_ref = self._trace_ref(self._trace)
         except Exception:
-            self._fail("finish")
-            if not tenant:  # labels() failed: the tenant's label for "none named" ("" if off)
-                tenant = self._sink.labels(None, None, False)[1]
-        return RequestRecord(
-            record, tuple(windows), verdict, trace_ref, label, phases, stalls, tenant, cost
-        )
+            failed()
+        return self._recorder.record(
+            stats, failed, windows, self._tenant, phases, stalls, trace_ref, self.info,
+            self._labels,
+        )  # fmt: skip
 
     @staticmethod
     def _trace_ref(trace: TraceHandle) -> TraceRef | None:
@@ -313,18 +291,8 @@ class Observer:
 
     def _finish_trace(self, trace: TraceHandle, finished: RequestRecord, t_ns: int) -> None:
         captured = self._reader.dialect.captured
-        details = RequestDetails(
-            max_tokens=self.info.max_tokens,
-            temperature=self.info.temperature,
-            prompt=self.info.prompt,
-            completion=truncate("".join(captured)) if captured is not None else None,
-            verdict=finished.verdict,
-            phases=finished.phases,
-            stalls=finished.stalls,
-            tenant=finished.tenant,
-            cost=finished.cost,
-        )
-        trace.finish(finished.stats, finished.windows, self._clock.phases(t_ns), details)
+        completion = truncate("".join(captured)) if captured is not None else None
+        trace.finish(finished, self._clock.phases(t_ns), completion)
 
     def _guard(self, where: str, fn: Callable[..., object], *args: object) -> None:
         try:

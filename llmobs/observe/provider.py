@@ -13,14 +13,10 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-AUTO = "auto"
-UNKNOWN = "unknown"
+from llmobs.observe.labels import UNKNOWN
 
-# the engine collector's engine names (collectors.engine.ENGINES) as provider names
-ENGINE_PROVIDERS = {
-    "vllm": "vllm", "sglang": "sglang", "tgi": "tgi", "llamacpp": "llama_cpp",
-    "trtllm": "tensorrt_llm", "triton": "triton",
-}  # fmt: skip
+AUTO = "auto"
+
 # the dialects (observe.dialects.Route.name) only one kind of engine speaks
 DIALECT_PROVIDERS = {"ollama": "ollama", "triton": "triton"}
 
@@ -44,10 +40,11 @@ class Provider:
         self._listeners.append(listener)
 
     def engine(self, engine: str | None) -> None:
-        """What the engine's metrics said: its name, or None (they name no known engine)."""
+        """What the engine's metrics said: the engine as a provider name (the collector's
+        ``collectors.engine.PROVIDERS``), or None (they name no known engine)."""
         self._waiting = False
         if engine is not None:
-            self._settle(ENGINE_PROVIDERS.get(engine, engine))
+            self._settle(engine)
 
     def dialect(self, dialect: str) -> None:
         """A request's dialect: the answer when it is one engine's own and the engine's

@@ -181,13 +181,7 @@ class StreamReader:
         """A read through the decoder and the dialect (or, for a JSON body, kept whole)."""
         decoder = self._decoder
         if decoder is None:
-            body = self._body
-            if body is not None:
-                self._body_size += len(data)
-                if self._body_size <= MAX_JSON_BODY:
-                    body.append(data)
-                else:
-                    self._body = None
+            self._keep(data)
             return
         payloads = decoder.payloads(data)
         if len(payloads) == 1:
@@ -208,6 +202,16 @@ class StreamReader:
             if self._sse is not None:
                 self._template_event = WholeEvent.of(openai.template, self._sse, self._max_line)
         self._arm()
+
+    def _keep(self, data: bytes) -> None:
+        """A read of a body that is not a stream: kept (bounded) for the dialect at the end."""
+        body = self._body
+        if body is not None:
+            self._body_size += len(data)
+            if self._body_size <= MAX_JSON_BODY:
+                body.append(data)
+            else:
+                self._body = None
 
     def _arm(self) -> None:
         """Take the fast path for the next read if a whole event would only be timed there:

@@ -2,29 +2,37 @@
 hands it to.
 
 A request ends in one ``RequestRecord``: its statistics, the ITL windows not handed over
-mid-stream, its verdict against its objectives (judged once, here in observation), its
-trace's ids (for exemplars) and its model's label (admitted once, here in observation, into
-the bounded set every consumer labels by). Every consumer (the Prometheus series, and
-whatever the app assembles beside them: OTLP metrics, the MBU estimate) takes that record
-through one method, ``consume``, as vLLM's stat loggers take their stats: adding a consumer
-is one class and one line of assembly.
+mid-stream, its verdict against its objectives (judged once, in observation), its trace's ids
+(for exemplars), its model's and tenant's labels (admitted once, in observation, into the
+bounded sets every consumer labels by), what its body said, its TTFT in phases, its stalls
+with their causes and its cost. It is made and handed on in one place
+(``recorder.Recorder.record``): to the metrics sink first and then to every consumer the app
+assembles (OTLP metrics, the MBU estimate), each through one method, ``consume``, as vLLM's
+stat loggers take their stats: adding a consumer is one class and one line of assembly. A
+traced request's spans take the same record (``TraceHandle.finish``).
 
-The other two shapes are what the observer calls while a request runs: the sink's live counts
-(``LiveCounts``: in flight, queued, the windows of a long stream) and the request's trace
-(``TraceHandle``, when it is traced). Observation names them as protocols so that it imports
-nothing of export (import-linter checks it).
+The other shapes are what observation calls while a request runs: the sink's live counts
+(``LiveCounts``: in flight, queued, the windows of a long stream), the request's trace
+(``TraceHandle``) and what its arrival offers (``Arrival``). Observation names them as
+protocols so that it imports nothing of export (import-linter checks it), and the relay
+reaches tracing only through them.
 """
 
 from __future__ import annotations
 
-from collections.abc import MutableMapping, Sequence
+from collections.abc import Mapping, MutableMapping
 from typing import NamedTuple, Protocol
 
 from llmobs.observe.causes import Stall
+from llmobs.observe.dialects.request import NO_BODY, RequestInfo
 from llmobs.observe.phases import TtftPhases
 from llmobs.observe.slo import Verdict
 from llmobs.observe.timing import RequestStats
 from llmobs.observe.window import TokenWindow
+
+# a request's times on the relay's monotonic clock, for its spans: forwarded, first output
+# token, last output token, end (None: it never got that far)
+SpanTimes = tuple[int | None, int | None, int | None, int]
 
 
 class TraceRef(NamedTuple):
@@ -38,7 +46,7 @@ class TraceRef(NamedTuple):
 
 
 class RequestRecord(NamedTuple):
-    """One finished request, as every consumer receives it."""
+    """One finished request, as every consumer (and its trace) receives it."""
 
     stats: RequestStats
     windows: tuple[TokenWindow, ...]  # the ITL windows not handed over mid-stream
@@ -51,20 +59,8 @@ class RequestRecord(NamedTuple):
     stalls: tuple[Stall, ...] = ()
     tenant: str = ""  # its tenant's label ("": tenants are not labelled), admitted as models are
     cost: float | None = None  # what its tokens cost (``observe.cost``; None: no price)
-
-
-class RequestDetails(NamedTuple):
-    """Request parameters spans may show: the body's sampling settings, optional content."""
-
-    max_tokens: int | None = None
-    temperature: float | None = None
-    prompt: str | None = None  # only with --capture-content, truncated
-    completion: str | None = None  # only with --capture-content, truncated
-    verdict: Verdict | None = None  # against the request's objectives (None: not judged)
-    phases: TtftPhases | None = None  # the TTFT in phases (``phases``)
-    stalls: tuple[Stall, ...] = ()  # each stall with its cause (``causes``)
-    tenant: str = ""  # the tenant's label ("": tenants not labelled)
-    cost: float | None = None  # what its tokens cost, in the price file's currency
+    # what its body said (the sampling settings spans show; the prompt only when captured)
+    request: RequestInfo = NO_BODY[False]
 
 
 class RequestConsumer(Protocol):
@@ -75,19 +71,18 @@ class RequestConsumer(Protocol):
 
 
 class LiveCounts(Protocol):
-    """What the observer tells the metrics sink while a request runs; ``labels`` maps a
-    request's model and tenant onto the bounded sets the sink's series are labelled by."""
+    """What the observer tells the metrics sink while a request runs, under the labels the
+    request was admitted to (``labels.LabelAdmission``)."""
 
     def request_started(self) -> None: ...
-    def labels(self, model: str | None, tenant: str | None, admit: bool) -> tuple[str, str]: ...
-    def answered(self, operation: str, model: str | None, tenant: str | None) -> None: ...
+    def answered(self, operation: str, label: str, tenant: str) -> None: ...
     def request_ended(self) -> None: ...
     def queue_enter(self) -> None: ...
     def queue_leave(self) -> None: ...
     def observer_error(self) -> None: ...
     def malformed(self, count: int) -> None: ...
     def record_tokens(
-        self, operation: str, label: str, window: TokenWindow, tenant: str = ""
+        self, operation: str, label: str, window: TokenWindow, tenant: str
     ) -> None: ...
 
 
@@ -96,17 +91,24 @@ class RequestSink(LiveCounts, RequestConsumer, Protocol):
     record (so that a request is counted before anything else is done with it)."""
 
 
+class Arrival(Protocol):
+    """What a request's arrival offers observation and its trace: the wire's request (or a
+    test's stand-in). Headers are read for trace context and the tenant, never kept."""
+
+    @property
+    def method(self) -> str: ...
+    @property
+    def path(self) -> str: ...
+    @property
+    def headers(self) -> Mapping[str, str]: ...
+
+
 class TraceHandle(Protocol):
-    """A traced request's trace: its context goes upstream, its spans are written at the end."""
+    """A traced request's trace: its context goes upstream, its spans are written at the end
+    from the request's record."""
 
     keep: bool
 
     def ids(self) -> tuple[str, str] | None: ...
     def inject(self, headers: MutableMapping[str, str]) -> None: ...
-    def finish(
-        self,
-        record: RequestStats,
-        windows: Sequence[TokenWindow],
-        times: tuple[int | None, int | None, int | None, int],
-        details: RequestDetails,
-    ) -> None: ...
+    def finish(self, record: RequestRecord, times: SpanTimes, completion: str | None) -> None: ...

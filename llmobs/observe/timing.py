@@ -197,10 +197,6 @@ class StreamTimer:
         """Output chunks recorded so far."""
         return self._base + len(self.times)
 
-    @property
-    def window_full(self) -> bool:
-        return len(self.times) > self.window
-
     def take_window(self, total_tokens: int | None = None) -> TokenWindow:
         """ITLs of the chunks recorded since the last window; keeps the last as the anchor.
 

@@ -2,8 +2,10 @@
 
 A window is made one of two ways (``stats``): a short one in plain lists (``ListWindow``,
 most requests), a long one in numpy arrays (``ArrayWindow``). Both have the same fields and
-the same methods, so a consumer bins any window with ``fill_classic`` and ``fill_native`` and
-never asks which kind it holds: the small-stream path stays inside this module.
+the same methods, so a consumer bins any window with ``classic_counts`` and ``fill_native``
+and never asks which kind it holds: the small-stream path stays inside this module. A window
+says how many of its ITLs fall in each bucket; where a histogram keeps its counts is the
+histogram's own business (``export.metrics.series``).
 """
 
 from __future__ import annotations
@@ -19,6 +21,9 @@ FloatArray = npt.NDArray[np.float64]
 IntArray = npt.NDArray[np.int64]
 Floats = FloatArray | list[float]
 Ints = IntArray | list[int]
+# a histogram's buckets a window's ITLs fall in: (bucket index, how many), each bucket once
+# at most, whole numbers as floats (as numpy's ``bincount`` gives them)
+Binned = list[tuple[int, float]]
 
 
 class NativeTarget(Protocol):
@@ -80,13 +85,10 @@ class TokenWindow(NamedTuple):
         times = self.chunk_times if self.chunk_times is not None else []
         return times if isinstance(times, np.ndarray) else np.array(times, dtype=np.int64)
 
-    def fill_classic(
-        self, bounds: Sequence[float], bounds_array: FloatArray, series: list[float]
-    ) -> None:
-        """Add each ITL (``counts[i]`` times) to the bucket of ``bounds`` (upper bounds, the
-        last +Inf's left implicit) it falls in: ``series[b]`` counts bucket ``b``, whole
-        numbers as floats, as numpy's ``bincount`` gives them. ``bounds_array`` is ``bounds``
-        as numpy's, made once by the caller."""
+    def classic_counts(self, bounds: Sequence[float], bounds_array: FloatArray) -> Binned:
+        """How many ITLs (each ``counts[i]`` times) fall in each bucket of ``bounds`` (upper
+        bounds, the last +Inf's left implicit: bucket ``len(bounds)``), the buckets with any.
+        ``bounds_array`` is ``bounds`` as numpy's, made once by the caller."""
         raise NotImplementedError
 
     def fill_native(self, buckets: NativeTarget) -> None:
@@ -100,25 +102,28 @@ class ListWindow(TokenWindow):
 
     __slots__ = ()
 
-    def fill_classic(
-        self, bounds: Sequence[float], bounds_array: FloatArray, series: list[float]
-    ) -> None:
+    def classic_counts(self, bounds: Sequence[float], bounds_array: FloatArray) -> Binned:
         ordered = self.ordered
         if ordered is not None:  # a run of values in one bucket at a time
+            runs: Binned = []
             top, n, i = len(bounds), len(ordered), 0
             while i < n:
                 b = bisect_left(bounds, ordered[i])
                 j = bisect_right(ordered, bounds[b], i) if b < top else n
-                series[b] += float(j - i)
+                runs.append((b, float(j - i)))
                 i = j
-            return
+            return runs
+        binned: dict[int, float] = {}
         counts = self.counts
         if counts is None:
             for value in self.values:
-                series[bisect_left(bounds, value)] += 1.0
+                b = bisect_left(bounds, value)
+                binned[b] = binned.get(b, 0.0) + 1.0
         else:
             for value, count in zip(self.values, counts, strict=True):
-                series[bisect_left(bounds, value)] += count
+                b = bisect_left(bounds, value)
+                binned[b] = binned.get(b, 0.0) + count
+        return list(binned.items())
 
     def fill_native(self, buckets: NativeTarget) -> None:
         ordered = self.ordered
@@ -139,19 +144,15 @@ class ArrayWindow(TokenWindow):
 
     __slots__ = ()
 
-    def fill_classic(
-        self, bounds: Sequence[float], bounds_array: FloatArray, series: list[float]
-    ) -> None:
+    def classic_counts(self, bounds: Sequence[float], bounds_array: FloatArray) -> Binned:
         ordered = self.ordered
         if ordered is not None:
-            if len(ordered):  # (an empty window bins into nothing, as a list window does)
-                _bin_sorted_array(bounds, bounds_array, ordered, series)  # type: ignore[arg-type]
-            return
+            if not len(ordered):  # (an empty window bins into nothing, as a list window does)
+                return []
+            return _bin_sorted_array(bounds, bounds_array, ordered)  # type: ignore[arg-type]
         index = np.searchsorted(bounds_array, self.values, side="left")
         binned = np.bincount(index, weights=self.weights, minlength=bounds_array.size + 1)
-        for i, count in enumerate(binned.tolist()):
-            if count:
-                series[i] += count
+        return [(i, count) for i, count in enumerate(binned.tolist()) if count]
 
     def fill_native(self, buckets: NativeTarget) -> None:
         ordered = self.ordered
@@ -165,21 +166,23 @@ class ArrayWindow(TokenWindow):
 
 
 def _bin_sorted_array(
-    bounds: Sequence[float], bounds_array: FloatArray, ordered: FloatArray, series: list[float]
-) -> None:
+    bounds: Sequence[float], bounds_array: FloatArray, ordered: FloatArray
+) -> Binned:
     """Ascending ITLs of one token each (numpy): the values at or below each bound between
     the first value's bucket and the last's."""
     lo = bisect_left(bounds, float(ordered[0]))
     hi = bisect_left(bounds, float(ordered[-1]))
+    runs: Binned = []
     done = 0
     if hi > lo:
         below = np.searchsorted(ordered, bounds_array[lo:hi], side="right").tolist()
         for b, count in enumerate(below, lo):
             if count != done:
-                series[b] += float(count - done)
+                runs.append((b, float(count - done)))
                 done = count
     if len(ordered) != done:
-        series[hi] += float(len(ordered) - done)
+        runs.append((hi, float(len(ordered) - done)))
+    return runs
 
 
 def _floats(values: Floats) -> FloatArray:

@@ -29,7 +29,7 @@ from contextlib import contextmanager
 from typing import Any
 
 from tests.docs.blocks import DOCUMENTS, ROOT, Block, blocks
-from tests.support.prom import free_port
+from tests.support.ports import free_port
 
 LLMOBS = [sys.executable, "-m", "llmobs"]
 

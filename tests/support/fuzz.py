@@ -16,9 +16,9 @@ from llmobs.observe.dialects import (
     ANTHROPIC,
     OLLAMA_CHAT,
     OPENAI_CHAT,
+    OTHER_ROUTE,
     RESPONSES,
     TGI_STREAM,
-    UNKNOWN,
 )
 from llmobs.observe.dialects.anthropic import AnthropicStream
 from llmobs.observe.dialects.base import (
@@ -41,7 +41,7 @@ from tests.support.strategies import split_at
 DIALECTS: tuple[type[Dialect], ...] = (
     OpenAIStream, ResponsesStream, AnthropicStream, TgiStream, OllamaStream, Passthrough,
 )  # fmt: skip
-ROUTES = (OPENAI_CHAT, RESPONSES, ANTHROPIC, TGI_STREAM, OLLAMA_CHAT, UNKNOWN)
+ROUTES = (OPENAI_CHAT, RESPONSES, ANTHROPIC, TGI_STREAM, OLLAMA_CHAT, OTHER_ROUTE)
 
 
 # -- the decoders ---------------------------------------------------------------------------

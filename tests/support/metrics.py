@@ -3,27 +3,20 @@
 
 from __future__ import annotations
 
-import asyncio
-from concurrent.futures import ThreadPoolExecutor
-
 from google.protobuf import text_format
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from prometheus_client import CollectorRegistry, generate_latest
 
-from llmobs.export.metrics import protobuf
-from llmobs.export.metrics.exposition import (
-    Registry,
-    exposition_async,
-    openmetrics_async,
-    protobuf_async,
-)
-from llmobs.export.metrics.sink import MetricsSink
+from llmobs.export.metrics.exposition import Format, Registry
 from llmobs.export.telemetry import Telemetry, build_telemetry
 from llmobs.observe.dialects import OLLAMA_GENERATE, OPENAI_CHAT, Route
 from llmobs.observe.observer import Observer, ObserveSettings
 from llmobs.observe.record import TraceRef
+from llmobs.observe.recorder import Recorder
 from llmobs.observe.timing import Outcome, StreamTimer
 from tests.support import FIXTURES, ROOT
+from tests.support.exposition import read_delimited, rendered
+from tests.support.recording import record_request, recording
 from tests.support.scripted import chat_chunk, sse
 
 GOLDEN = FIXTURES / "metrics.golden.txt"
@@ -31,20 +24,21 @@ DOCS = ROOT / "docs" / "metrics.md"
 MS = 1_000_000
 
 
-def sink_and_telemetry(
+def recorder_and_telemetry(
     max_models: int = 32, tracing: bool = False, latest: bool = False
-) -> tuple[MetricsSink, Telemetry]:
-    """``latest``: the newest GenAI conventions' names (OTEL_SEMCONV_STABILITY_OPT_IN)."""
+) -> tuple[Recorder, Telemetry]:
+    """The recorder of a sink on the telemetry's registry; ``latest``: the newest GenAI
+    conventions' names (OTEL_SEMCONV_STABILITY_OPT_IN)."""
     telemetry = build_telemetry(
         span_exporter=InMemorySpanExporter() if tracing else None, self_metrics=False
     )
-    sink = MetricsSink(telemetry.registry, max_models, latest=latest)
-    return sink, telemetry
+    _, recorder = recording(telemetry.registry, max_models, latest=latest)
+    return recorder, telemetry
 
 
-def replay(sink: MetricsSink, model: str, gaps_ms: list[float], start_ms: float = 150) -> None:
+def replay(recorder: Recorder, model: str, gaps_ms: list[float], start_ms: float = 150) -> None:
     """One streaming chat request with a first token at ``start_ms`` and then ``gaps_ms``."""
-    obs = Observer(sink, ObserveSettings(), OPENAI_CHAT, 0)
+    obs = Observer(recorder, ObserveSettings(), OPENAI_CHAT, 0)
     obs.request_body(b'{"model": "%s", "stream": true}' % model.encode())
     obs.forwarded(0)
     obs.response(200, "text/event-stream; charset=utf-8")
@@ -77,9 +71,9 @@ REASONING_CHUNKS = [
 ]
 
 
-def feed(sink: MetricsSink, route: Route, body: bytes, ctype: str, chunks: list[bytes]) -> None:
+def feed(recorder: Recorder, route: Route, body: bytes, ctype: str, chunks: list[bytes]) -> None:
     """One request of ``route`` whose response is ``chunks``, 20 ms apart."""
-    obs = Observer(sink, ObserveSettings(), route, 0)
+    obs = Observer(recorder, ObserveSettings(), route, 0)
     obs.request_body(body)
     obs.forwarded(0)
     obs.response(200, ctype)
@@ -91,7 +85,7 @@ def feed(sink: MetricsSink, route: Route, body: bytes, ctype: str, chunks: list[
 
 
 def exposition(latest: bool = False) -> str:
-    sink, telemetry = sink_and_telemetry(tracing=True, latest=latest)
+    sink, telemetry = recorder_and_telemetry(tracing=True, latest=latest)
     replay(sink, "llama", [20.0] * 9)
     replay(sink, "llama", [20.0] * 4 + [120.0] + [20.0] * 4)
     feed(sink, OLLAMA_GENERATE, b'{"model":"qwen"}', "application/x-ndjson", OLLAMA_LINES)
@@ -117,11 +111,12 @@ EXPOSITIONS = FIXTURES / "exposition"
 CLOCK = 1_764_115_200.25  # when every exemplar was seen: a fixed time, so the files are fixed
 
 
-def traced_sink() -> tuple[MetricsSink, Registry]:
-    """A sink after a few requests of two models and two operations, all but one traced,
-    with TTFTs and ITLs spread over several classic and native buckets, and one stall."""
+def traced_sink() -> tuple[Recorder, Registry]:
+    """A sink (its recorder) after a few requests of two models and two operations, all but
+    one traced, with TTFTs and ITLs spread over several classic and native buckets, and one
+    stall."""
     registry = Registry()
-    sink = MetricsSink(registry, 32, clock=lambda: CLOCK)
+    _, recorder = recording(registry, 32, clock=lambda: CLOCK)
     plan = [
         ("chat", "llama", 120, [20, 21, 22, 20, 150, 21, 20], True),
         ("chat", "llama", 480, [30, 31, 29, 30], True),
@@ -141,24 +136,17 @@ def traced_sink() -> tuple[MetricsSink, Registry]:
             stream=True, input_tokens=12, output_tokens=len(gaps_ms) + 1,
         )  # fmt: skip
         trace = TraceRef(f"{n + 1:032x}", f"{n + 1:016x}") if traced else None
-        sink.record_request(record, [window], trace)
-    return sink, registry
+        record_request(recorder, record, [window], trace)
+    return recorder, registry
 
 
 def three_formats(registry: CollectorRegistry) -> dict[str, str]:
     """The registry as /metrics serves it in each format (protobuf as protobuf's text format,
     family after family, which is what a reader can compare)."""
 
-    async def render() -> tuple[bytes, bytes, bytes]:
-        with ThreadPoolExecutor(1) as pool:
-            return (
-                await exposition_async(registry, pool),
-                await openmetrics_async(registry, pool),
-                await protobuf_async(registry, pool),
-            )
-
-    text, openmetrics, proto = asyncio.run(render())
-    families = protobuf.read_delimited(proto)
+    formats = (Format.TEXT, Format.OPENMETRICS, Format.PROTOBUF)
+    text, openmetrics, proto = (rendered(registry, fmt) for fmt in formats)
+    families = read_delimited(proto)
     readable = "".join(f"{text_format.MessageToString(f)}---\n" for f in families)
     return {"metrics.txt": text.decode(), "metrics.om.txt": openmetrics.decode(),
             "metrics.pb.txt": readable}  # fmt: skip

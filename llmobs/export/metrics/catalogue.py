@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from llmobs.config.buckets import FAMILIES as BUCKET_FAMILIES
 from llmobs.config.tenants import METRIC_NAMES as TENANT_METRIC_NAMES
 from llmobs.export.metrics.native import Layout
+from llmobs.observe.labels import UNKNOWN
 
 
 class Kind(enum.StrEnum):
@@ -41,7 +42,7 @@ MODEL = "gen_ai.request.model"
 TOKEN_TYPE = "gen_ai.token.type"  # v1.41's; the newest conventions split usage by name
 PROVIDER = "gen_ai.provider.name"  # one value per sidecar (config.provider): the engine
 MODALITY = "gen_ai.token.modality"  # the newest usage counters'
-NO_MODALITY = "unknown"  # its value here: no engine reports usage by modality
+NO_MODALITY = UNKNOWN  # its value here: no engine reports usage by modality
 OUTCOME = "outcome"
 STATUS_CLASS = "status_class"
 FINISH_REASON = "finish_reason"
@@ -182,7 +183,7 @@ USAGE_REASONING = MetricDef(
     "Output tokens spent reasoning, as the engine's usage reports them.",
     (*_GENAI, MODALITY),
 )  # fmt: skip
-# a request's token counts by type (``otel.token_counts``) into the newest usage counters
+# a request's token counts by type (``mapping.RequestMapping``) into the newest usage counters
 USAGE_BY_TYPE = {
     "input": USAGE_INPUT, "output": USAGE_OUTPUT, "cached_input": USAGE_CACHE_READ,
     "reasoning": USAGE_REASONING,

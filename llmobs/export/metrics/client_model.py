@@ -4,7 +4,7 @@ exposition (``protobuf``) to fill.
 
 Not generated ``_pb2`` code: that pins the protobuf runtime to the version that generated it,
 and a descriptor built here works with any runtime from 5.x on.
-``tests/unit/export/metrics/test_protobuf.py`` compiles the real ``metrics.proto`` and checks
+``tests/unit/export/metrics/test_client_model.py`` compiles the real ``metrics.proto`` and checks
 every message, field number and type against this one.
 """
 

@@ -10,11 +10,11 @@ registered through prometheus_client's public ``register``: no private state of 
 read. A registry of another class, or one with target info, is rendered by
 ``generate_latest`` whole.
 
-The same holds for OpenMetrics (``openmetrics_async``): the series' frames, with their
-exemplars, go to ``openmetrics``, the other collectors to prometheus_client's OpenMetrics
-writer. And for Prometheus' protobuf format (``protobuf_async``), which prometheus_client
-cannot write: the series' frames, with their native buckets, and the other collectors'
-families are encoded by ``protobuf``.
+The same holds for OpenMetrics, the series' frames with their exemplars written by
+``openmetrics``, and for Prometheus' protobuf format, which prometheus_client cannot write:
+the series' frames, with their native buckets, and the other collectors' families are
+encoded by ``protobuf``. Each format is a ``_Writer``; one loop (``render``) walks the
+registry for all three.
 """
 
 from __future__ import annotations
@@ -22,7 +22,9 @@ from __future__ import annotations
 import asyncio
 import enum
 import threading
+from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Executor
+from dataclasses import dataclass
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from prometheus_client.openmetrics.exposition import CONTENT_TYPE_LATEST as OPENMETRICS_LATEST
@@ -67,39 +69,6 @@ def _members(registry: CollectorRegistry) -> list[Collector] | None:
     return registry.members()
 
 
-async def exposition_async(registry: CollectorRegistry, executor: Executor) -> bytes:
-    """``exposition(registry)`` with the series rendered on the event loop a part at a time
-    (a scrape never holds the loop for long), the other collectors in ``executor``."""
-    loop = asyncio.get_running_loop()
-    members = _members(registry)
-    if members is None:
-        return await loop.run_in_executor(executor, generate_latest, registry)
-    parts: list[bytes] = []
-    for collector in members:
-        if isinstance(collector, SeriesCollector):
-            for part in text.parts(collector.frames()):
-                parts.append(part)
-                await asyncio.sleep(0)
-        else:
-            parts.append(await loop.run_in_executor(executor, generate_latest, collector))
-    return b"".join(parts)
-
-
-def exposition(registry: CollectorRegistry) -> bytes:
-    """The bytes ``generate_latest(registry)`` gives, every ``SeriesCollector``'s frames
-    written by ``text``, in the registry's order."""
-    members = _members(registry)
-    if members is None:
-        return generate_latest(registry)
-    parts: list[bytes] = []
-    for collector in members:
-        if isinstance(collector, SeriesCollector):
-            parts.append(text.render(collector.frames()))
-        else:
-            parts.append(generate_latest(collector))
-    return b"".join(parts)
-
-
 class Format(enum.Enum):
     """An exposition format /metrics can answer in: its content type."""
 
@@ -112,56 +81,45 @@ class Format(enum.Enum):
 _RANK = {Format.PROTOBUF: 2, Format.OPENMETRICS: 1, Format.TEXT: 0}
 
 
-def _media(item: str) -> tuple[Format | None, float]:
-    """The format one Accept entry names (None: none we write) and its quality."""
-    media, *params = (part.strip() for part in item.split(";"))
-    values = {}
-    for param in params:
-        name, _, value = param.partition("=")
-        values[name.strip().lower()] = value.strip().strip('"')
-    try:
-        quality = float(values.get("q", "1"))
-    except ValueError:
-        quality = 0.0
-    if not 0.0 <= quality <= 1.0:  # NaN, negative, above 1: not a quality (RFC 9110 12.4.2)
-        quality = 0.0
-    media = media.lower()
+def _entries(header: str) -> Iterator[tuple[str, dict[str, str], float]]:
+    """Each entry of an Accept or Accept-Encoding header, parsed once: its value (lower
+    case), its parameters by name, and its quality (RFC 9110 12.4.2): 1 when absent, 0 when
+    it is not one (NaN, negative, above 1, not a number)."""
+    for item in header.split(","):
+        value, *params = (part.strip() for part in item.split(";"))
+        named = {}
+        for param in params:
+            name, _, text = param.partition("=")
+            named[name.strip().lower()] = text.strip().strip('"')
+        try:
+            quality = float(named.get("q", "1"))
+        except ValueError:
+            quality = 0.0
+        yield value.lower(), named, quality if 0.0 <= quality <= 1.0 else 0.0
+
+
+def _format(media: str, params: dict[str, str]) -> Format | None:
+    """The format an Accept entry names; None: none we write (the text and compact-text
+    protobuf encodings among them)."""
     if media == protobuf.MEDIA_TYPE:
-        if values.get("proto") != protobuf.PROTO or values.get("encoding") != "delimited":
-            return None, 0.0  # the text and compact-text protobuf encodings: not written
-        return Format.PROTOBUF, quality
+        delimited = params.get("proto") == protobuf.PROTO and params.get("encoding") == "delimited"
+        return Format.PROTOBUF if delimited else None
     if media == _OPENMETRICS:
-        return Format.OPENMETRICS, quality
+        return Format.OPENMETRICS
     if media in ("text/plain", "*/*", "text/*"):
-        return Format.TEXT, quality
-    return None, 0.0
-
-
-def _quality(params: list[str]) -> float:
-    """An Accept or Accept-Encoding entry's ``q`` (RFC 9110 12.4.2): 1 when absent, 0 when
-    it is not a quality (NaN, negative, above 1, not a number)."""
-    for param in params:
-        name, _, value = param.partition("=")
-        if name.strip().lower() == "q":
-            try:
-                quality = float(value.strip().strip('"'))
-            except ValueError:
-                return 0.0
-            return quality if 0.0 <= quality <= 1.0 else 0.0
-    return 1.0
+        return Format.TEXT
+    return None
 
 
 def accepts_gzip(accept_encoding: str) -> bool:
     """Whether the scraper takes gzip (RFC 9110 12.5.3: ``gzip`` or ``*`` with a quality
     above 0, ``gzip`` named first); Prometheus sends ``Accept-Encoding: gzip``."""
     wildcard = None
-    for item in accept_encoding.split(","):
-        coding, *params = (part.strip() for part in item.split(";"))
-        coding = coding.lower()
+    for coding, _, quality in _entries(accept_encoding):
         if coding in ("gzip", "x-gzip"):
-            return _quality(params) > 0
+            return quality > 0
         if coding == "*":
-            wildcard = _quality(params) > 0
+            wildcard = quality > 0
     return bool(wildcard)
 
 
@@ -170,65 +128,71 @@ def negotiate(accept: str) -> Format:
     format the scraper likes best, the richer one on a tie; the text format when it names
     none we write (no header, ``*/*``, ``text/plain``, ``application/json``)."""
     best = {fmt: 0.0 for fmt in Format}
-    for item in accept.split(","):
-        fmt, quality = _media(item)
+    for media, params, quality in _entries(accept):
+        fmt = _format(media, params)
         if fmt is not None:
             best[fmt] = max(best[fmt], quality)
     chosen = max(Format, key=lambda fmt: (best[fmt], _RANK[fmt]))
     return chosen if best[chosen] > 0 else Format.TEXT
 
 
-async def protobuf_async(registry: CollectorRegistry, executor: Executor) -> bytes:
-    """The registry in Prometheus' protobuf format: each family a delimited ``MetricFamily``,
-    in the registry's order; the request series (with their native buckets and exemplars)
-    encoded on the event loop a part at a time, the other collectors in ``executor``. A
-    registry of another class (or with target info, which llmobs never sets) is encoded whole
-    from ``collect()``: classic buckets only, its series have no native ones there."""
-    loop = asyncio.get_running_loop()
-    members = _members(registry)
-    if members is None:
-        members = [registry]
-    parts: list[bytes] = []
-    for collector in members:
-        if isinstance(collector, SeriesCollector):
-            for part in protobuf.parts(collector.frames(exemplars=True, natives=True)):
-                parts.append(part)
-                await asyncio.sleep(0)
-        else:
-            parts.append(await loop.run_in_executor(executor, _families_bytes, collector))
-    return b"".join(parts)
+@dataclass(frozen=True)
+class _Writer:
+    """How a format is written: the request series' frames a part at a time (on the event
+    loop), another collector whole (in the executor), a registry that cannot be rendered
+    collector by collector (``_members``), and what ends the exposition."""
+
+    series: Callable[[SeriesCollector], Iterable[bytes]]
+    other: Callable[[Collector], bytes]
+    whole: Callable[[CollectorRegistry], bytes]
+    end: bytes = b""
 
 
-def _families_bytes(collector: Collector | CollectorRegistry) -> bytes:
+def _openmetrics_member(collector: Collector) -> bytes:
+    """One collector in OpenMetrics: the writer's bytes without the end, which comes once."""
+    written: bytes = openmetrics_latest(collector)  # type: ignore[no-untyped-call]
+    return written.removesuffix(openmetrics.EOF)
+
+
+def _families_bytes(collector: Collector) -> bytes:
+    """A collector's families in protobuf (a registry's too, from ``collect()``: classic
+    buckets only, its series have no native ones there)."""
     return b"".join(protobuf.family_bytes(family) for family in collector.collect())
 
 
-async def render(fmt: Format, registry: CollectorRegistry, executor: Executor) -> bytes:
-    """/metrics in ``fmt``."""
+def _writer(fmt: Format) -> _Writer:
+    """The writer of ``fmt``: the series' own encoder, prometheus_client's writer (or
+    ``protobuf``'s, which prometheus_client lacks) for the rest."""
     if fmt is Format.PROTOBUF:
-        return await protobuf_async(registry, executor)
+        return _Writer(
+            lambda c: protobuf.parts(c.frames(exemplars=True, natives=True)),
+            _families_bytes, _families_bytes,
+        )  # fmt: skip
     if fmt is Format.OPENMETRICS:
-        return await openmetrics_async(registry, executor)
-    return await exposition_async(registry, executor)
+        return _Writer(
+            lambda c: openmetrics.parts(c.frames(exemplars=True)),
+            _openmetrics_member, openmetrics_latest, openmetrics.EOF,
+        )  # fmt: skip
+    return _Writer(lambda c: text.parts(c.frames()), generate_latest, generate_latest)
 
 
-async def openmetrics_async(registry: CollectorRegistry, executor: Executor) -> bytes:
-    """The bytes prometheus_client's OpenMetrics writer gives for ``registry``, the series
-    (with their exemplars) written on the event loop a part at a time, as for the text
-    format: the writer would build every family's objects first, and hold the loop for it
-    at the label cap (docs/benchmarks.md)."""
+async def render(fmt: Format, registry: CollectorRegistry, executor: Executor) -> bytes:
+    """/metrics in ``fmt``, in the registry's order: the request series on the event loop a
+    part at a time (a scrape never holds the loop for long; prometheus_client's writers would
+    build every family's objects first, at the label cap too: docs/benchmarks.md), the other
+    collectors in ``executor``."""
+    writer = _writer(fmt)
     loop = asyncio.get_running_loop()
     members = _members(registry)
     if members is None:
-        return await loop.run_in_executor(executor, openmetrics_latest, registry)
+        return await loop.run_in_executor(executor, writer.whole, registry)
     parts: list[bytes] = []
     for collector in members:
         if isinstance(collector, SeriesCollector):
-            for part in openmetrics.parts(collector.frames(exemplars=True)):
+            for part in writer.series(collector):
                 parts.append(part)
                 await asyncio.sleep(0)
         else:
-            written = await loop.run_in_executor(executor, openmetrics_latest, collector)
-            parts.append(written.removesuffix(openmetrics.EOF))
-    parts.append(openmetrics.EOF)
+            parts.append(await loop.run_in_executor(executor, writer.other, collector))
+    parts.append(writer.end)
     return b"".join(parts)

@@ -2,15 +2,17 @@
 
 A consumer of the request records (``OtelMetrics``), assembled only when metrics are pushed
 over OTLP (``Telemetry.push_meter``): every request then pays the SDK's cost per record
-(docs/benchmarks.md) on top of the Prometheus series (``sink``). The instruments are made from
-the catalogue, one per request-level metric (the per-token ITL histogram is Prometheus only:
-its windows are binned in bulk, which the SDK cannot take); the label-less series (requests
-active and queued, the sidecar's own error counts) are read from the sink at each export.
+(docs/benchmarks.md) on top of the Prometheus series (``sink``). What a record observes, and
+under which labels, is the mapping's (``mapping.RequestMapping``), the same the Prometheus
+series take, so the two never disagree. The instruments are made from the catalogue, one per
+request-level metric (the per-token ITL histogram is Prometheus only: its windows are binned
+in bulk, which the SDK cannot take); the label-less series (requests active and queued, the
+sidecar's own error counts) are read from the sink at each export.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping
 
 from opentelemetry.metrics import (
     CallbackOptions,
@@ -21,81 +23,24 @@ from opentelemetry.metrics import (
     UpDownCounter,
 )
 
-from llmobs.config.objectives import Objectives
 from llmobs.export.metrics.catalogue import (
     ACTIVE,
-    CAUSE,
-    COST,
-    CURRENCY,
-    DURATION,
-    ENGINE_LOAD,
-    ENGINE_PROMPT_EVAL,
-    FINISH_REASON,
-    INPUT_TOKENS,
     ITL,
     ITL_SQUARES,
     MALFORMED,
-    MODALITY,
-    MODEL,
-    NO_MODALITY,
-    OBJECTIVE,
     OBSERVER_ERRORS,
-    OPERATION,
-    OUTCOME,
-    OUTPUT_TOKENS,
-    PHASE,
-    PROVIDER,
     QUEUE_DEPTH,
-    REQUESTS,
-    SLO_MISSES,
-    SLO_OUTPUT_TOKENS,
-    SLO_REQUESTS,
-    SLO_TARGET,
-    SLO_WINDOW,
-    SMOOTHNESS,
-    STALLS,
-    STATUS_CLASS,
-    TENANT,
-    TOKEN_SOURCE,
-    TOKEN_TYPE,
-    TOKEN_USAGE,
-    TOKENS,
-    TPOT,
-    TTFT,
-    TTFT_PHASE,
-    USAGE_BY_TYPE,
-    VERDICT,
     Kind,
     MetricDef,
-    request_metrics,
-    status_class,
 )
-from llmobs.observe.causes import Stall, count_causes
-from llmobs.observe.cost import cost_verdict
+from llmobs.export.metrics.mapping import Key, LabelSet, RequestMapping
 from llmobs.observe.provider import Provider
 from llmobs.observe.record import RequestRecord
-from llmobs.observe.slo import Verdict
-from llmobs.observe.timing import RequestStats, TokenSource
 
 Instrument = Counter | Histogram | UpDownCounter
+Attributes = dict[str, str]
 
-_USAGE = TokenSource.USAGE.value
 _LIVE = (ACTIVE, QUEUE_DEPTH, OBSERVER_ERRORS, MALFORMED)  # the sink's label-less series
-
-
-def token_counts(s: RequestStats) -> list[tuple[str, str, int]]:
-    """(token type, count source, tokens) of a request, in the order they are recorded."""
-    # an enum's ``_value_`` is a plain attribute; ``.value`` is a Python-level property
-    out = []
-    if s.input_tokens is not None:
-        out.append(("input", _USAGE, s.input_tokens))
-    if s.output_tokens or s.ttft_s is not None:
-        out.append(("output", s.token_source._value_, s.output_tokens))
-    if s.reasoning_tokens:
-        out.append(("reasoning", s.reasoning_source._value_, s.reasoning_tokens))
-    if s.cached_tokens:
-        out.append(("cached_input", _USAGE, s.cached_tokens))
-    return out
 
 
 def _instrument(meter: Meter, m: MetricDef) -> Instrument:
@@ -109,36 +54,39 @@ def _instrument(meter: Meter, m: MetricDef) -> Instrument:
     return meter.create_counter(m.name, m.unit, m.description)
 
 
+class _Bound:
+    """A label set as the instruments take it: its values, and its histograms' attributes."""
+
+    __slots__ = ("histograms", "labels")
+
+    def __init__(self, labels: LabelSet, histograms: list[tuple[Histogram, Attributes]]) -> None:
+        self.labels = labels
+        self.histograms = histograms
+
+
 class OtelMetrics:
     """Each request's record into one instrument per request-level metric on ``meter`` (whose
-    only reader pushes over OTLP); ``live`` gives the label-less series at each export, and
-    ``objectives`` each label set's target and window, added once per label set."""
+    only reader pushes over OTLP); ``live`` gives the label-less series at each export; each
+    label set's objective (target, window) is added once, at its first request."""
 
     def __init__(
         self,
         meter: Meter,
-        objectives: Objectives,
+        mapping: RequestMapping,
         live: Callable[[], Mapping[MetricDef, float]],
-        tenanted: frozenset[MetricDef] = frozenset(),
-        currency: str = "",
-        define: Callable[[MetricDef], MetricDef] | None = None,
-        latest: bool = False,
         provider: Provider | None = None,
     ) -> None:
-        """``tenanted``: the families labelled by tenant (the sink's); ``currency``: the price
-        file's (a cost counter); ``define``: each metric as the sink defines it (its bucket
-        bounds, the operator's if set); ``latest``: the newest GenAI conventions' token usage;
-        ``provider``: the ``gen_ai.provider.name`` the GenAI families carry."""
-        self._latest = latest
+        """``mapping``: the request families, as the sink's; ``provider``: the
+        ``gen_ai.provider.name`` the GenAI families carry."""
+        self._mapping = mapping
         self._provider = provider or Provider(engine_metrics=False)
+        defined = {m: mapping.define(m) for m in mapping.metrics}
         self._by_metric = {
-            m: _instrument(meter, define(m) if define is not None else m)
-            for m in request_metrics(latest)
+            m: _instrument(meter, d)
+            for m, d in defined.items()
             if m not in (ITL, ITL_SQUARES, *_LIVE)
         }
-        self._tenanted = tenanted
-        self._tenant = ""  # the tenant of the request being recorded
-        self._currency = currency
+        self._names = {m: d.labels for m, d in defined.items()}  # an attribute's name per value
         self._live = live
         for m in _LIVE:
             make = (
@@ -147,8 +95,7 @@ class OtelMetrics:
                 else meter.create_observable_counter
             )
             make(m.name, [self._observe(m)], m.unit, m.description)
-        self._objectives = objectives
-        self._seen: set[tuple[str, str, str]] = set()  # label sets whose objective was added
+        self._sets: dict[tuple[str, str, str, str], _Bound] = {}
 
     def _observe(self, metric: MetricDef) -> Callable[[CallbackOptions], Iterable[Observation]]:
         def observe(options: CallbackOptions) -> Iterable[Observation]:
@@ -156,87 +103,35 @@ class OtelMetrics:
 
         return observe
 
-    def consume(self, record: RequestRecord) -> None:
-        """A finished request: its series, its verdict, its label set's objective once."""
-        s, _, verdict, _, label, phases, stalls, tenant, cost = record
-        op = s.operation
-        self._tenant = tenant
-        if (op, label, tenant) not in self._seen:
-            self._seen.add((op, label, tenant))
-            objective_set = self._objectives.for_request(op, label, tenant or None)
-            attrs = {OPERATION: op, MODEL: label}
-            self.add(SLO_TARGET, objective_set.target, attrs)
-            self.add(SLO_WINDOW, objective_set.window, attrs)
-        self.record_request(s, op, label, status_class(s.status), stalls)
-        if phases is not None:
-            for phase, ns in phases.present():
-                self.record(TTFT_PHASE, ns / 1e9, {OPERATION: op, MODEL: label, PHASE: phase})
-        if verdict is not None:
-            self.record_verdict(verdict, s.output_tokens, op, label)
-        if cost is not None and self._currency:
-            judged = cost_verdict(verdict)
-            attrs = {OPERATION: op, MODEL: label, VERDICT: judged, CURRENCY: self._currency}
-            self.add(COST, cost, attrs)
+    def _attributes(self, metric: MetricDef, key: Key) -> Attributes:
+        return dict(zip(self._names[metric], key, strict=True))
 
-    def add(
-        self, metric: MetricDef, value: float, attributes: dict[str, str] | None = None
-    ) -> None:
-        """Add to a counter or an up-down counter (with the request's tenant, if its family
-        is labelled by tenant)."""
+    def _bound(self, record: RequestRecord) -> _Bound:
+        """The record's label set, bound at its first request (its objective added then)."""
+        key = (record.stats.operation, record.label, record.tenant, self._provider.name)
+        found = self._sets.get(key)
+        if found is None:
+            labels = self._mapping.label_set(*key)
+            by_metric = self._by_metric
+            histograms = [
+                (by_metric[m], self._attributes(m, values)) for m, values in labels.histograms
+            ]
+            found = self._sets[key] = _Bound(labels, histograms)  # type: ignore[arg-type]
+            for metric, values, amount in self._mapping.settings(labels):
+                self._add(metric, values, amount)
+        return found
+
+    def _add(self, metric: MetricDef, key: Key, value: float) -> None:
         instrument = self._by_metric[metric]
         assert not isinstance(instrument, Histogram)
-        if metric in self._tenanted and attributes is not None:
-            attributes = {**attributes, TENANT: self._tenant}
-        instrument.add(value, attributes)
+        instrument.add(value, self._attributes(metric, key))
 
-    def record(self, metric: MetricDef, value: float, attributes: dict[str, str]) -> None:
-        """Record into a histogram (with the request's tenant, as ``add``)."""
-        instrument = self._by_metric[metric]
-        assert isinstance(instrument, Histogram)
-        if metric in self._tenanted:
-            attributes = {**attributes, TENANT: self._tenant}
-        instrument.record(value, attributes)
-
-    def record_verdict(self, verdict: Verdict, output_tokens: int, op: str, model: str) -> None:
-        """A judged request's verdict, its misses and its output tokens."""
-        attrs = {OPERATION: op, MODEL: model}
-        label = "good" if verdict.good else "bad"
-        self.add(SLO_REQUESTS, 1, {**attrs, VERDICT: label})
-        for objective, cause in zip(verdict.missed, verdict.causes, strict=True):
-            self.add(SLO_MISSES, 1, {**attrs, OBJECTIVE: objective.value, CAUSE: cause})
-        self.add(SLO_OUTPUT_TOKENS, output_tokens, {**attrs, VERDICT: label})
-
-    def record_request(
-        self, s: RequestStats, op: str, model: str, status: str, stalls: Sequence[Stall] = ()
-    ) -> None:
-        attrs = {OPERATION: op, MODEL: model}
-        genai = {**attrs, PROVIDER: self._provider.name}  # the GenAI conventions' families'
-        labels = {**attrs, OUTCOME: s.outcome.value, STATUS_CLASS: status}
-        self.add(REQUESTS, 1, {**labels, FINISH_REASON: s.finish_reason})
-        self.record(DURATION, s.duration_s, genai)
-        for metric, value in (
-            (TTFT, s.ttft_s),
-            (TPOT, s.tpot_s),
-            (SMOOTHNESS, s.smoothness),
-            (ENGINE_PROMPT_EVAL, s.engine_prompt_eval_s),
-            (ENGINE_LOAD, s.engine_load_s),
-        ):
+    def consume(self, record: RequestRecord) -> None:
+        """A finished request: its observations (``RequestMapping.observe``)."""
+        bound = self._bound(record)
+        values, counts = self._mapping.observe(record, bound.labels)
+        for (histogram, attributes), value in zip(bound.histograms, values, strict=True):
             if value is not None:
-                self.record(metric, value, genai if PROVIDER in metric.labels else attrs)
-        if s.stalls:
-            for cause, count in count_causes(s.stalls, stalls):
-                self.add(STALLS, count, {**attrs, CAUSE: cause._value_})
-        for kind, source, count in token_counts(s):
-            self._usage(kind, count, genai)
-            self.add(TOKENS, count, {**attrs, TOKEN_TYPE: kind, TOKEN_SOURCE: source})
-
-    def _usage(self, kind: str, count: int, genai: dict[str, str]) -> None:
-        """A token count into the GenAI conventions' usage: v1.41's histogram by type, or the
-        newest's histogram by direction and counter by kind."""
-        if not self._latest:
-            if kind in ("input", "output"):
-                self.record(TOKEN_USAGE, count, {**genai, TOKEN_TYPE: kind})
-            return
-        if kind in ("input", "output"):
-            self.record(INPUT_TOKENS if kind == "input" else OUTPUT_TOKENS, count, genai)
-        self.add(USAGE_BY_TYPE[kind], count, {**genai, MODALITY: NO_MODALITY})
+                histogram.record(value, attributes)
+        for metric, key, amount in counts:
+            self._add(metric, key, amount)

@@ -290,21 +290,3 @@ def family_bytes(family: Metric) -> bytes:
     if not out.metric:
         return b""
     return delimited([out.SerializeToString()])
-
-
-def read_delimited(data: bytes) -> list[Any]:
-    """The ``MetricFamily`` messages of a delimited stream (what a scraper does with it)."""
-    out = []
-    i = 0
-    while i < len(data):
-        length = shift = 0
-        while True:
-            byte = data[i]
-            i += 1
-            length |= (byte & 0x7F) << shift
-            shift += 7
-            if byte < 0x80:
-                break
-        out.append(MetricFamily.FromString(data[i : i + length]))
-        i += length
-    return out

@@ -167,15 +167,21 @@ class HistogramFamily:
         """A copy of every series' exemplars (hold the lock)."""
         return {key: list(slots) for key, slots in self.exemplars.items()}
 
-    def observe(self, key: tuple[str, ...], value: Number) -> None:
-        """Count ``value`` in the series of ``key`` (a caller that observes the same series
-        often binds them once in a ``HistogramRow``)."""
-        series = self.series_for(key)
-        series[bisect_left(self.bounds, value)] += 1
-        series[-1] += value
-        found = self.natives.get(key)
-        if found is not None:
-            found.add(value)
+    def sum_by(self, names: Sequence[str]) -> dict[Key, list[Number]]:
+        """Every series' bucket counts (+Inf's last) and sum added up by the values of the
+        labels ``names`` (the catalogue's): what a reader of totals needs, without knowing
+        where a series keeps what (hold the lock)."""
+        at = _positions(self.metric, names)
+        out: dict[Key, list[Number]] = {}
+        for key, series in self.series.items():
+            group = tuple(key[i] for i in at)
+            found = out.get(group)
+            if found is None:
+                out[group] = list(series)
+            else:
+                for i, value in enumerate(series):
+                    found[i] += value
+        return out
 
     def snapshot(self) -> Snapshot:
         """The label values of every series and all their numbers end to end (hold the lock).
@@ -206,6 +212,16 @@ class CounterFamily:
         series = self.series
         series[key] = series.get(key, 0) + value
 
+    def sum_by(self, names: Sequence[str]) -> dict[Key, Number]:
+        """Every series' value added up by the values of the labels ``names`` (the
+        catalogue's; hold the lock)."""
+        at = _positions(self.metric, names)
+        out: dict[Key, Number] = {}
+        for key, value in self.series.items():
+            group = tuple(key[i] for i in at)
+            out[group] = out.get(group, 0) + value
+        return out
+
     def snapshot(self) -> Snapshot:
         """The label values of every series and their values (hold the lock)."""
         return list(self.series), list(self.series.values())
@@ -222,7 +238,7 @@ class TokenHistogram:
 
     The counts of a window are added to the series like any other histogram's
     (``SeriesCollector`` exposes both families); the window bins itself into the classic and
-    native buckets (``TokenWindow.fill_classic``, ``fill_native``).
+    native buckets (``TokenWindow.classic_counts``, ``fill_native``).
     """
 
     __slots__ = ("_bounds", "histogram", "squares")
@@ -238,7 +254,8 @@ class TokenHistogram:
             return
         histogram = self.histogram
         series = histogram.series_for(labels)
-        window.fill_classic(histogram.bounds, self._bounds, series)
+        for bucket, count in window.classic_counts(histogram.bounds, self._bounds):
+            series[bucket] += count
         series[-1] += window.itl_sum
         self.squares.add(labels, window.itl_sumsq)
         found = histogram.natives.get(labels)
@@ -254,6 +271,11 @@ class TokenHistogram:
 
 
 Family = HistogramFamily | CounterFamily
+
+
+def _positions(metric: MetricDef, names: Sequence[str]) -> tuple[int, ...]:
+    """Where the labels ``names`` are in a key of ``metric``'s series."""
+    return tuple(metric.labels.index(name) for name in names)
 
 
 class SeriesCollector(Collector):

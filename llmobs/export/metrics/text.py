@@ -7,8 +7,8 @@ many tracked objects, the relay's loop waiting (docs/benchmarks.md). Here each s
 to its value (name, ``{labels}`` escaped and sorted, ``le``) is made the first time the series
 is written and kept with its shape (series live as long as the process): a scrape formats only
 the values. OpenMetrics (``openmetrics``) writes the same lines but for its header and the
-exemplars. ``tests/unit/export/metrics/test_exposition.py`` holds both to prometheus_client's
-writers byte for byte.
+exemplars. ``tests/unit/export/metrics/test_text.py`` and ``test_openmetrics.py`` hold both to
+prometheus_client's writers byte for byte.
 """
 
 from __future__ import annotations

@@ -1,8 +1,8 @@
 """The alert rules' default thresholds: one source for the rules and the dashboard.
 
-``deploy/generate_rules.py`` writes them into deploy/prometheus/alerts.yml, and
-``dashboards/generate.py`` draws them on the panels they bound; docs/runbook.md says why each
-value, and how to change it (edit here, run both generators).
+``deploy/generate_rules.py`` writes them into deploy/prometheus/alerts.yml, and the dashboard
+(``dashboards/panels/``, through ``names.py``) draws them on the panels they bound;
+docs/runbook.md says why each value, and how to change it (edit here, run both generators).
 """
 
 from __future__ import annotations

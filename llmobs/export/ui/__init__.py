@@ -16,18 +16,17 @@ import hashlib
 import json
 import logging
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from aiohttp import web
 
-from llmobs.collectors import Collectors
-from llmobs.export.live import LiveRing, Totals
+from llmobs.export.live import GaugeSource, LiveRing, Totals
 from llmobs.export.metrics.catalogue import ITL, TTFT
 from llmobs.export.metrics.sink import MetricsSink
-from llmobs.export.metrics.totals import live_totals
+from llmobs.export.ui.totals import live_totals
 
 log = logging.getLogger(__name__)
 # A poll for this many points or fewer is answered on the event loop; more (a page opened on a
@@ -83,17 +82,19 @@ def _files() -> dict[str, _File]:
 
 
 class LivePage:
-    """The ring the page shows and the ticker that fills it, a point a second."""
+    """The ring the page shows and the ticker that fills it, a point a second. The
+    collectors' gauges come through ``gauges`` (the assembly passes theirs): export never
+    imports the collectors."""
 
     def __init__(
         self,
         sink: MetricsSink,
-        collectors: Collectors | None = None,
+        gauges: GaugeSource | None = None,
         seconds: int = 600,
         clock: Callable[[], float] = time.time,
     ) -> None:
         self.sink = sink
-        self.collectors = collectors
+        self.gauges = gauges
         self.clock = clock
         # the bounds the sink's TTFT and ITL histograms have (the operator's, if set)
         self.ring = LiveRing(sink.define(TTFT).buckets, sink.define(ITL).buckets, seconds)
@@ -103,7 +104,7 @@ class LivePage:
     def tick(self) -> None:
         """Read the totals now into the ring."""
         models, queue, active = live_totals(self.sink)
-        gauges = self.collectors.live_gauges() if self.collectors is not None else {}
+        gauges = self.gauges() if self.gauges is not None else {}
         self.ring.add(self.clock(), Totals(models, queue, active, gauges))
 
     async def _run(self) -> None:
@@ -130,6 +131,78 @@ class LivePage:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
 
+    async def data(self, since: float) -> bytes:
+        """The points after ``since`` as the page's JSON: a poll's few on the event loop, a
+        full ring's (a page opened) in a worker thread, one at a time (a reload storm queues,
+        it does not pile up)."""
+        ring = self.ring
+        if ring.count_since(since) <= INLINE_POINTS:
+            return _dumps(ring.data(since))
+        async with self.rendering:
+            return await asyncio.to_thread(lambda: _dumps(ring.data(since)))
+
+
+def refused() -> web.Response:
+    """What a request without the token gets: a browser asks for it (HTTP Basic)."""
+    return web.json_response(
+        {"error": "the live page needs the metrics token"},
+        status=401,
+        headers={"WWW-Authenticate": 'Basic realm="llmobs", charset="UTF-8"', **_SECURITY},
+    )
+
+
+def send(request: web.Request, found: _File, cache: str) -> web.Response:
+    """A file of the page, or 304 where the browser has this version (its ETag)."""
+    headers = {"Cache-Control": cache, "ETag": found.etag, **_SECURITY}
+    if request.headers.get("If-None-Match") == found.etag:
+        return web.Response(status=304, headers=headers)
+    return web.Response(body=found.body, headers={"Content-Type": found.content_type, **headers})
+
+
+def parse_since(query: Mapping[str, str]) -> float | None:
+    """The ``since`` a poll asks from (unix seconds; 0, every point, when absent); None
+    where it is not a number."""
+    try:
+        return float(query.get("since", "0"))
+    except ValueError:
+        return None
+
+
+class _Routes:
+    """The page's handlers, each refusing a request without the token first."""
+
+    def __init__(self, page: LivePage, allowed: Callable[[web.Request], bool]) -> None:
+        self.page = page
+        self.allowed = allowed
+
+    async def root(self, request: web.Request) -> web.Response:
+        raise web.HTTPFound("/ui/")
+
+    async def index(self, request: web.Request) -> web.Response:
+        if not self.allowed(request):
+            return refused()
+        if request.path == "/ui":  # relative links need the slash
+            raise web.HTTPFound("/ui/")
+        return send(request, self.page.files["index.html"], "no-cache")
+
+    async def static(self, request: web.Request) -> web.Response:
+        if not self.allowed(request):
+            return refused()
+        name = request.match_info["name"]
+        found = self.page.files.get(name)
+        if found is None or name == "index.html":
+            raise web.HTTPNotFound()
+        return send(request, found, "public, max-age=86400")
+
+    async def data(self, request: web.Request) -> web.Response:
+        if not self.allowed(request):
+            return refused()
+        after = parse_since(request.query)
+        if after is None:
+            return web.json_response({"error": "since: expected unix seconds"}, status=400)
+        headers = {"Content-Type": "application/json", "Cache-Control": "no-store", **_SECURITY}
+        return web.Response(body=await self.page.data(after), headers=headers)
+
 
 def add_routes(
     app: web.Application,
@@ -137,57 +210,9 @@ def add_routes(
     allowed: Callable[[web.Request], bool],
 ) -> None:
     """``/`` (to the page), ``/ui``, ``/ui/data``, ``/ui/static/{name}``."""
-
-    def refused() -> web.Response:
-        return web.json_response(
-            {"error": "the live page needs the metrics token"},
-            status=401,
-            headers={"WWW-Authenticate": 'Basic realm="llmobs", charset="UTF-8"', **_SECURITY},
-        )
-
-    def send(request: web.Request, found: _File, cache: str) -> web.Response:
-        headers = {"Cache-Control": cache, "ETag": found.etag, **_SECURITY}
-        if request.headers.get("If-None-Match") == found.etag:
-            return web.Response(status=304, headers=headers)
-        return web.Response(body=found.body, headers={"Content-Type": found.content_type,
-                                                       **headers})  # fmt: skip
-
-    async def root(request: web.Request) -> web.Response:
-        raise web.HTTPFound("/ui/")
-
-    async def index(request: web.Request) -> web.Response:
-        if not allowed(request):
-            return refused()
-        if request.path == "/ui":  # relative links need the slash
-            raise web.HTTPFound("/ui/")
-        return send(request, page.files["index.html"], "no-cache")
-
-    async def static(request: web.Request) -> web.Response:
-        if not allowed(request):
-            return refused()
-        found = page.files.get(request.match_info["name"])
-        if found is None or request.match_info["name"] == "index.html":
-            raise web.HTTPNotFound()
-        return send(request, found, "public, max-age=86400")
-
-    async def data(request: web.Request) -> web.Response:
-        if not allowed(request):
-            return refused()
-        try:
-            since = float(request.query.get("since", "0"))
-        except ValueError:
-            return web.json_response({"error": "since: expected unix seconds"}, status=400)
-        ring = page.ring
-        if ring.count_since(since) <= INLINE_POINTS:  # the page's poll: the last second or so
-            body = _dumps(ring.data(since))
-        else:  # a page opened on a full ring: a few ms of work, off the event loop, one at
-            async with page.rendering:  # a time (a reload storm queues, it does not pile up)
-                body = await asyncio.to_thread(lambda: _dumps(ring.data(since)))
-        headers = {"Content-Type": "application/json", "Cache-Control": "no-store", **_SECURITY}
-        return web.Response(body=body, headers=headers)
-
-    app.router.add_get("/", root)
-    app.router.add_get("/ui", index)
-    app.router.add_get("/ui/", index)
-    app.router.add_get("/ui/data", data)
-    app.router.add_get("/ui/static/{name}", static)
+    routes = _Routes(page, allowed)
+    app.router.add_get("/", routes.root)
+    app.router.add_get("/ui", routes.index)
+    app.router.add_get("/ui/", routes.index)
+    app.router.add_get("/ui/data", routes.data)
+    app.router.add_get("/ui/static/{name}", routes.static)

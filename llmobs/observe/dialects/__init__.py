@@ -19,10 +19,10 @@ from llmobs.observe.dialects.openai import OpenAIStream
 from llmobs.observe.dialects.responses import ResponsesStream
 from llmobs.observe.dialects.tgi import TgiStream
 from llmobs.observe.dialects.triton import TritonStream
+from llmobs.observe.labels import OTHER
 
 CHAT = "chat"
 TEXT_COMPLETION = "text_completion"
-OTHER = "other"
 OPERATIONS = (CHAT, TEXT_COMPLETION, OTHER)  # the operation label's values: a closed set
 
 
@@ -59,7 +59,8 @@ TGI_STREAM = Route(TEXT_COMPLETION, TgiStream, "tgi", always_streams=True)
 TGI = Route(TEXT_COMPLETION, TgiStream, "tgi")
 OLLAMA_GENERATE = Route(TEXT_COMPLETION, OllamaStream, "ollama", stream_default=True)
 OLLAMA_CHAT = Route(CHAT, OllamaStream, "ollama", stream_default=True)
-UNKNOWN = Route(OTHER, Passthrough, "none")
+# a path of no API measured: relayed and timed, its operation other
+OTHER_ROUTE = Route(OTHER, Passthrough, "none")
 # TGI's compat route: POST / is /generate_stream when the body says "stream": true, else
 # /generate (router/src/server.rs, compat_generate), which Hugging Face's InferenceClient
 # posts to when given the server's URL; a body without "inputs" is not TGI's
@@ -90,11 +91,11 @@ def route_for_path(path: str) -> Route:
         if found is not None:
             return found
         if path.endswith(("/generate", "/generate_stream")):
-            return UNKNOWN  # Triton's shape, not one of its routes (a version not a number)
+            return OTHER_ROUTE  # Triton's shape, not one of its routes (a version not a number)
     for suffix, route in _SUFFIXES:
         if path.endswith(suffix):
             return route
-    return UNKNOWN
+    return OTHER_ROUTE
 
 
 def _triton_route(path: str) -> Route | None:

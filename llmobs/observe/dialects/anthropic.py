@@ -24,19 +24,28 @@ class AnthropicStream(Dialect):
 
     def on_object(self, obj: dict[str, Any]) -> int:
         kind = obj.get("type")
-        if kind == "content_block_delta":
-            delta = obj.get("delta")
-            if not isinstance(delta, dict):
-                return 0
-            dtype = delta.get("type")
-            if dtype == "thinking_delta":
-                self.keep(delta.get("thinking"))
-                return self.output(1, reasoning=True) if delta.get("thinking") else 0
-            field = _TEXT_FIELDS.get(dtype) if isinstance(dtype, str) else None
-            if field and delta.get(field):
-                self.keep(delta[field])
-                return self.output(1)
+        if kind == "content_block_delta":  # the usual event: a token
+            return self._delta(obj.get("delta"))
+        self._event(kind, obj)
+        return 0
+
+    def _delta(self, delta: Any) -> int:
+        """A content block's delta: a token of text, of a tool call's input, or of thinking."""
+        if not isinstance(delta, dict):
             return 0
+        dtype = delta.get("type")
+        if dtype == "thinking_delta":
+            self.keep(delta.get("thinking"))
+            return self.output(1, reasoning=True) if delta.get("thinking") else 0
+        field = _TEXT_FIELDS.get(dtype) if isinstance(dtype, str) else None
+        if field and delta.get(field):
+            self.keep(delta[field])
+            return self.output(1)
+        return 0
+
+    def _event(self, kind: Any, obj: dict[str, Any]) -> None:
+        """Any other event: the message's start (its id, model, input usage), its end (stop
+        reason, output usage), an error."""
         if kind == "message_start":
             message = obj.get("message")
             if isinstance(message, dict):
@@ -51,7 +60,6 @@ class AnthropicStream(Dialect):
         elif kind == "error":
             self.error = True
             self.finish("error")
-        return 0
 
     def on_body(self, obj: dict[str, Any]) -> None:
         if obj.get("type") == "error":

@@ -18,6 +18,8 @@ import json
 from collections.abc import Callable
 from typing import Any
 
+from llmobs.observe.labels import OTHER
+
 # The closed set of finish reasons used as a metric label (each dialect maps onto it).
 STOP = "stop"
 LENGTH = "length"
@@ -25,7 +27,6 @@ TOOL_CALLS = "tool_calls"
 CONTENT_FILTER = "content_filter"
 ERROR = "error"
 ABORTED = "aborted"  # the client went away before the end
-OTHER = "other"
 NONE = "none"  # the response named no reason (cut short, or a format without one)
 # A model name longer than this is cut: it names spans and is a span attribute, and a client
 # could send megabytes of it (an OTLP batch over gRPC's 4 MiB would then be dropped whole).

@@ -4,8 +4,8 @@ llmobs's message rather than showing a dict it cannot read. Pure: a route's dial
 status and the message in, the JSON body out.
 
 - OpenAI (and the Responses API, and any route not recognised): the wire's own shape,
-  ``{"error": {"message", "type", "code"}}`` (``wire.request.error_body``: it answers requests
-  refused before any route is known too), so ``None`` here;
+  ``{"error": {"message", "type", "code"}}`` (``wire.request.openai_error_body``: it answers
+  requests refused before any route is known too), so ``None`` here;
 - Anthropic: ``{"type": "error", "error": {"type", "message"}}``, with its error types;
 - Ollama and Triton: ``{"error": "message"}``;
 - TGI: ``{"error": "message", "error_type": ...}`` (``validation``, ``overloaded``,

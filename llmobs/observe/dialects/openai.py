@@ -24,8 +24,9 @@ content string are kept; a later event made of the same bytes around another val
 JSON string must parse to the same object but for that one string, so it counts one token for
 the same choice without being parsed (a fraction of a parse's cost). Anything else is parsed.
 ``WholeEvent`` goes one step further for the observer: a read that is such an event, framed,
-is counted without the SSE decoder either. ``tests/unit/observe/test_fast_paths.py`` checks the
-fast paths against the full ones on generated events.
+is counted without the SSE decoder either. ``tests/unit/observe/dialects/test_openai.py`` and
+``tests/unit/observe/test_reader.py`` check the fast paths against the full ones on generated
+events.
 """
 
 from __future__ import annotations
@@ -293,8 +294,8 @@ class WholeEvent:
     either, which is most of a read's cost (``Observer.chunk``). The content must be plain
     (``PLAIN``: printable ASCII but quote and backslash), which also keeps CR and LF out of
     it; a template whose head or tail has one is not used.
-    ``tests/unit/observe/test_fast_paths.py`` holds observers with and without this path to the
-    same records.
+    ``tests/unit/observe/test_reader.py`` holds readers with and without this path to the same
+    records.
     """
 
     __slots__ = ("decoder", "head", "limit", "size", "start", "tail", "tail_size")

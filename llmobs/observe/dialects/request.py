@@ -9,7 +9,7 @@ import json
 import re
 from typing import Any, NamedTuple
 
-from llmobs.observe.dialects import UNKNOWN, Route
+from llmobs.observe.dialects import OTHER_ROUTE, Route
 from llmobs.observe.dialects.base import MAX_MODEL_LENGTH, loads
 
 CONTENT_LIMIT = 1024  # characters of prompt / completion kept with --capture-content
@@ -38,7 +38,7 @@ _MODEL_RE = re.compile(rb'"model"\s*:\s*"((?:[^"\\]|\\.){1,%d})"' % MAX_MODEL_LE
 _STREAM_RE = re.compile(rb'"stream"\s*:\s*(true|false)\b')
 
 
-def parse_request(body: bytes, route: Route = UNKNOWN, capture: bool = False) -> RequestInfo:
+def parse_request(body: bytes, route: Route = OTHER_ROUTE, capture: bool = False) -> RequestInfo:
     """Pick the model, stream flag and sampling settings out of a JSON request body.
 
     Tolerates anything. Bodies up to 1 MiB are parsed (orjson when present: fast).

@@ -21,7 +21,7 @@ from llmobs.collectors.engine import (
 )
 from llmobs.export.telemetry import build_telemetry
 from tests.support import FIXTURES
-from tests.support.prom import free_port
+from tests.support.ports import free_port
 from tests.support.scripted import Script, ScriptedUpstream
 from tests.support.servers import AppFactory, SimFactory
 

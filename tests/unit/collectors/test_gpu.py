@@ -17,7 +17,6 @@ from llmobs.collectors.gpu import (
     register_gpu,
 )
 from llmobs.collectors.nvml import NvmlError, PynvmlBackend
-from llmobs.config.settings import ConfigError, Settings
 from llmobs.export.telemetry import build_telemetry
 from tests.support.fake_nvml import GIB, FakeGpu, FakeNvml
 
@@ -39,30 +38,6 @@ def test_peak_bandwidth_is_clock_times_bus_width_times_two() -> None:
     assert peak_bandwidth(2619e6, 5120) == pytest.approx(3.352e12, rel=1e-3)  # H100 SXM HBM3
     assert peak_bandwidth(1215e6, 5120) == pytest.approx(1.555e12, rel=1e-3)  # A100 40GB HBM2
     assert peak_bandwidth(10501e6, 384) == pytest.approx(1.008e12, rel=1e-3)  # RTX 4090 GDDR6X
-
-
-@pytest.mark.parametrize(
-    ("gpus", "cuda", "nvidia", "count", "chosen"),
-    [
-        ((), None, None, 4, [0, 1, 2, 3]),
-        ((), "2,GPU-b", None, 4, [1, 2]),  # an index and a UUID prefix
-        ((), "0,-1,3", None, 4, [0]),  # CUDA stops at the first invalid entry
-        ((), "", None, 4, []),  # CUDA_VISIBLE_DEVICES="" hides every GPU
-        (("3",), "0", None, 4, [3]),  # --gpus wins over the environment
-        (("all",), "0", None, 4, [0, 1, 2, 3]),
-        ((), None, "all", 4, [0, 1, 2, 3]),
-        ((), None, "void", 4, []),
-        ((), None, "2,3", 4, [2, 3]),  # host indices, NVML sees the whole host
-        ((), None, "2,3", 2, [0, 1]),  # in a container: already filtered and renumbered
-        ((), "1", "2,3", 2, [1]),  # CUDA's indices are within what the container sees
-    ],
-)
-def test_device_selection(
-    gpus: tuple[str, ...], cuda: str | None, nvidia: str | None, count: int, chosen: list[int]
-) -> None:
-    selection = DeviceSelection.of(gpus, cuda, nvidia)
-    uuids = ["GPU-a0", "GPU-b1", "GPU-c2", "GPU-d3"][:count]
-    assert [i for i, u in enumerate(uuids) if selection.wants(i, u, count)] == chosen
 
 
 async def test_every_gpu_is_read_with_gpm_where_supported() -> None:
@@ -186,20 +161,3 @@ async def test_a_failing_collector_never_breaks_the_exposition() -> None:
     telemetry.shutdown()
     await good.close()
     await bad.close()
-
-
-def test_settings_read_the_device_variables_and_check_the_new_options() -> None:
-    env = {"CUDA_VISIBLE_DEVICES": "GPU-b", "LLMOBS_GPUS": "0, MIG-x", "LLMOBS_MODEL_PARAMS": "8B",
-           "LLMOBS_GPU_PEAK_BANDWIDTH": "3.35T", "LLMOBS_MODEL_BYTES": "16GiB"}  # fmt: skip
-    s = Settings.from_sources(env)
-    assert (s.cuda_visible_devices, s.nvidia_visible_devices, s.gpus) == (
-        "GPU-b",
-        None,
-        ("0", "MIG-x"),
-    )
-    assert (s.model_params, s.gpu_peak_bandwidth, s.model_bytes) == (8e9, 3.35e12, 16 * GIB)
-    for bad in ({"LLMOBS_WEIGHT_DTYPE": "fp7"}, {"LLMOBS_GPU_PEAK_FLOPS": "-1"},
-                {"LLMOBS_ENGINE_SCRAPE_INTERVAL": "-5"}, {"LLMOBS_ENGINE_METRICS_URL": "ftp://x"},
-                {"LLMOBS_MODEL_PARAMS": "lots"}):  # fmt: skip
-        with pytest.raises(ConfigError, match=next(iter(bad))):
-            Settings.from_sources(bad)

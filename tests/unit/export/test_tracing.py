@@ -1,35 +1,27 @@
-"""Traces: span structure and attributes (in-memory exporter), context propagation to the
-engine, token events, sampling, drops, and real OTLP export over HTTP and gRPC on loopback."""
+"""Traces (``export.tracing``): span structure and attributes (in-memory exporter), context
+propagation to the engine, token events and their cap, captured content, unsampled requests,
+and tail sampling by verdict. How spans leave (the exporters, the bounded processor):
+test_telemetry.py."""
 
 from __future__ import annotations
 
-import asyncio
-import threading
 from collections.abc import Sequence
 from typing import Any
 
 import aiohttp
-import grpc  # type: ignore[import-untyped]
 import pytest
-from aiohttp import web
-from opentelemetry.proto.collector.metrics.v1 import metrics_service_pb2
-from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_service_pb2_grpc
 from opentelemetry.sdk.trace import ReadableSpan
-from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind
 
 from llmobs.config.objectives import Objective
-from llmobs.config.options import ConfigError
-from llmobs.config.otel import otel_settings
-from llmobs.export.telemetry import BoundedSpanProcessor, Telemetry, build_telemetry
+from llmobs.export.telemetry import Telemetry, build_telemetry
 from llmobs.export.tracing import RequestMeta, Tracing
 from llmobs.observe.dialects import OPENAI_CHAT
-from llmobs.observe.record import RequestDetails
+from llmobs.observe.record import RequestRecord
 from llmobs.observe.slo import GOOD, Verdict
 from llmobs.observe.timing import Outcome, RequestStats, TokenSource
-from tests.support.otlp import OtlpReceiver
-from tests.support.servers import AppFactory, SidecarFactory, SidecarHandle, SimFactory, eventually
+from tests.support.servers import SidecarFactory, SidecarHandle, SimFactory, eventually
 
 TRACE_ID = "4bf92f3577b34da6a3ce929d0e0e4736"
 PARENT_ID = "00f067aa0ba902b7"
@@ -206,190 +198,6 @@ async def test_unsampled_requests_export_nothing_but_still_propagate(
     assert sim.engine.counters.last_headers["traceparent"].endswith("-00")
 
 
-class BlockedExporter(SpanExporter):
-    """An exporter stuck on a slow collector."""
-
-    def __init__(self) -> None:
-        self.release = threading.Event()
-        self.exported = 0
-
-    def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
-        self.release.wait(5)
-        self.exported += len(spans)
-        return SpanExportResult.SUCCESS
-
-    def shutdown(self) -> None:
-        self.release.set()
-
-
-def test_a_full_export_queue_drops_and_counts_instead_of_blocking() -> None:
-    exporter = BlockedExporter()
-    drops: list[int] = []
-    processor = BoundedSpanProcessor(exporter, max_queue=3, batch=1, delay_s=0.01,
-                                     on_drop=drops.append)  # fmt: skip
-    telemetry = build_telemetry(span_exporter=InMemorySpanExporter())
-    assert telemetry.tracer_provider is not None
-    telemetry.tracer_provider.add_span_processor(processor)
-    tracer = telemetry.tracer
-    assert tracer is not None
-    for i in range(50):
-        tracer.start_span(f"s{i}").end()  # never blocks, however slow the exporter
-    assert processor.dropped >= 45
-    assert sum(drops) == processor.dropped
-    exporter.release.set()
-    processor.shutdown()
-    assert exporter.exported + processor.dropped == 50
-    telemetry.shutdown()
-
-
-def test_otel_environment_is_read_by_the_spec() -> None:
-    s = otel_settings({"OTEL_EXPORTER_OTLP_ENDPOINT": "http://collector:4318/",
-                       "OTEL_SERVICE_NAME": "chat-pod",
-                       "OTEL_RESOURCE_ATTRIBUTES": "k8s.pod.name=p-1,team=ml%20infra",
-                       "OTEL_TRACES_SAMPLER": "parentbased_traceidratio",
-                       "OTEL_TRACES_SAMPLER_ARG": "0.25",
-                       "OTEL_EXPORTER_OTLP_HEADERS": "api-key=abc"})  # fmt: skip
-    assert s.traces_endpoint == "http://collector:4318/v1/traces"
-    assert s.metrics_endpoint == "http://collector:4318/v1/metrics"
-    assert s.service_name == "chat-pod"
-    assert dict(s.resource_attributes) == {"k8s.pod.name": "p-1", "team": "ml infra"}
-    assert (s.sampler, s.sampler_arg) == ("parentbased_traceidratio", 0.25)
-    assert dict(s.traces_headers) == {"api-key": "abc"}
-    grpc_settings = otel_settings({"OTEL_EXPORTER_OTLP_PROTOCOL": "grpc",
-                                   "OTEL_EXPORTER_OTLP_ENDPOINT": "http://c:4317"})  # fmt: skip
-    assert grpc_settings.traces_endpoint == "http://c:4317"
-    specific = otel_settings({"OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": "http://t:9/x"})
-    assert specific.traces_endpoint == "http://t:9/x"
-    assert not otel_settings({}).tracing
-    assert not otel_settings({"OTEL_EXPORTER_OTLP_ENDPOINT": "http://c", "OTEL_SDK_DISABLED":
-                              "true"}).tracing  # fmt: skip
-    with pytest.raises(ConfigError, match="OTEL_TRACES_SAMPLER"):
-        otel_settings({"OTEL_TRACES_SAMPLER": "sometimes"})
-    with pytest.raises(ConfigError, match="OTEL_EXPORTER_OTLP"):
-        otel_settings({"OTEL_EXPORTER_OTLP_PROTOCOL": "http/json"})
-
-
-async def test_spans_reach_a_real_otlp_http_receiver(
-    start_sim: SimFactory, start_sidecar: SidecarFactory, start_app: AppFactory
-) -> None:
-    receiver = OtlpReceiver()
-    collector = await start_app(receiver.app())
-    otel = otel_settings({"OTEL_EXPORTER_OTLP_ENDPOINT": collector, "OTEL_SERVICE_NAME": "pod-a",
-                          "OTEL_BSP_SCHEDULE_DELAY": "50"})  # fmt: skip
-    telemetry = build_telemetry(otel=otel)
-    sim = await start_sim(**{**SCHEDULE, "stall_every": 0})
-    side = await start_sidecar(sim.url, telemetry=telemetry)
-    await traced_request(side.url, telemetry)
-    await eventually(lambda: side.value("llmobs_requests_total") == 1)
-    await asyncio.to_thread(flush, side)
-    await eventually(lambda: len(receiver.spans()) >= 3)
-    spans = receiver.spans()
-    names = {span.name: span for span, _ in spans}
-    server = names["chat sim-model"]
-    assert server.trace_id.hex() == TRACE_ID
-    assert server.parent_span_id.hex() == PARENT_ID
-    assert names["decode"].parent_span_id == server.span_id
-    assert names["queue+prefill"].parent_span_id == server.span_id
-    resource = {a.key: a.value.string_value for a in spans[0][1].resource.attributes}
-    assert resource["service.name"] == "pod-a"
-
-
-class Collector(trace_service_pb2_grpc.TraceServiceServicer):
-    def __init__(self) -> None:
-        self.spans: list[Any] = []
-
-    async def Export(
-        self, request: trace_service_pb2.ExportTraceServiceRequest, context: Any
-    ) -> trace_service_pb2.ExportTraceServiceResponse:
-        self.spans += [
-            s for rs in request.resource_spans for ss in rs.scope_spans for s in ss.spans
-        ]
-        return trace_service_pb2.ExportTraceServiceResponse()
-
-
-async def test_spans_reach_a_real_otlp_grpc_receiver(
-    start_sim: SimFactory, start_sidecar: SidecarFactory
-) -> None:
-    server = grpc.aio.server()
-    collector = Collector()
-    trace_service_pb2_grpc.add_TraceServiceServicer_to_server(collector, server)  # type: ignore[no-untyped-call]
-    port = server.add_insecure_port("127.0.0.1:0")
-    await server.start()
-    try:
-        otel = otel_settings({"OTEL_EXPORTER_OTLP_PROTOCOL": "grpc",
-                              "OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{port}",
-                              "OTEL_BSP_SCHEDULE_DELAY": "50"})  # fmt: skip
-        telemetry = build_telemetry(otel=otel)
-        sim = await start_sim(**{**SCHEDULE, "stall_every": 0})
-        side = await start_sidecar(sim.url, telemetry=telemetry)
-        await traced_request(side.url, telemetry)
-        await eventually(lambda: side.value("llmobs_requests_total") == 1)
-        await asyncio.to_thread(flush, side)
-        await eventually(lambda: len(collector.spans) >= 3)
-        names = {s.name for s in collector.spans}
-        assert {"chat sim-model", "queue+prefill", "decode"} <= names
-        assert all(s.trace_id.hex() == TRACE_ID for s in collector.spans)
-    finally:
-        await server.stop(None)
-
-
-async def test_metrics_are_also_pushed_over_otlp_when_asked(
-    start_sim: SimFactory, start_sidecar: SidecarFactory, start_app: AppFactory
-) -> None:
-    names: set[str] = set()
-
-    async def metrics(request: web.Request) -> web.Response:
-        message = metrics_service_pb2.ExportMetricsServiceRequest()
-        message.ParseFromString(await request.read())
-        for rm in message.resource_metrics:
-            for sm in rm.scope_metrics:
-                names.update(m.name for m in sm.metrics)
-        body = metrics_service_pb2.ExportMetricsServiceResponse().SerializeToString()
-        return web.Response(body=body, content_type="application/x-protobuf")
-
-    app = web.Application()
-    app.router.add_post("/v1/metrics", metrics)
-    collector = await start_app(app)
-    otel = otel_settings({"OTEL_EXPORTER_OTLP_METRICS_ENDPOINT": collector + "/v1/metrics",
-                          "OTEL_METRICS_EXPORTER": "otlp,prometheus",
-                          "OTEL_METRIC_EXPORT_INTERVAL": "200"})  # fmt: skip
-    assert not otel.tracing  # metrics only
-    telemetry = build_telemetry(otel=otel)
-    sim = await start_sim(**{**SCHEDULE, "stall_every": 0})
-    side = await start_sidecar(sim.url, telemetry=telemetry)
-    await traced_request(side.url, telemetry)
-    await eventually(lambda: "gen_ai.server.time_to_first_token" in names)
-    assert {"llmobs.requests", "gen_ai.server.request.duration", "llmobs.tokens"} <= names
-    # and the same instruments still serve Prometheus
-    assert side.value("gen_ai_server_time_to_first_token_seconds_count") == 1
-
-
-class FailingExporter(SpanExporter):
-    """A collector that answers every export with an error."""
-
-    def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
-        return SpanExportResult.FAILURE
-
-    def shutdown(self) -> None:
-        pass
-
-
-def test_failed_exports_count_their_spans_as_dropped() -> None:
-    drops: list[int] = []
-    processor = BoundedSpanProcessor(FailingExporter(), batch=4, delay_s=0.01, on_drop=drops.append)
-    telemetry = build_telemetry(span_exporter=InMemorySpanExporter())
-    assert telemetry.tracer_provider is not None
-    telemetry.tracer_provider.add_span_processor(processor)
-    tracer = telemetry.tracer
-    assert tracer is not None
-    for i in range(10):
-        tracer.start_span(f"s{i}").end()
-    processor.shutdown()
-    assert sum(drops) == 10
-    assert processor.dropped == 10
-    telemetry.shutdown()
-
-
 def test_tail_sampling_keeps_every_bad_trace_and_a_share_of_good_ones() -> None:
     """``good_ratio``: a good request's trace is kept when its trace id's low 64 bits fall
     under the ratio (as TraceIdRatioBased draws); a bad one always; one whose client sampled
@@ -410,7 +218,7 @@ def test_tail_sampling_keeps_every_bad_trace_and_a_share_of_good_ones() -> None:
         trace_id = trace.span.get_span_context().trace_id
         assert trace.keep == ((trace_id & (2**64 - 1)) < 2**63)
         verdict = GOOD if i % 2 else Verdict(False, (Objective.TTFT,), ("queue",))
-        trace.finish(record, [], times, RequestDetails(verdict=verdict))
+        trace.finish(RequestRecord(record, (), verdict, None, "m"), times, None)
         kept[trace_id] = trace.keep or not verdict.good
     tracing.drain()
     telemetry.tracer_provider.force_flush()  # type: ignore[union-attr]

@@ -2,13 +2,10 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 
 from llmobs.config.objectives import Objective
-from llmobs.config.options import ConfigError
-from llmobs.config.prices import Price, Prices, load_prices
+from llmobs.config.prices import Price
 from llmobs.observe.cost import cost_verdict, request_cost
 from llmobs.observe.slo import GOOD, Verdict
 from llmobs.observe.timing import Outcome, RequestStats, TokenSource
@@ -34,39 +31,6 @@ def test_each_kind_of_token_at_its_price() -> None:
     assert request_cost(PRICE, stats(10, 5, cached=50, reasoning=9)) == pytest.approx(
         (10 * 0.5 + 5 * 10) / 1e6)  # fmt: skip
     assert request_cost(None, stats(10, 5)) is None
-
-
-def test_the_price_file(tmp_path: Path) -> None:
-    path = tmp_path / "prices.yaml"
-    path.write_text("currency: EUR\nprices:\n  llama: {input: 1, output: 2.5, reasoning: 4}\n"
-                    "  '*': {input: 0, output: 3}\n")  # fmt: skip
-    prices = load_prices(str(path))
-    assert prices.currency == "EUR"
-    assert prices.of("llama") == Price(1.0, 2.5, 1.0, 4.0)  # cached input: input's price
-    assert prices.of("other") == Price(0.0, 3.0, 0.0, 3.0)
-    assert Prices("USD", {"a": PRICE}).of("b") is None
-
-
-@pytest.mark.parametrize(
-    ("text", "message"),
-    [
-        ("prices: {}\n", "'currency:' names one currency"),
-        ("currency: US Dollars\nprices: {}\n", "'currency:' names one currency"),
-        ("currency: USD\n", "expected 'currency:' and a mapping 'prices:'"),
-        ("currency: USD\nprices:\n  m: 3\n", "prices.m: expected input and output prices"),
-        ("currency: USD\nprices:\n  m: {input: 1}\n", "prices.m: the output price is missing"),
-        ("currency: USD\nprices:\n  m: {input: 1, output: -2}\n", "a price must be >= 0"),
-        ("currency: USD\nprices:\n  m: {input: 1, output: x}\n", r"prices.m.output: expected"),
-        ("currency: USD\nprices:\n  m: {input: 1, output: .nan}\n", "expected a price"),
-        ("currency: USD\nprices:\n  m: {input: 1, output: 2, cache: 1}\n", "unknown field"),
-        ("currency: [\n", "prices.yaml"),
-    ],
-)
-def test_a_bad_price_file_is_refused_with_where(tmp_path: Path, text: str, message: str) -> None:
-    path = tmp_path / "prices.yaml"
-    path.write_text(text)
-    with pytest.raises(ConfigError, match=message):
-        load_prices(str(path))
 
 
 def test_a_costs_verdict_label() -> None:

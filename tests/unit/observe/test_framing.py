@@ -1,4 +1,6 @@
-"""SseDecoder: the event-stream rules, and the same events under any chunking."""
+"""SseDecoder: the event-stream rules, and the same events under any chunking; its
+``payloads`` fast path (a read of whole events skips the line state machine) held to the
+events ``feed`` gives (hypothesis). NDJSON and both decoders under fuzzing: test_fuzz.py."""
 
 from __future__ import annotations
 
@@ -6,6 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from llmobs.observe.framing import SseDecoder, SseEvent
+from tests.support.strategies import FAST, PIECES, cut_lists, split_at
 
 TRANSCRIPT = (
     b": keep-alive\n\n"
@@ -36,16 +39,6 @@ def decode(chunks: list[bytes], max_line: int = 1 << 20) -> tuple[list[SseEvent]
         events.extend(decoder.feed(chunk))
     events.extend(decoder.flush())
     return events, decoder
-
-
-def split_at(data: bytes, cuts: list[int]) -> list[bytes]:
-    points = sorted({c % (len(data) + 1) for c in cuts})
-    pieces, last = [], 0
-    for p in points:
-        pieces.append(data[last:p])
-        last = p
-    pieces.append(data[last:])
-    return pieces
 
 
 def test_whole_transcript_gives_expected_events() -> None:
@@ -119,3 +112,27 @@ def test_overlong_line_in_one_chunk_is_treated_as_when_split() -> None:
     split, d2 = decode([data[:30], data[30:]], max_line=20)
     assert whole == split == [SseEvent(b"a"), SseEvent(b"b")]
     assert d1.malformed == d2.malformed == 1
+
+
+sse_streams = st.lists(
+    st.sampled_from([*PIECES, b'data: {"a":1}\n\n', b"data:x\n\n", b"data: \n\n"])
+    | st.binary(max_size=20),
+    max_size=40,
+).map(b"".join)
+
+
+@FAST
+@given(sse_streams, cut_lists, st.sampled_from([8, 64, 1 << 20]))
+def test_sse_payloads_fast_path_gives_the_events_of_feed(
+    data: bytes, cuts: list[int], limit: int
+) -> None:
+    fast, slow = SseDecoder(limit), SseDecoder(limit)
+    got: list[bytes] = []
+    want: list[bytes] = []
+    for chunk in split_at(data, cuts):
+        got.extend(fast.payloads(chunk))
+        want.extend(e.data for e in slow.feed(chunk))
+    got.extend(fast.flush_payloads())
+    want.extend(e.data for e in slow.flush())
+    assert got == want
+    assert (fast.malformed, fast.comments) == (slow.malformed, slow.comments)

@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import pytest
 
-from llmobs.observe.labels import OTHER, UNKNOWN, BoundedLabel
+from llmobs.config.tenants import Tenancy
+from llmobs.observe.labels import OTHER, UNKNOWN, BoundedLabel, LabelAdmission
 
 
 def test_the_first_values_keep_their_names_and_later_ones_are_other() -> None:
@@ -71,3 +72,33 @@ def test_the_operators_own_names_always_keep_theirs() -> None:
     assert labels.get("x") == "x"
     assert labels.get("y") == "other"
     assert labels.get("team-b") == "team-b" and len(labels) == 1
+
+
+def test_admission_labels_a_model_and_a_tenant_in_their_own_bounded_sets() -> None:
+    """One admission for every consumer: models and tenants each capped on their own; the
+    key file's tenants always their own name, never counted against the cap."""
+    tenancy = Tenancy(header="x-tenant", keys={"sha256:" + "0" * 64: "named"})
+    admission = LabelAdmission(1, tenancy, 1)
+    assert admission.labels("m", "a", True) == ("m", "a")
+    assert admission.labels("n", "b", True) == (OTHER, OTHER)
+    assert admission.labels("m", "named", True) == ("m", "named")
+    assert admission.labels(None, None, True) == (UNKNOWN, UNKNOWN)
+    assert (len(admission.models), admission.tenants is not None) == (1, True)
+    assert len(admission.tenants) == 1  # type: ignore[arg-type]
+
+
+def test_admission_admits_only_when_told() -> None:
+    admission = LabelAdmission(2, Tenancy(header="x-tenant"), 2)
+    assert admission.labels("m", "a", False) == (OTHER, OTHER)
+    assert admission.labels("m", "a", True) == ("m", "a")
+    assert admission.labels("m", "a", False) == ("m", "a")  # known now
+
+
+@pytest.mark.parametrize("tenancy", [None, Tenancy(), Tenancy(metrics=("requests",))])
+def test_without_tenants_a_requests_tenant_label_is_empty(tenancy: Tenancy | None) -> None:
+    admission = LabelAdmission(2, tenancy)
+    assert admission.tenants is None
+    assert admission.labels("m", "a", True) == ("m", "")
+    assert LabelAdmission().models.limit == 32  # the default caps
+    tenants = LabelAdmission(tenancy=Tenancy(header="x-tenant")).tenants
+    assert tenants is not None and tenants.limit == 32

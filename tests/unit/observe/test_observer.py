@@ -27,14 +27,16 @@ from llmobs.observe.dialects import (
 )
 from llmobs.observe.observer import Observer, ObserveSettings
 from llmobs.observe.record import RequestRecord
+from llmobs.observe.recorder import Recorder
 from llmobs.observe.slo import Verdict
 from llmobs.observe.timing import Outcome
 from llmobs.observe.window import TokenWindow
 from tests.support.metrics import (
     MS,
+    recorder_and_telemetry,
     sample,
-    sink_and_telemetry,
 )
+from tests.support.recording import recording
 from tests.support.scripted import chat_chunk, sse
 
 
@@ -48,8 +50,8 @@ class BrokenHistogram(TokenHistogram):
 class BrokenSink(MetricsSink):
     """A sink whose token recording fails: observation must absorb it."""
 
-    def __init__(self, registry: CollectorRegistry, max_models: int) -> None:
-        super().__init__(registry, max_models)
+    def __init__(self, registry: CollectorRegistry) -> None:
+        super().__init__(registry)
         self._itl = BrokenHistogram(ITL, ITL_SQUARES)
 
 
@@ -66,8 +68,8 @@ class Labels:
 def test_an_observer_error_is_counted_and_never_raised() -> None:
     telemetry = build_telemetry()
     labels = Labels()
-    sink = BrokenSink(telemetry.registry, 8)
-    obs = Observer(sink, ObserveSettings(), OPENAI_CHAT, 0, consumers=[labels])
+    recorder = Recorder(BrokenSink(telemetry.registry), consumers=[labels])
+    obs = Observer(recorder, ObserveSettings(), OPENAI_CHAT, 0)
     obs.response(200, "text/event-stream")
     obs.chunk(1, sse(chat_chunk(" x"))[0])
     obs.chunk(2, sse(chat_chunk(" y"))[0])
@@ -88,8 +90,8 @@ def test_an_observer_error_is_counted_and_never_raised() -> None:
 
 def observe(chunks: list[bytes], gap_ms: float = 20.0, status: int = 200) -> Telemetry:
     """Feed one chat stream, one chunk per ``gap_ms``; return its telemetry."""
-    sink, telemetry = sink_and_telemetry()
-    obs = Observer(sink, ObserveSettings(), OPENAI_CHAT, 0)
+    recorder, telemetry = recorder_and_telemetry()
+    obs = Observer(recorder, ObserveSettings(), OPENAI_CHAT, 0)
     obs.request_body(b'{"model": "m", "stream": true}')
     obs.forwarded(0)
     obs.response(status, "text/event-stream")
@@ -151,8 +153,8 @@ def test_an_error_inside_a_200_stream_is_an_upstream_error() -> None:
 def test_a_4xx_finishes_with_error_on_every_api(route: Route, body: bytes) -> None:
     """One rule for the finish-reason label of a refused request, whatever the API (Ollama's
     said ``error``, the others ``none``)."""
-    sink, telemetry = sink_and_telemetry()
-    obs = Observer(sink, ObserveSettings(), route, 0)
+    recorder, telemetry = recorder_and_telemetry()
+    obs = Observer(recorder, ObserveSettings(), route, 0)
     obs.request_body(b'{"model": "m", "stream": true, "inputs": "x", "prompt": "x"}')
     obs.forwarded(0)
     obs.response(400, "application/json")
@@ -192,11 +194,13 @@ def test_every_consumer_gets_one_record_judged_once_and_a_broken_one_is_counted(
     """After the sink, each consumer the app assembles gets the same record (statistics, last
     windows, the verdict against the observer's objectives); one that raises is counted as
     an observation error, and the ones after it still get the record."""
-    sink, telemetry = sink_and_telemetry()
+    telemetry = build_telemetry()
     first, last = Kept(), Kept()
     objectives = Objectives(ObjectiveSet(ttft=0.001))  # 1 ms: this request misses it
-    config = ObserveSettings(objectives=objectives)
-    obs = Observer(sink, config, OPENAI_CHAT, 0, consumers=(first, Broken(), last))
+    _, recorder = recording(
+        telemetry.registry, objectives=objectives, consumers=(first, Broken(), last)
+    )
+    obs = Observer(recorder, ObserveSettings(), OPENAI_CHAT, 0)
     obs.response(200, "text/event-stream")
     for i, word in enumerate((" a", " b", " c"), start=1):
         obs.chunk(i * 5 * MS, sse(chat_chunk(word))[0])

@@ -1,22 +1,17 @@
 """The provider name: the operator's, else the engine its metrics name, else the engine whose
 own API the requests speak (once the metrics have named none), else unknown; settled once.
-And the switch to the newest GenAI conventions, read as the conventions define it."""
+(The switch to the newest GenAI conventions, and the name's checks: ``tests/unit/config/``.)"""
 
 from __future__ import annotations
 
-import pytest
-
-from llmobs.collectors.engine import ENGINES
-from llmobs.config.options import ConfigError
-from llmobs.config.otel import genai_latest, otel_settings
-from llmobs.config.settings import Settings
+from llmobs.collectors.engine import PROVIDERS
 from llmobs.export.metrics.catalogue import DURATION
 from llmobs.export.metrics.series import HistogramFamily
-from llmobs.export.metrics.sink import MetricsSink
 from llmobs.observe.dialects import OLLAMA_CHAT
 from llmobs.observe.observer import Observer, ObserveSettings
-from llmobs.observe.provider import ENGINE_PROVIDERS, Provider
+from llmobs.observe.provider import Provider
 from llmobs.observe.timing import Outcome, RequestStats, TokenSource
+from tests.support.recording import record_request, recording
 
 
 def test_the_operators_name_is_final() -> None:
@@ -33,14 +28,16 @@ def test_the_engines_metrics_name_it_and_it_never_changes_again() -> None:
     assert (provider.name, provider.settled) == ("unknown", False)
     provider.dialect("ollama")  # the collector has not answered yet: not taken
     assert provider.name == "unknown"
-    provider.engine("llamacpp")
+    provider.engine("llama_cpp")
     provider.engine("vllm")
     provider.dialect("tgi")
     assert (provider.name, seen) == ("llama_cpp", ["llama_cpp"])
 
 
 def test_every_engine_the_collector_knows_has_a_provider_name() -> None:
-    assert {spec.engine for spec in ENGINES} == set(ENGINE_PROVIDERS)
+    assert PROVIDERS == {"vllm": "vllm", "sglang": "sglang", "tgi": "tgi",
+                         "llamacpp": "llama_cpp", "trtllm": "tensorrt_llm",
+                         "triton": "triton"}  # fmt: skip
     provider = Provider()
     provider.engine("dynamo")  # one a later collector might name: as it names it
     assert provider.name == "dynamo"
@@ -59,24 +56,6 @@ def test_an_api_only_one_engine_speaks_names_it_when_metrics_do_not() -> None:
     assert no_collector.name == "ollama"
 
 
-def test_the_opt_in_is_one_value_of_a_list_of_categories() -> None:
-    assert genai_latest({"OTEL_SEMCONV_STABILITY_OPT_IN": "http/dup, gen_ai_latest_experimental"})
-    assert not genai_latest({"OTEL_SEMCONV_STABILITY_OPT_IN": "http,database"})
-    assert not genai_latest({})
-    disabled = {"OTEL_SDK_DISABLED": "true",
-                "OTEL_SEMCONV_STABILITY_OPT_IN": "gen_ai_latest_experimental"}  # fmt: skip
-    assert otel_settings(disabled).genai_latest  # the names on /metrics switch all the same
-
-
-def test_a_provider_name_is_a_plain_bounded_label_value() -> None:
-    assert Settings.from_sources({"LLMOBS_PROVIDER_NAME": "aws.bedrock"}).provider_name == (
-        "aws.bedrock"
-    )
-    for bad in ("vLLM", "a b", "x" * 65, 'q"uote'):
-        with pytest.raises(ConfigError, match="LLMOBS_PROVIDER_NAME"):
-            Settings.from_sources({"LLMOBS_PROVIDER_NAME": bad})
-
-
 def _request(model: str = "m") -> RequestStats:
     return RequestStats(
         "chat", model, Outcome.OK, 200, True, 1.0, 0.1, 0.01, 5, 10, TokenSource.USAGE, 10,
@@ -85,11 +64,11 @@ def _request(model: str = "m") -> RequestStats:
 
 
 def test_a_sink_counts_under_the_provider_from_when_it_is_known() -> None:
-    sink = MetricsSink(None, 4)
-    sink.record_request(_request())
+    sink, recorder = recording(None, 4)
+    record_request(recorder, _request())
     sink.set_provider("vllm")
-    sink.record_request(_request())
-    sink.record_request(_request("n"))
+    record_request(recorder, _request())
+    record_request(recorder, _request("n"))
     durations = sink.families[DURATION]
     assert isinstance(durations, HistogramFamily)
     counts = {key: sum(series[:-1]) for key, series in durations.series.items()}
@@ -101,11 +80,11 @@ def test_only_a_request_the_engine_answered_names_it() -> None:
     """A client's request alone says nothing: an Ollama path the engine refused (a 404 from
     another engine, a probe) leaves it unknown; one it answered with a 2xx names it."""
     provider = Provider(engine_metrics=False)
-    sink = MetricsSink(None, 4)
+    sink, recorder = recording(None, 4)
     provider.subscribe(sink.set_provider)
     settings = ObserveSettings(provider=provider)
     for status in (404, 500, 200):
-        observer = Observer(sink, settings, OLLAMA_CHAT, 0)
+        observer = Observer(recorder, settings, OLLAMA_CHAT, 0)
         observer.request_body(b'{"model": "m"}')
         observer.response(status, "application/x-ndjson")
         assert provider.name == ("ollama" if status == 200 else "unknown")

@@ -14,6 +14,7 @@ from llmobs.observe import stats
 from llmobs.observe.timing import Outcome, RequestStats, StreamTimer, TokenSource
 from llmobs.observe.window import TokenWindow
 from tests.support.strategies import FAST, chunk_tokens, gap_ns, token_streams
+from tests.support.window import fill_classic
 
 MS = 1_000_000  # ns
 
@@ -32,7 +33,7 @@ def run(times: list[int], tokens: list[int] | None = None, total: int | None = N
     windows = []
     for i, t in enumerate(times):
         timer.output(t, tokens[i] if tokens else 1)
-        if timer.window_full:
+        if len(timer.times) > timer.window:
             windows.append(timer.take_window())
     windows.append(timer.take_window(total_tokens=total))
     return timer, windows
@@ -333,7 +334,7 @@ def test_a_window_without_gaps_is_empty_and_keeps_the_median_before_it() -> None
         assert (window.size, window.stalls, window.median_gap, window.tokens) == (0, 0, 0.25, 0.0)
         assert window.itl.tolist() == [] and window.weights.tolist() == []
         series = [0.0, 0.0, 0.0]
-        window.fill_classic(bounds, np.array(bounds), series)  # bins into nothing
+        fill_classic(window, bounds, np.array(bounds), series)  # bins into nothing
         assert series == [0.0, 0.0, 0.0]
 
 

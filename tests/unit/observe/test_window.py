@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 
 from llmobs.observe.window import EMPTY_WINDOW, ArrayWindow, ListWindow, TokenWindow
 from tests.support.strategies import FAST
+from tests.support.window import fill_classic
 
 BOUNDS = [0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0]  # the +Inf bucket is left implicit
 
@@ -111,7 +112,7 @@ def test_each_itl_fills_the_bucket_of_the_first_bound_at_or_above_it(
         for sort in (True, False):  # binned a bucket at a time, or a value at a time
             window = make(kind, values, counts, sort)
             series = [0.0] * (len(BOUNDS) + 1)
-            window.fill_classic(BOUNDS, np.array(BOUNDS), series)
+            fill_classic(window, BOUNDS, np.array(BOUNDS), series)
             assert series == want, (kind, sort)
             native = Native()
             window.fill_native(native)
@@ -122,10 +123,10 @@ def test_each_itl_fills_the_bucket_of_the_first_bound_at_or_above_it(
 @pytest.mark.parametrize("sort", [True, False])
 def test_buckets_add_to_what_a_series_holds(kind: str, sort: bool) -> None:
     series = [1.0] * (len(BOUNDS) + 1)
-    make(kind, [5.0, 0.02, 0.02], None, sort).fill_classic(BOUNDS, np.array(BOUNDS), series)
+    fill_classic(make(kind, [5.0, 0.02, 0.02], None, sort), BOUNDS, np.array(BOUNDS), series)
     assert series == [1.0, 1.0, 3.0, 1.0, 1.0, 1.0, 1.0, 1.0, 2.0]
     series = [1.0] * (len(BOUNDS) + 1)
-    make(kind, [0.02, 5.0], [3.0, 2.0]).fill_classic(BOUNDS, np.array(BOUNDS), series)
+    fill_classic(make(kind, [0.02, 5.0], [3.0, 2.0]), BOUNDS, np.array(BOUNDS), series)
     assert series == [1.0, 1.0, 4.0, 1.0, 1.0, 1.0, 1.0, 1.0, 3.0]
 
 
@@ -139,7 +140,7 @@ def test_an_itl_of_several_tokens_reaches_a_native_histogram_with_its_count(kind
 def test_a_window_without_itls_fills_nothing() -> None:
     for window in (EMPTY_WINDOW, make("list", [], None), make("list", [], [])):
         series = [0.0] * (len(BOUNDS) + 1)
-        window.fill_classic(BOUNDS, np.array(BOUNDS), series)
+        fill_classic(window, BOUNDS, np.array(BOUNDS), series)
         assert series == [0.0] * (len(BOUNDS) + 1)
         native = Native()
         window.fill_native(native)
@@ -166,7 +167,7 @@ def test_a_window_of_whole_numbers_gives_float_arrays() -> None:
 def test_counts_of_another_length_than_the_itls_are_refused(kind: str) -> None:
     window = make(kind, [0.02, 0.03], [2.0])
     with pytest.raises(ValueError, match=r"shorter|same length"):  # not cut to the shorter
-        window.fill_classic(BOUNDS, np.array(BOUNDS), [0.0] * (len(BOUNDS) + 1))
+        fill_classic(window, BOUNDS, np.array(BOUNDS), [0.0] * (len(BOUNDS) + 1))
     if kind == "list":  # an array window hands its arrays on whole (add_array)
         with pytest.raises(ValueError, match="shorter"):
             window.fill_native(Native())
@@ -188,7 +189,7 @@ def test_a_window_of_arrays_gives_its_own_arrays() -> None:
 def test_the_base_window_bins_nothing_itself() -> None:
     window = TokenWindow([0.1], None, 0, None)
     with pytest.raises(NotImplementedError):
-        window.fill_classic(BOUNDS, np.array(BOUNDS), [0.0] * (len(BOUNDS) + 1))
+        fill_classic(window, BOUNDS, np.array(BOUNDS), [0.0] * (len(BOUNDS) + 1))
     with pytest.raises(NotImplementedError):
         window.fill_native(Native())
 
@@ -203,5 +204,5 @@ def test_an_empty_window_with_sorted_values_bins_into_nothing(kind: str) -> None
         else ArrayWindow(np.zeros(0), None, 0, None, ordered=np.zeros(0))
     )
     series = [1.0] * (len(BOUNDS) + 1)
-    window.fill_classic(BOUNDS, np.asarray(BOUNDS), series)
+    fill_classic(window, BOUNDS, np.asarray(BOUNDS), series)
     assert series == [1.0] * (len(BOUNDS) + 1)

@@ -1,143 +1,60 @@
-"""The encoders of the request series' frames (``text``, ``openmetrics``) and the /metrics
-renderer that uses them (``exposition``) write the bytes prometheus_client's writers write for
-the same data."""
+"""The /metrics renderer (``export.metrics.exposition``): the format a scraper's ``Accept``
+asks for (and ``Accept-Encoding``'s gzip, one reading of a quality for both), and in every
+format the bytes prometheus_client's writers write for the same registry, its collectors
+walked in their order, the request series encoded from their frames, other registries
+written whole; golden files of all three formats from one traced sink. The encoders alone:
+test_text.py, test_openmetrics.py, test_protobuf.py."""
 
 from __future__ import annotations
 
-import asyncio
-from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor
+import os
+from collections.abc import Callable, Iterator
 
-import numpy as np
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import Metric
 from prometheus_client.openmetrics.exposition import generate_latest as openmetrics_latest
 from prometheus_client.openmetrics.parser import text_string_to_metric_families
 
-from llmobs.export.metrics import openmetrics, text
-from llmobs.export.metrics.catalogue import ITL, ITL_SQUARES, REQUESTS, TTFT, Kind, MetricDef
-from llmobs.export.metrics.exposition import (
-    Registry,
-    exposition,
-    exposition_async,
-    openmetrics_async,
-)
+from llmobs.export.metrics import protobuf
+from llmobs.export.metrics.exposition import Format, Registry, accepts_gzip, negotiate
 from llmobs.export.metrics.frames import Frame
-from llmobs.export.metrics.series import (
-    CounterFamily,
-    HistogramFamily,
-    SeriesCollector,
-    TokenHistogram,
-)
+from llmobs.export.metrics.series import SeriesCollector
+from llmobs.export.metrics.sink import MetricsSink
 from llmobs.observe.record import TraceRef
 from llmobs.observe.timing import Outcome, RequestStats, TokenSource
-from llmobs.observe.window import ArrayWindow, TokenWindow
+from tests.support.exposition import rendered
+from tests.support.metrics import (
+    EXPOSITIONS,
+    recorder_and_telemetry,
+    replay,
+    three_formats,
+    traced_sink,
+)
 from tests.support.metrics import exposition as golden_text
-from tests.support.metrics import replay, sink_and_telemetry
-
-ODD = [
-    "plain",
-    'quo"te',
-    "back\\slash",
-    "new\nline",
-    'all \\" \n \\n of them',
-    "unicodé ✓ 模型 🚀",
-    "",
-    "le",
-    "x" * 300,
-]
-# A histogram with a label sorting after "le", a negative first bucket (no _count, _sum) and a
-# description needing escapes.
-ODD_HISTOGRAM = MetricDef(
-    "odd.histogram", Kind.HISTOGRAM, "s", "back\\slash and\nnewline",
-    ("a.label", "zone"), (-1.0, 0.5, 1e-7, 123456789.0),
-)  # fmt: skip
-ODD_COUNTER = MetricDef("odd.counter", Kind.COUNTER, "1", "no labels \\ here", ())
-
-
-def window(gaps: list[float], weights: list[int]) -> TokenWindow:
-    itl, w = np.asarray(gaps, dtype=np.float64), np.asarray(weights, dtype=np.float64)
-    return ArrayWindow(
-        itl, w, 0, None, tokens=float(w.sum()), itl_sum=float((itl * w).sum()),
-        itl_sumsq=float((itl * itl * w).sum()),
-    )  # fmt: skip
-
-
-def odd_collector() -> tuple[SeriesCollector, list[HistogramFamily | CounterFamily]]:
-    ttft = HistogramFamily(TTFT)
-    odd = HistogramFamily(ODD_HISTOGRAM)
-    requests = CounterFamily(REQUESTS)
-    gauge = CounterFamily(ODD_COUNTER, gauge=True)
-    counter = CounterFamily(ODD_COUNTER)
-    itl = TokenHistogram(ITL, ITL_SQUARES)
-    empty = HistogramFamily(ITL)  # never recorded into: left out
-    families: list[HistogramFamily | CounterFamily] = [ttft, odd, requests, empty, gauge]
-    families += [counter, itl.histogram, itl.squares]
-    collector = SeriesCollector(families)
-    for i, value in enumerate(ODD):
-        other = ODD[-1 - i]
-        ttft.observe((value, other), 0.01 * i)
-        ttft.observe((value, other), 0.3)
-        odd.observe((value, other), -3.0)
-        odd.observe((value, other), 1e9 * (i + 1))
-        requests.add((value, other, "ok", "2xx", value), 10**i)
-        itl.record((value, other), window([0.02, 0.004, 1.5 * i], [1, 3, 2]))
-    gauge.add((), -5)
-    counter.add((), 2.5e-9)
-    return collector, families
-
-
-def test_render_matches_generate_latest_with_odd_labels_and_values() -> None:
-    collector, families = odd_collector()
-    assert text.render(collector.frames()) == generate_latest(collector)
-    # Cached label text is reused; new series and new values render like the rest.
-    ttft, requests = families[0], families[2]
-    assert isinstance(ttft, HistogramFamily)
-    assert isinstance(requests, CounterFamily)
-    ttft.observe(("new", 'series "x"'), 7.0)
-    ttft.observe(("plain", "x" * 300), 1e30)
-    requests.add(("a", "b", "c", "d", "e"), 2**70)
-    written = text.render(collector.frames())
-    assert written == generate_latest(collector)
-    assert b'gen_ai_request_model="quo\\"te"' in written
-    assert b"\\n" in written and "模型".encode() in written
-
-
-def test_render_of_nothing_recorded_is_empty() -> None:
-    collector = SeriesCollector([HistogramFamily(TTFT), CounterFamily(REQUESTS)])
-    assert text.render(collector.frames()) == b"" == generate_latest(collector)
-
-
-def test_float_counts_and_sums_match() -> None:
-    itl = TokenHistogram(ITL, ITL_SQUARES)
-    collector = SeriesCollector([itl.histogram, itl.squares])
-    rng = np.random.default_rng(9)
-    for _ in range(50):
-        gaps = rng.exponential(0.03, 20).tolist()
-        weights = rng.integers(1, 4, 20).tolist()
-        itl.record(("chat", "m"), window(gaps, weights))
-    assert text.render(collector.frames()) == generate_latest(collector)
+from tests.support.odd_series import odd_collector
+from tests.support.recording import record_request
 
 
 def test_exposition_of_the_sidecar_registry_is_generate_latest() -> None:
-    sink, telemetry = sink_and_telemetry(tracing=True)
-    replay(sink, "llama", [20.0] * 9)
-    replay(sink, 'we"ird\\mo\ndel ✓', [20.0, 300.0, 1.0])
+    recorder, telemetry = recorder_and_telemetry(tracing=True)
+    replay(recorder, "llama", [20.0] * 9)
+    replay(recorder, 'we"ird\\mo\ndel ✓', [20.0, 300.0, 1.0])
+    replay(recorder, "qwen", [20.0] * 9)
     try:
-        assert exposition(telemetry.registry) == generate_latest(telemetry.registry)
+        assert rendered(telemetry.registry) == generate_latest(telemetry.registry)
     finally:
         telemetry.shutdown()
 
 
 def test_exposition_of_the_golden_data_is_the_golden_text() -> None:
     """Same recorded data as the golden test, rendered the /metrics handler's way."""
-    sink, telemetry = sink_and_telemetry(tracing=True)
+    recorder, telemetry = recorder_and_telemetry(tracing=True)
     from tests.support.metrics import GOLDEN  # noqa: PLC0415
 
-    replay(sink, "llama", [20.0] * 9)
-    replay(sink, "llama", [20.0] * 4 + [120.0] + [20.0] * 4)
-    text = exposition(telemetry.registry).decode()
+    replay(recorder, "llama", [20.0] * 9)
+    replay(recorder, "llama", [20.0] * 4 + [120.0] + [20.0] * 4)
+    text = rendered(telemetry.registry).decode()
     telemetry.shutdown()
     # The golden data has more requests; every family rendered here is in it, in its order.
     golden = GOLDEN.read_text()
@@ -151,17 +68,19 @@ def test_the_registry_lists_its_collectors_as_generate_latest_walks_them() -> No
     """``Registry`` notes collectors as they register: the order ``generate_latest`` renders
     families in, so that rendering collector by collector gives the same bytes. The sidecar's
     registry is one, and the series are rendered by their own renderer, not collected."""
-    sink, telemetry = sink_and_telemetry(tracing=True)
-    replay(sink, "llama", [20.0] * 9)
+    recorder, telemetry = recorder_and_telemetry(tracing=True)
+    replay(recorder, "llama", [20.0] * 9)
     registry = telemetry.registry
     assert isinstance(registry, Registry)
     members = registry.members()
+    sink = recorder.sink
+    assert isinstance(sink, MetricsSink)
     assert sink.collector in members
     walked = [name for c in members for name in _family_names(generate_latest(c))]
     assert walked == _family_names(generate_latest(registry))
     counted = CountedSeries(odd_collector()[0].families)
     registry.register(counted)
-    written = exposition(registry)
+    written = rendered(registry)
     assert (counted.framed, counted.collected) == (1, 0)  # its frames encoded, not collected
     assert written == generate_latest(registry)
     registry.unregister(sink.collector)
@@ -187,70 +106,42 @@ def _family_names(text: bytes) -> list[str]:
     return [line.split()[2] for line in text.decode().splitlines() if line.startswith("# TYPE")]
 
 
-def test_exposition_falls_back_for_other_registries() -> None:
+def _protobuf_of(registry: CollectorRegistry) -> bytes:
+    return b"".join(protobuf.family_bytes(family) for family in registry.collect())
+
+
+@pytest.mark.parametrize(
+    ("fmt", "writer"),
+    [(Format.TEXT, generate_latest), (Format.OPENMETRICS, openmetrics_latest),
+     (Format.PROTOBUF, _protobuf_of)],
+)  # fmt: skip
+def test_exposition_falls_back_for_other_registries(
+    fmt: Format, writer: Callable[[CollectorRegistry], bytes]
+) -> None:
+    """A registry that cannot be rendered collector by collector (target info here) is
+    written whole, by the format's writer of a registry, in every format."""
     registry = CollectorRegistry(target_info={"a": "b"})
     collector, _ = odd_collector()
     registry.register(collector)
-    assert exposition(registry) == generate_latest(registry)
-
-
-@pytest.mark.parametrize("lines", [1, 7, 50, 1000, 10**6])
-def test_render_in_parts_is_render(lines: int) -> None:
-    collector, _ = odd_collector()
-    assert b"".join(text.parts(collector.frames(), lines)) == text.render(collector.frames())
-
-
-@pytest.mark.parametrize("lines", [1, 7, 1000])
-def test_openmetrics_of_the_series_is_the_writers(lines: int) -> None:
-    """The OpenMetrics encoder alone, on odd labels, values and exemplars: what
-    prometheus_client's writer makes of ``collect()``, in parts of any size."""
-    collector, families = odd_collector()
-    ttft = families[0]
-    assert isinstance(ttft, HistogramFamily)
-    for i, value in enumerate(ODD[:3]):
-        slots = ttft.exemplars_for((value, ODD[-1 - i]))
-        slots[i] = (f"{i + 1:032x}", f"{i + 1:016x}", 0.01 * i, 1700000000.25 + i)
-    written = b"".join(openmetrics.parts(collector.frames(exemplars=True), lines))
-    assert written + openmetrics.EOF == openmetrics_latest(collector)  # type: ignore[no-untyped-call]
-    assert written.count(b" # {span_id=") == 3
-
-
-def test_exposition_async_is_generate_latest() -> None:
-    sink, telemetry = sink_and_telemetry(tracing=True)
-    for model in ("llama", 'we"ird\\mo\ndel ✓', "qwen"):
-        replay(sink, model, [20.0] * 9)
-
-    async def render() -> bytes:
-        with ThreadPoolExecutor(1) as pool:
-            return await exposition_async(telemetry.registry, pool)
-
-    try:
-        assert asyncio.run(render()) == generate_latest(telemetry.registry)
-    finally:
-        telemetry.shutdown()
+    assert rendered(registry, fmt) == writer(registry)
 
 
 def test_openmetrics_is_the_openmetrics_writers_with_exemplars() -> None:
     """The OpenMetrics exposition the handler serves (series rendered by their own renderer,
     exemplars and all) is byte for byte what prometheus_client's OpenMetrics writer makes of
     the same registry; and it parses, with the exemplars where they were recorded."""
-    sink, telemetry = sink_and_telemetry(tracing=True)
+    recorder, telemetry = recorder_and_telemetry(tracing=True)
     for model in ("llama", 'we"ird\\mo\ndel ✓'):
-        replay(sink, model, [20.0] * 9)
+        replay(recorder, model, [20.0] * 9)
     traced = RequestStats(
         "chat", "llama", Outcome.OK, 200, True, 1.5, 0.4, 0.03, 12, 10, TokenSource.USAGE, 10,
         9.0, 0.27, 0.0081, 0.05, 0, 0.99,
     )  # fmt: skip
-    sink.record_request(
-        traced, (), TraceRef("0af7651916cd43dd8448eb211c80319c", "b7ad6b7169203331")
-    )
-
-    async def render() -> bytes:
-        with ThreadPoolExecutor(1) as pool:
-            return await openmetrics_async(telemetry.registry, pool)
+    trace = TraceRef("0af7651916cd43dd8448eb211c80319c", "b7ad6b7169203331")
+    record_request(recorder, traced, (), trace)
 
     try:
-        ours = asyncio.run(render())
+        ours = rendered(telemetry.registry, Format.OPENMETRICS)
         assert ours == openmetrics_latest(telemetry.registry)  # type: ignore[no-untyped-call]
     finally:
         telemetry.shutdown()
@@ -266,3 +157,75 @@ def test_openmetrics_is_the_openmetrics_writers_with_exemplars() -> None:
     assert ("gen_ai_server_time_to_first_token_seconds", 0.4) in found
     assert ("gen_ai_server_request_duration_seconds", 1.5) in found
     assert ("llmobs_inter_token_latency_seconds", 0.05) in found  # the worst gap's
+
+
+@pytest.mark.parametrize(
+    ("quality", "taken"),
+    [("1", True), ("0.001", True), ('"0.5"', True), ("0", False), ("x", False), ("", False),
+     ("nan", False), ("-1", False), ("2", False)],
+)  # fmt: skip
+def test_a_quality_reads_the_same_in_accept_and_accept_encoding(quality: str, taken: bool) -> None:
+    """One reading of a ``q`` (RFC 9110 12.4.2) for both headers: 0 where it is no quality."""
+    assert accepts_gzip(f"gzip;q={quality}") is taken
+    assert accepts_gzip(f"br, GZIP ; Q = {quality}") is taken
+    chosen = negotiate(f"application/openmetrics-text;q={quality}, text/plain;q=0.0001")
+    assert (chosen is Format.OPENMETRICS) is taken
+
+
+PROMETHEUS_242_NATIVE = (
+    "application/vnd.google.protobuf;proto=io.prometheus.client.MetricFamily;encoding=delimited,"
+    "application/openmetrics-text;version=1.0.0;q=0.8,application/openmetrics-text;"
+    "version=0.0.1;q=0.75,text/plain;version=0.0.4;q=0.5,*/*;q=0.1"
+)  # what Prometheus 2.42 sends with --enable-feature=native-histograms
+PROMETHEUS_242_EXEMPLARS = (
+    "application/openmetrics-text;version=1.0.0,application/openmetrics-text;version=0.0.1;"
+    "q=0.75,text/plain;version=0.0.4;q=0.5,*/*;q=0.1"
+)
+
+
+@pytest.mark.parametrize(
+    ("accept", "fmt"),
+    [
+        ("", Format.TEXT),
+        ("*/*", Format.TEXT),
+        ("application/json", Format.TEXT),
+        ("text/plain;version=0.0.4", Format.TEXT),
+        (PROMETHEUS_242_EXEMPLARS, Format.OPENMETRICS),
+        (PROMETHEUS_242_NATIVE, Format.PROTOBUF),
+        ("application/openmetrics-text", Format.OPENMETRICS),
+        ("application/openmetrics-text;q=0.3,text/plain;q=0.9", Format.TEXT),
+        ("text/plain;q=0.5, application/openmetrics-text;version=1.0.0", Format.OPENMETRICS),
+        ("application/openmetrics-text;q=0", Format.TEXT),
+        # protobuf only delimited, only of MetricFamily
+        ("application/vnd.google.protobuf;proto=io.prometheus.client.MetricFamily;"
+         "encoding=text", Format.TEXT),
+        ("application/vnd.google.protobuf;encoding=delimited", Format.TEXT),
+        # qualities outside [0, 1] (and not numbers) count as 0; never a raise
+        ("application/openmetrics-text;q=7,text/plain;q=0.5", Format.TEXT),
+        ("application/openmetrics-text;q=nan", Format.TEXT),
+        ("application/openmetrics-text;q=inf", Format.TEXT),
+        ("application/openmetrics-text;q=", Format.TEXT),
+        (";;,,;q=;=", Format.TEXT),
+        ("APPLICATION/OPENMETRICS-TEXT; VERSION=1.0.0", Format.OPENMETRICS),
+        ("application/vnd.google.protobuf; proto=io.prometheus.client.MetricFamily; "
+         "encoding=delimited;q=0.5,application/openmetrics-text;q=0.6", Format.OPENMETRICS),
+        # what Prometheus 3 sends with scrape_protocols [PrometheusProto, OpenMetricsText1.0.0]
+        ("application/vnd.google.protobuf;proto=io.prometheus.client.MetricFamily;"
+         "encoding=delimited;q=0.5,application/openmetrics-text;version=1.0.0;q=0.4,"
+         "*/*;q=0.3", Format.PROTOBUF),
+    ],
+)  # fmt: skip
+def test_content_negotiation(accept: str, fmt: Format) -> None:
+    assert negotiate(accept) is fmt
+
+
+@pytest.mark.parametrize("name", ["metrics.txt", "metrics.om.txt", "metrics.pb.txt"])
+def test_golden_expositions(name: str) -> None:
+    """One traced sink, as /metrics serves it in each format (UPDATE_GOLDEN=1 writes them)."""
+    _, registry = traced_sink()
+    found = three_formats(registry)[name]
+    path = EXPOSITIONS / name
+    if os.environ.get("UPDATE_GOLDEN"):
+        path.parent.mkdir(exist_ok=True)
+        path.write_text(found)
+    assert found == path.read_text()

@@ -1,4 +1,4 @@
-"""Native buckets: client_golang's keys and bounds, its resolution cap, its spans; the same
+"""Native buckets: client_golang's keys, its resolution cap, its spans; the same
 counts whichever way a window comes; a bounded size per series."""
 
 from __future__ import annotations
@@ -17,7 +17,6 @@ from llmobs.export.metrics.native import (
     ZERO_THRESHOLD,
     Layout,
     NativeBuckets,
-    bounds,
     key,
     spans,
     upper,
@@ -26,16 +25,6 @@ from tests.support.strategies import FAST
 
 positive = st.floats(min_value=1e-30, max_value=1e30, allow_nan=False, allow_infinity=False)
 schemas = st.integers(min_value=-4, max_value=8)
-
-
-def test_bounds_are_two_to_the_fraction_of_an_octave() -> None:
-    """client_golang's table, as copied: each bound ``2^(j/2^schema) / 2`` to 1e-15."""
-    for schema in range(1, 9):
-        table = bounds(schema)
-        assert len(table) == 1 << schema
-        assert list(table) == sorted(set(table))
-        for j, bound in enumerate(table):
-            assert math.isclose(bound, 2.0 ** (j / (1 << schema)) / 2, rel_tol=1e-15)
 
 
 @FAST

@@ -18,7 +18,9 @@ from llmobs.export.metrics.sink import MetricsSink
 from llmobs.observe.dialects import OPENAI_CHAT
 from llmobs.observe.observer import Observer, ObserveSettings
 from llmobs.observe.provider import Provider
+from llmobs.observe.recorder import Recorder
 from llmobs.observe.timing import Outcome
+from tests.support.recording import recording
 from tests.support.scripted import chat_chunk, sse
 
 
@@ -35,11 +37,9 @@ def points(reader: InMemoryMetricReader) -> dict[str, list[tuple[dict[str, Any],
     return out
 
 
-def request(sink: MetricsSink, otel: OtelMetrics, model: str, status: int = 200) -> None:
+def request(recorder: Recorder, model: str, status: int = 200) -> None:
     """One streaming chat request of three tokens, 20 ms apart, its first at 100 ms."""
-    objectives = Objectives(ObjectiveSet(ttft=0.05))
-    settings = ObserveSettings(objectives=objectives)
-    obs = Observer(sink, settings, OPENAI_CHAT, 0, consumers=[otel])
+    obs = Observer(recorder, ObserveSettings(), OPENAI_CHAT, 0)
     obs.request_body(b'{"model": "%s", "stream": true}' % model.encode())
     obs.forwarded(0)
     obs.response(status, "text/event-stream")
@@ -48,20 +48,30 @@ def request(sink: MetricsSink, otel: OtelMetrics, model: str, status: int = 200)
     obs.finish(200_000_000, Outcome.OK)
 
 
-@pytest.fixture
-def pushed() -> tuple[MetricsSink, OtelMetrics, InMemoryMetricReader]:
+def pushing(
+    max_models: int = 4, provider: Provider | None = None, **options: Any
+) -> tuple[MetricsSink, Recorder, InMemoryMetricReader]:
+    """A sink and, after it, the OTLP consumer of the same mapping, as the app assembles
+    them; ``options``: the recording's (``tests.support.recording``)."""
     reader = InMemoryMetricReader()
     meter = MeterProvider(metric_readers=[reader]).get_meter("test")
-    sink = MetricsSink(None, 1)
-    provider = Provider("vllm")
-    return sink, OtelMetrics(meter, sink.objectives, sink.live, provider=provider), reader
+    sink, recorder = recording(None, max_models, **options)
+    otel = OtelMetrics(meter, sink.mapping, sink.live, provider)
+    return sink, Recorder(sink, recorder.admission, recorder.objectives, recorder.prices,
+                          [otel]), reader  # fmt: skip
+
+
+@pytest.fixture
+def pushed() -> tuple[MetricsSink, Recorder, InMemoryMetricReader]:
+    objectives = Objectives(ObjectiveSet(ttft=0.05))
+    return pushing(1, Provider("vllm"), objectives=objectives)
 
 
 def test_a_request_is_pushed_as_it_is_counted(
-    pushed: tuple[MetricsSink, OtelMetrics, InMemoryMetricReader],
+    pushed: tuple[MetricsSink, Recorder, InMemoryMetricReader],
 ) -> None:
-    sink, otel, reader = pushed
-    request(sink, otel, "m")
+    _, recorder, reader = pushed
+    request(recorder, "m")
     got = points(reader)
     ((attrs, ttft),) = got["gen_ai.server.time_to_first_token"]
     assert attrs == {"gen_ai.operation.name": "chat", "gen_ai.request.model": "m",
@@ -81,14 +91,14 @@ def test_a_request_is_pushed_as_it_is_counted(
 
 
 def test_labels_are_the_records_so_the_cap_holds_on_both_paths(
-    pushed: tuple[MetricsSink, OtelMetrics, InMemoryMetricReader],
+    pushed: tuple[MetricsSink, Recorder, InMemoryMetricReader],
 ) -> None:
     """The label cap is 1: the first model keeps its name, the second is ``other``, in OTLP
     as on /metrics; a failed request admits no new model."""
-    sink, otel, reader = pushed
-    request(sink, otel, "first")
-    request(sink, otel, "second")
-    request(sink, otel, "third", status=404)
+    _, recorder, reader = pushed
+    request(recorder, "first")
+    request(recorder, "second")
+    request(recorder, "third", status=404)
     models = sorted(
         (a["gen_ai.request.model"], p.count)
         for a, p in points(reader)["gen_ai.server.request.duration"]
@@ -97,7 +107,7 @@ def test_labels_are_the_records_so_the_cap_holds_on_both_paths(
 
 
 def test_the_label_less_series_are_read_from_the_sink_at_each_export(
-    pushed: tuple[MetricsSink, OtelMetrics, InMemoryMetricReader],
+    pushed: tuple[MetricsSink, Recorder, InMemoryMetricReader],
 ) -> None:
     sink, _, reader = pushed
     sink.request_started()
@@ -116,14 +126,10 @@ def test_the_label_less_series_are_read_from_the_sink_at_each_export(
 def test_a_tenants_families_and_cost_are_pushed_as_counted() -> None:
     """Tenants on requests and TTFT (not TPOT), and a price: OTLP carries the tenant where
     the series do, and the cost with its verdict and currency."""
-    reader = InMemoryMetricReader()
-    meter = MeterProvider(metric_readers=[reader]).get_meter("test")
     tenancy = Tenancy(header="x-tenant", metrics=("requests", "ttft", "cost"))
-    sink = MetricsSink(None, 4, tenancy=tenancy, currency="EUR")
-    otel = OtelMetrics(meter, sink.objectives, sink.live, sink.tenanted, sink.currency)
     prices = Prices("EUR", {"m": Price(1000.0, 2000.0, 1000.0, 2000.0)})
-    obs = Observer(sink, ObserveSettings(prices=prices), OPENAI_CHAT, 0, consumers=[otel],
-                   tenant="team-a")  # fmt: skip
+    _, recorder, reader = pushing(tenancy=tenancy, prices=prices)
+    obs = Observer(recorder, ObserveSettings(), OPENAI_CHAT, 0, tenant="team-a")
     obs.request_body(b'{"model": "m", "stream": true}')
     obs.forwarded(0)
     obs.response(200, "text/event-stream")
@@ -144,11 +150,8 @@ def test_a_tenants_families_and_cost_are_pushed_as_counted() -> None:
 
 
 def test_the_operators_buckets_are_pushed_too() -> None:
-    reader = InMemoryMetricReader()
-    meter = MeterProvider(metric_readers=[reader]).get_meter("test")
-    sink = MetricsSink(None, 4, buckets=(("ttft", (0.1, 0.8, 2.0)),))
-    otel = OtelMetrics(meter, sink.objectives, sink.live, define=sink.define)
-    request(sink, otel, "m")
+    _, recorder, reader = pushing(buckets=(("ttft", (0.1, 0.8, 2.0)),))
+    request(recorder, "m")
     ((_, ttft),) = points(reader)["gen_ai.server.time_to_first_token"]
     assert list(ttft.explicit_bounds) == [0.1, 0.8, 2.0]
     ((_, tpot),) = points(reader)["gen_ai.server.time_per_output_token"]
@@ -158,11 +161,8 @@ def test_the_operators_buckets_are_pushed_too() -> None:
 def test_the_newest_conventions_split_token_usage_by_kind() -> None:
     """Opted in: a histogram per direction and a counter per kind (reasoning within output),
     with the provider and an unknown modality; no v1.41 token usage histogram."""
-    reader = InMemoryMetricReader()
-    meter = MeterProvider(metric_readers=[reader]).get_meter("test")
-    sink = MetricsSink(None, 4, latest=True)
-    otel = OtelMetrics(meter, sink.objectives, sink.live, latest=True, provider=Provider("sglang"))
-    obs = Observer(sink, ObserveSettings(), OPENAI_CHAT, 0, consumers=[otel])
+    _, recorder, reader = pushing(provider=Provider("sglang"), latest=True)
+    obs = Observer(recorder, ObserveSettings(), OPENAI_CHAT, 0)
     obs.request_body(b'{"model": "r1"}')
     obs.forwarded(0)
     obs.response(200, "application/json")

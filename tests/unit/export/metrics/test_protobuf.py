@@ -1,109 +1,27 @@
-"""The protobuf exposition: client_model's messages, the classic series the text format has,
-native buckets that hold each observation where its key says, exemplars, and golden files of
-all three formats from one traced sink."""
+"""The protobuf encoder (``export.metrics.protobuf``): the classic series the text format has,
+native buckets that hold each observation where its key says, the exemplars OpenMetrics has,
+and the delimited framing a scraper reads."""
 
 from __future__ import annotations
 
-import asyncio
-import os
-import subprocess
-import sys
-from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 from typing import Any
 
-import pytest
-from google.protobuf import descriptor_pb2
 from prometheus_client import Counter, Enum, Gauge, Histogram, Info, Summary
 from prometheus_client.parser import text_string_to_metric_families
 
 from llmobs.export.metrics import client_model, protobuf
 from llmobs.export.metrics.catalogue import SMOOTHNESS, TTFT
-from llmobs.export.metrics.exposition import Format, negotiate, protobuf_async
+from llmobs.export.metrics.exposition import Format
 from llmobs.export.metrics.native import ZERO_THRESHOLD, key
-from tests.support import FIXTURES
+from tests.support.exposition import read_delimited, rendered
 from tests.support.metrics import (
     CLOCK,
-    EXPOSITIONS,
+    recorder_and_telemetry,
     replay,
-    sink_and_telemetry,
-    three_formats,
     traced_sink,
 )
 
 Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
-PROMETHEUS_242_NATIVE = (
-    "application/vnd.google.protobuf;proto=io.prometheus.client.MetricFamily;encoding=delimited,"
-    "application/openmetrics-text;version=1.0.0;q=0.8,application/openmetrics-text;"
-    "version=0.0.1;q=0.75,text/plain;version=0.0.4;q=0.5,*/*;q=0.1"
-)  # what Prometheus 2.42 sends with --enable-feature=native-histograms
-PROMETHEUS_242_EXEMPLARS = (
-    "application/openmetrics-text;version=1.0.0,application/openmetrics-text;version=0.0.1;"
-    "q=0.75,text/plain;version=0.0.4;q=0.5,*/*;q=0.1"
-)
-
-
-def _fields(message: Any) -> list[tuple[str, int, int, int, str]]:
-    return [(f.name, f.number, f.label, f.type, f.type_name) for f in message.field]
-
-
-def test_the_messages_are_client_models_metrics_proto(tmp_path: Path) -> None:
-    """client_model's own metrics.proto, compiled by protoc, describes the same messages,
-    fields, numbers, types and enum as the descriptor built here."""
-    grpc_tools = pytest.importorskip("grpc_tools")
-    include = Path(grpc_tools.__file__).parent / "_proto"
-    source = FIXTURES / "prometheus"
-    out = tmp_path / "metrics.desc"
-    subprocess.run(
-        [sys.executable, "-m", "grpc_tools.protoc", f"-I{source}", f"-I{include}",
-         f"--descriptor_set_out={out}", "metrics.proto"],
-        check=True,
-    )  # fmt: skip
-    theirs = descriptor_pb2.FileDescriptorSet.FromString(out.read_bytes()).file[0]
-    ours = client_model.file_descriptor()
-    assert theirs.package == ours.package
-    assert [m.name for m in theirs.message_type] == [m.name for m in ours.message_type]
-    for a, b in zip(theirs.message_type, ours.message_type, strict=True):
-        assert _fields(a) == _fields(b), a.name
-    assert [(v.name, v.number) for v in theirs.enum_type[0].value] == [
-        (v.name, v.number) for v in ours.enum_type[0].value
-    ]
-
-
-@pytest.mark.parametrize(
-    ("accept", "fmt"),
-    [
-        ("", Format.TEXT),
-        ("*/*", Format.TEXT),
-        ("application/json", Format.TEXT),
-        ("text/plain;version=0.0.4", Format.TEXT),
-        (PROMETHEUS_242_EXEMPLARS, Format.OPENMETRICS),
-        (PROMETHEUS_242_NATIVE, Format.PROTOBUF),
-        ("application/openmetrics-text", Format.OPENMETRICS),
-        ("application/openmetrics-text;q=0.3,text/plain;q=0.9", Format.TEXT),
-        ("text/plain;q=0.5, application/openmetrics-text;version=1.0.0", Format.OPENMETRICS),
-        ("application/openmetrics-text;q=0", Format.TEXT),
-        # protobuf only delimited, only of MetricFamily
-        ("application/vnd.google.protobuf;proto=io.prometheus.client.MetricFamily;"
-         "encoding=text", Format.TEXT),
-        ("application/vnd.google.protobuf;encoding=delimited", Format.TEXT),
-        # qualities outside [0, 1] (and not numbers) count as 0; never a raise
-        ("application/openmetrics-text;q=7,text/plain;q=0.5", Format.TEXT),
-        ("application/openmetrics-text;q=nan", Format.TEXT),
-        ("application/openmetrics-text;q=inf", Format.TEXT),
-        ("application/openmetrics-text;q=", Format.TEXT),
-        (";;,,;q=;=", Format.TEXT),
-        ("APPLICATION/OPENMETRICS-TEXT; VERSION=1.0.0", Format.OPENMETRICS),
-        ("application/vnd.google.protobuf; proto=io.prometheus.client.MetricFamily; "
-         "encoding=delimited;q=0.5,application/openmetrics-text;q=0.6", Format.OPENMETRICS),
-        # what Prometheus 3 sends with scrape_protocols [PrometheusProto, OpenMetricsText1.0.0]
-        ("application/vnd.google.protobuf;proto=io.prometheus.client.MetricFamily;"
-         "encoding=delimited;q=0.5,application/openmetrics-text;version=1.0.0;q=0.4,"
-         "*/*;q=0.3", Format.PROTOBUF),
-    ],
-)  # fmt: skip
-def test_content_negotiation(accept: str, fmt: Format) -> None:
-    assert negotiate(accept) is fmt
 
 
 def _label_set(labels: dict[str, str]) -> frozenset[tuple[str, str]]:
@@ -132,7 +50,7 @@ def _histogram_samples(name: str, labels: dict[str, str], h: Any, out: Samples) 
 def proto_samples(data: bytes) -> Samples:
     """The classic series a scraper makes of the protobuf families."""
     out: Samples = {}
-    for family in protobuf.read_delimited(data):
+    for family in read_delimited(data):
         name = family.name
         for metric in family.metric:
             labels = {pair.name: pair.value for pair in metric.label}
@@ -151,21 +69,13 @@ def proto_samples(data: bytes) -> Samples:
     return out
 
 
-async def _both(registry: Any) -> tuple[str, bytes]:
-    from llmobs.export.metrics.exposition import exposition_async  # noqa: PLC0415
-
-    with ThreadPoolExecutor(1) as pool:
-        text = await exposition_async(registry, pool)
-        return text.decode(), await protobuf_async(registry, pool)
-
-
 def test_protobuf_has_every_classic_series_of_the_text_format() -> None:
     """The request series and every other kind of collector (prometheus_client's counter,
     gauge, histogram, summary, info, enum): the same series, the same values."""
-    sink, telemetry = sink_and_telemetry(tracing=True)
+    recorder, telemetry = recorder_and_telemetry(tracing=True)
     for model in ("llama", 'we"ird\\mo\ndel ✓'):
-        replay(sink, model, [20.0] * 9)
-    replay(sink, "llama", [20.0] * 4 + [120.0] + [20.0] * 4)
+        replay(recorder, model, [20.0] * 9)
+    replay(recorder, "llama", [20.0] * 4 + [120.0] + [20.0] * 4)
     registry = telemetry.registry
     Counter("t_things", "Things.", ["kind"], registry=registry).labels("a").inc(3)
     Gauge("t_level", "Level.", registry=registry).set(2.5)
@@ -178,11 +88,11 @@ def test_protobuf_has_every_classic_series_of_the_text_format() -> None:
     share.labels("0.9").set(2)
     Enum("t_state", "State.", states=["up", "down"], registry=registry).state("down")
     try:
-        text, data = asyncio.run(_both(registry))
+        text, data = rendered(registry).decode(), rendered(registry, Format.PROTOBUF)
     finally:
         telemetry.shutdown()
     assert proto_samples(data) == text_samples(text)
-    names = {f.name for f in protobuf.read_delimited(data)}
+    names = {f.name for f in read_delimited(data)}
     assert {"t_things_total", "t_build_info", "t_state", "llmobs_requests_total"} <= names
 
 
@@ -191,8 +101,8 @@ def test_native_buckets_hold_each_observation_under_its_key() -> None:
     each observation counted in the bucket of its key at the family's schema, the zero
     threshold set (what marks the histogram native), count and sum the classic ones'."""
     _, registry = traced_sink()
-    data = asyncio.run(_both(registry))[1]
-    families = {f.name: f for f in protobuf.read_delimited(data)}
+    data = rendered(registry, Format.PROTOBUF)
+    families = {f.name: f for f in read_delimited(data)}
     for metric, observed in (
         (TTFT, {("chat", "llama"): [0.12, 0.48], ("chat", "qwen"): [2.5]}),
         (SMOOTHNESS, None),
@@ -235,8 +145,8 @@ def test_exemplars_are_the_openmetrics_ones() -> None:
     """Each classic bucket's exemplar (trace, span, value, time) as OpenMetrics has it; a
     native histogram lists them again in its own field, each with its timestamp."""
     _, registry = traced_sink()
-    data = asyncio.run(_both(registry))[1]
-    ttft = {f.name: f for f in protobuf.read_delimited(data)}[TTFT.prometheus]
+    data = rendered(registry, Format.PROTOBUF)
+    ttft = {f.name: f for f in read_delimited(data)}[TTFT.prometheus]
     found = {}
     for m in ttft.metric:
         h = m.histogram
@@ -259,16 +169,4 @@ def test_delimited_framing() -> None:
     family.metric.add().gauge.value = 1.0
     body = family.SerializeToString()
     stream = protobuf.delimited([body]) * 3
-    assert [f.name for f in protobuf.read_delimited(stream)] == ["x", "x", "x"]
-
-
-@pytest.mark.parametrize("name", ["metrics.txt", "metrics.om.txt", "metrics.pb.txt"])
-def test_golden_expositions(name: str) -> None:
-    """One traced sink, as /metrics serves it in each format (UPDATE_GOLDEN=1 writes them)."""
-    _, registry = traced_sink()
-    found = three_formats(registry)[name]
-    path = EXPOSITIONS / name
-    if os.environ.get("UPDATE_GOLDEN"):
-        path.parent.mkdir(exist_ok=True)
-        path.write_text(found)
-    assert found == path.read_text()
+    assert [f.name for f in read_delimited(stream)] == ["x", "x", "x"]

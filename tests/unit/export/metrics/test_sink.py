@@ -15,7 +15,6 @@ from llmobs.export.metrics.catalogue import (
     ITL_SQUARES,
 )
 from llmobs.export.metrics.series import TokenHistogram
-from llmobs.export.metrics.sink import MetricsSink
 from llmobs.observe.dialects import OPENAI_CHAT
 from llmobs.observe.labels import OTHER, BoundedLabel
 from llmobs.observe.observer import Observer, ObserveSettings
@@ -27,10 +26,11 @@ from tests.support.metrics import (
     GOLDEN,
     MS,
     exposition,
+    recorder_and_telemetry,
     replay,
     sample,
-    sink_and_telemetry,
 )
+from tests.support.recording import record_request, recording
 from tests.support.strategies import FAST, token_streams
 
 
@@ -42,9 +42,9 @@ def test_golden_exposition() -> None:
 
 
 def test_model_label_is_bounded() -> None:
-    sink, telemetry = sink_and_telemetry(max_models=3)
+    recorder, telemetry = recorder_and_telemetry(max_models=3)
     for i in range(50):
-        replay(sink, f"model-{i}", [20.0, 20.0])
+        replay(recorder, f"model-{i}", [20.0, 20.0])
     models = {
         s.labels["gen_ai_request_model"]
         for fam in telemetry.registry.collect()
@@ -60,7 +60,7 @@ def test_the_closed_label_sets_are_there_before_any_request_and_a_model_at_its_a
     not admitted (other) or not named (unknown) exist at 0 from the start, for each
     operation; a model's own from the engine's first answer (its 2xx head), before it ends."""
     registry = CollectorRegistry()
-    sink = MetricsSink(registry, 4)
+    _, recorder = recording(registry, 4)
 
     def value(name: str, **labels: str) -> float | None:
         return registry.get_sample_value(name, labels)
@@ -72,9 +72,11 @@ def test_the_closed_label_sets_are_there_before_any_request_and_a_model_at_its_a
             assert value("llmobs_slo_misses_total", **labels, objective="error", cause="none") == 0
     llama = {"gen_ai_operation_name": "chat", "gen_ai_request_model": "llama"}
     assert value("llmobs_slo_requests_total", **llama, verdict="bad") is None
-    sink.answered("chat", "llama", None)
+    obs = Observer(recorder, ObserveSettings(), OPENAI_CHAT, 0)
+    obs.request_body(b'{"model": "llama"}')
+    obs.response(200, "application/json")  # the engine's answer: admitted, its series at 0
     assert value("llmobs_slo_requests_total", **llama, verdict="bad") == 0
-    assert sink.models.get("llama", admit=False) == "llama"  # admitted at its answer
+    assert recorder.admission.models.get("llama", admit=False) == "llama"
 
 
 def test_a_model_name_that_is_not_unicode_is_other() -> None:
@@ -87,13 +89,13 @@ def test_a_model_name_that_is_not_unicode_is_other() -> None:
 
 
 def test_models_of_failed_requests_do_not_take_label_slots() -> None:
-    sink, telemetry = sink_and_telemetry(max_models=2)
+    recorder, telemetry = recorder_and_telemetry(max_models=2)
     for i in range(10):  # a client probing unknown models: the engine answers 404
-        obs = Observer(sink, ObserveSettings(), OPENAI_CHAT, 0)
+        obs = Observer(recorder, ObserveSettings(), OPENAI_CHAT, 0)
         obs.request_body(b'{"model": "probe-%d"}' % i)
         obs.response(404, "application/json")
         obs.finish(MS, Outcome.OK)
-    replay(sink, "real", [20.0, 20.0])
+    replay(recorder, "real", [20.0, 20.0])
     assert sample(telemetry, "llmobs_requests_total", gen_ai_request_model="other") == 10
     assert sample(telemetry, "llmobs_requests_total", gen_ai_request_model="real") == 1
 
@@ -148,13 +150,13 @@ def test_the_sink_counts_each_verdict_and_starts_every_series_at_zero() -> None:
     registry = CollectorRegistry()
     qwen_set = ObjectiveSet(ttft=0.2, no_stalls=True, target=0.9)
     objectives = Objectives(ObjectiveSet(ttft=0.5), {(None, "qwen", None): qwen_set})
-    sink = MetricsSink(registry, 8, objectives=objectives)
+    _, recorder = recording(registry, 8, objectives=objectives)
     verdicts = [
-        sink.record_request(_record(0.1)),
-        sink.record_request(_record(0.9)),
-        sink.record_request(_record(0.1, Outcome.UPSTREAM_ERROR, 502)),
-        sink.record_request(_record(0.1, Outcome.CLIENT_DISCONNECT)),
-        sink.record_request(_record(0.3, model="qwen")),
+        record_request(recorder, _record(0.1)),
+        record_request(recorder, _record(0.9)),
+        record_request(recorder, _record(0.1, Outcome.UPSTREAM_ERROR, 502)),
+        record_request(recorder, _record(0.1, Outcome.CLIENT_DISCONNECT)),
+        record_request(recorder, _record(0.3, model="qwen")),
     ]
     assert verdicts == [
         GOOD, Verdict(False, (Objective.TTFT,), ("none",)),
@@ -187,8 +189,8 @@ def test_the_sink_counts_each_verdict_and_starts_every_series_at_zero() -> None:
 def test_a_new_label_set_starts_its_series_at_zero() -> None:
     """A model seen once, without a stall, has ``llmobs_stalls_total`` at 0 (``rate()``
     over a healthy model reads 0, not "no data"), and its SLO series too."""
-    sink, telemetry = sink_and_telemetry()
-    replay(sink, "steady", [20.0] * 5)
+    recorder, telemetry = recorder_and_telemetry()
+    replay(recorder, "steady", [20.0] * 5)
     try:
         assert sample(telemetry, "llmobs_stalls_total", gen_ai_request_model="steady") == 0
         names = {

@@ -1,5 +1,6 @@
-"""What a request body says (``formats.request``): the model, the stream flag, the sampling
-settings, the prompt only when captured; bounded work and bounded values whatever the body."""
+"""What a request body says (``observe.dialects.request``): the model, the stream flag, the
+sampling settings, the prompt only when captured; bounded work and bounded values whatever the
+body. Which route a path takes: test_dialects.py."""
 
 from __future__ import annotations
 
@@ -9,9 +10,9 @@ from llmobs.observe.dialects import (
     ANTHROPIC,
     OLLAMA_GENERATE,
     OPENAI_CHAT,
+    OTHER_ROUTE,
     TGI,
     TGI_STREAM,
-    UNKNOWN,
     route_for_path,
 )
 from llmobs.observe.dialects.base import MAX_MODEL_LENGTH
@@ -52,7 +53,7 @@ def test_the_settings_telemetry_may_use_are_read_from_each_api() -> None:
     assert parse_request(b"{}", TGI_STREAM).stream is True  # the path streams
     anthropic = parse_request(b'{"model": "c", "max_tokens": 5, "stream": false}', ANTHROPIC)
     assert (anthropic.model, anthropic.max_tokens, anthropic.stream) == ("c", 5, False)
-    assert parse_request(b'{"max_tokens": true}', UNKNOWN).max_tokens is None  # not a number
+    assert parse_request(b'{"max_tokens": true}', OTHER_ROUTE).max_tokens is None  # not a number
 
 
 def test_the_prompt_is_read_only_when_captured_and_then_truncated() -> None:
@@ -82,13 +83,3 @@ def test_triton_generate_paths_name_the_model(path: str, model: str, stream: boo
     info = parse_request(body, route)
     assert (info.model, info.stream, info.max_tokens, info.temperature) == (model, stream, 5, 0.5)
     assert parse_request(b"not json", route).model == model
-
-
-def test_other_triton_paths_are_not_measured_and_a_long_model_is_cut() -> None:
-    for path in ("/v2/models/ensemble/infer", "/v2/models/ensemble/versions/v1/generate",
-                 "/v2/models//generate", "/v2/models/ensemble/ready"):  # fmt: skip
-        assert route_for_path(path) is UNKNOWN, path
-    long = route_for_path("/v2/models/" + "m" * 10_000 + "/generate_stream")
-    assert long.model == "m" * MAX_MODEL_LENGTH
-    # a gateway's prefix that happens to hold /v2/models/: its OpenAI route still counts
-    assert route_for_path("/v2/models/x/v1/chat/completions") is OPENAI_CHAT
