@@ -125,12 +125,18 @@ class _Model:
 
 
 class LiveRing:
-    """The last ``seconds`` points; ``add`` one per second, ``data`` for the page."""
+    """The last ``seconds`` points; ``add`` one per second, ``data`` for the page, with the
+    price file's ``currency`` (the cost chart's unit; "" without one)."""
 
     def __init__(
-        self, ttft_bounds: Sequence[float], itl_bounds: Sequence[float], seconds: int = 600
+        self,
+        ttft_bounds: Sequence[float],
+        itl_bounds: Sequence[float],
+        seconds: int = 600,
+        currency: str = "",
     ) -> None:
         self.seconds = seconds
+        self.currency = currency
         self._ttft_bounds = (*ttft_bounds, math.inf)
         # for each ITL bucket (+Inf last), the band it falls in
         edges = (*itl_bounds, math.inf)
@@ -255,4 +261,5 @@ class LiveRing:
             "models": by_model,
             "objectives": self.objectives,
             "seconds": self.seconds,
+            "currency": self.currency,
         }

@@ -3,7 +3,10 @@
 The main job on a fresh machine: no GPU, no engine, no configuration. It shows in a minute
 what the sidecar is for: the TTFT a user waits for grows with the queue, and a stream that
 pauses every 50 tokens (the simulated engine's default here) has a fine mean ITL, a bad P99,
-and a smoothness score that says so; and how many requests met a chat objective (goodput).
+and a smoothness score that says so; how many requests met a chat objective (goodput); and
+why the others missed it. The engine reports each request's queue and prefill times as vLLM
+does with ``--enable-per-request-metrics``, so the misses are told by phase, not as ``other``;
+the summary reads them, and the stalls' causes, as ``llmobs why`` does (``tools.slo.reasons``).
 """
 
 from __future__ import annotations
@@ -27,6 +30,9 @@ from llmobs.export.metrics.query import buckets, quantile, total
 from llmobs.export.telemetry import build_telemetry
 from llmobs.sim import SimSettings, build_sim_app
 from llmobs.sim.dialects import dialect_name
+from llmobs.tools.amounts import amount
+from llmobs.tools.slo import reasons
+from llmobs.tools.slo.render import PHASE_WORDS, STALL_WORDS, shares
 from llmobs.tools.traffic import DIALECTS, Result, Workload, run_load
 from llmobs.wire.listen import ListenError
 
@@ -124,6 +130,40 @@ def goodput_lines(sidecar: Sidecar, elapsed: float) -> list[str]:
     ]
 
 
+def why_lines(sidecar: Sidecar) -> list[str]:
+    """Where the TTFT misses went and what the stalls came from, read from the sidecar's
+    series and added up as ``llmobs why`` adds them (``tools.slo.reasons``)."""
+    names = reasons.queries("").keys()
+    samples = [(s.name, s.labels, s.value) for family in sidecar.telemetry.registry.collect()
+               for s in family.samples if s.name in names]  # fmt: skip
+    why = reasons.tally(samples).get(reasons.ALL, reasons.Why())
+    misses, spent, stalls = (
+        shares(why.ttft_misses, PHASE_WORDS), shares(why.ttft_seconds, PHASE_WORDS),
+        shares(why.stalls, STALL_WORDS),
+    )  # fmt: skip
+    return [
+        f"  TTFT misses in  {_none(misses)}   (the phase that took most of each)",
+        f"  TTFT spent in   {_none(spent)}",
+        f"  stalls from     {_none(stalls)}",
+    ]
+
+
+def _none(shown: str) -> str:
+    return "none" if shown == "-" else shown
+
+
+def cost_lines(sidecar: Sidecar) -> list[str]:
+    """What the tokens cost, with a price file (``LLMOBS_PRICE_FILE``), in its currency."""
+    prices = sidecar.proxy.prices
+    if prices is None:
+        return []
+    reg, currency = sidecar.telemetry.registry, prices.currency
+    cost = total(reg, "llmobs_cost_total")
+    bad = total(reg, "llmobs_cost_total", verdict="bad")
+    return [f"  cost            {amount(cost, currency)}   ({amount(bad, currency)} of it on bad "
+            "requests)"]  # fmt: skip
+
+
 def _ms(value: float | None) -> str:
     return "   n/a" if value is None else f"{value * 1000:6.0f}"
 
@@ -153,6 +193,8 @@ def summary(sidecar: Sidecar, tally: Tally, elapsed: float, peak_queue: float) -
         f"  queue depth     peak {peak_queue:3.0f}   (requests waiting for their first token)",
         f"  throughput      {out_tokens / elapsed:8.0f} output tokens/s",
         *goodput_lines(sidecar, elapsed),
+        *why_lines(sidecar),
+        *cost_lines(sidecar),
     ]
     if tally.ttfts:
         ordered = sorted(tally.ttfts)
@@ -175,8 +217,9 @@ async def _linger(page: str, seconds: float | None, tty: bool, out: TextIO) -> N
     """Keep the live page up after the load (on a terminal: two minutes) or until Ctrl-C."""
     linger = seconds if seconds is not None else (120.0 if tty else 0.0)
     if page and linger > 0:
-        print(f"The live page stays up {linger:.0f} s more: {page} (Ctrl-C to stop)",
-              file=out, flush=True)  # fmt: skip
+        print(f"The live page stays up {linger:.0f} s more: {page} (Ctrl-C to stop)", file=out)
+        print(f"  why it was slow, per model: llmobs why --metrics-url "
+              f"{page.removesuffix('/ui/')}/metrics", file=out, flush=True)  # fmt: skip
         with contextlib.suppress(asyncio.CancelledError):  # Ctrl-C: the end asked for
             await asyncio.sleep(linger)
 
@@ -198,6 +241,7 @@ async def run_demo(
     sim_settings = SimSettings(
         host="127.0.0.1", port=0, seed=args.seed, max_batch=args.max_batch,
         stall_every=args.stall_every, stall_ms=args.stall_ms, prefill_per_token=0.0001,
+        per_request_metrics=True,  # as vLLM's --enable-per-request-metrics: TTFT in phases
     )  # fmt: skip
     sim_runner = web.AppRunner(build_sim_app(sim_settings), handler_cancellation=True)
     await sim_runner.setup()
@@ -213,7 +257,8 @@ async def run_demo(
     proxy = f"http://{args.host}:{sidecar.port}"
     metrics = f"http://{args.host}:{sidecar.metrics_port}/metrics"
     print(f"llmobs demo: simulated engine at {sim_url} (batch {args.max_batch}, "
-          f"pause {args.stall_ms:.0f} ms every {args.stall_every} steps)", file=out)  # fmt: skip
+          f"pause {args.stall_ms:.0f} ms every {args.stall_every} steps; queue and prefill times "
+          "reported as vLLM's per-request metrics)", file=out)  # fmt: skip
     print(f"  sidecar proxy   {proxy}   (clients talk here)", file=out)
     print(f"  sidecar metrics {metrics}   (try: curl {metrics})", file=out)
     page = _page(args.host, sidecar, out)

@@ -6,6 +6,7 @@ output into its block; tests/docs/test_samples.py runs each recipe shortened and
 its output and the sample differ in shape (the same lines, the same fields, numbers aside).
 
 - ``demo``: README's `llmobs demo` (its summary), 20 s of load as documented;
+- ``why``: README's `llmobs why` against the demo's sidecar, while its live page stays up;
 - ``slo``: docs/slo.md's `llmobs slo --metrics-url ...` after a few requests through a sidecar
   with an objective, one of them failed by the engine;
 - ``span``: docs/tracing.md's stuttering stream: the simulated engine pausing 150 ms every 25
@@ -56,6 +57,29 @@ def demo(short: bool) -> str:
     out = subprocess.run([*LLMOBS, "demo", *flags], capture_output=True, text=True,
                          check=True, timeout=120).stdout  # fmt: skip
     return out[out.index("llmobs demo: what the sidecar measured") :]
+
+
+def why(short: bool) -> str:
+    """README's `llmobs why` after `llmobs demo` (20 s of load as documented), asked while the
+    demo's page stays up."""
+    metrics = free_port()
+    flags = ["--linger", "60", "--port", str(free_port()), "--metrics-port", str(metrics)]
+    if short:
+        flags += ["--duration", "4"]
+    url = f"http://127.0.0.1:{metrics}/metrics"
+    demo = subprocess.Popen([*LLMOBS, "demo", *flags], stdout=subprocess.PIPE,
+                            stderr=subprocess.DEVNULL, text=True)  # fmt: skip
+    try:
+        assert demo.stdout is not None
+        for line in demo.stdout:  # the summary is printed: every request counted
+            if "llmobs why --metrics-url" in line:
+                break
+        done = subprocess.run([*LLMOBS, "why", "--metrics-url", url], capture_output=True,
+                              text=True, check=True, timeout=60)  # fmt: skip
+    finally:
+        demo.terminate()
+        demo.communicate(timeout=30)
+    return done.stdout.replace(url, "http://127.0.0.1:9464/metrics")
 
 
 # --- slo -------------------------------------------------------------------------------------
@@ -241,17 +265,20 @@ def _events(all_events: Sequence[Any], ms: Callable[[int], float]) -> list[str]:
     return lines
 
 
-RECIPES: dict[str, Callable[[bool], str]] = {"demo": demo, "slo": slo, "span": span}
+RECIPES: dict[str, Callable[[bool], str]] = {"demo": demo, "why": why, "slo": slo, "span": span}
 
 
 def shape(text: str) -> list[str]:
     """A sample's lines with what varies between runs taken out: numbers, ids, the list of
-    objectives missed and the events elided."""
+    objectives missed, the shares of causes (their order, and whether any: `-`, `none`) and
+    the events elided."""
     out = []
     for raw in text.splitlines():
         line = re.sub(r"\b[0-9a-f]{32}\b|chatcmpl-\w+", "ID", raw)
         line = re.sub(r"-?\d+(\.\d+)?(e-?\d+)?", "N", line)
         line = re.sub(r"(\b[a-z_]+ N)(, [a-z_]+ N)+", r"\1", line)  # a list of misses: its first
+        line = re.sub(r"<?N% [a-z][a-z ]*(, <?N% [a-z][a-z ]*)*|(?<=: )-$|(?<=  )none\b", "SHARES",
+                      line)  # a list of shares, or none  # fmt: skip
         line = re.sub(r"\s+", " ", line).strip()
         if line and not line.startswith(("event ", "...")):
             out.append(line)

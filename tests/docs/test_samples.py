@@ -31,3 +31,12 @@ def test_shape_keeps_what_a_reader_reads() -> None:
     assert shape(sample) == shape(sample.replace("56", "107").replace("2", "5"))
     assert shape(sample) != shape(sample.replace("llmobs.stalls", "llmobs.stall_count"))
     assert shape(sample) != shape(sample + "    llmobs.slo.verdict = 'good'\n")
+
+
+def test_shape_takes_the_order_of_causes_out() -> None:
+    """`llmobs why` ranks causes by their share, which a shorter run may rank otherwise."""
+    one = "  stalls (134): 52% engine pauses, 48% prefill interference\n"
+    assert shape(one) == shape("  stalls (9): 60% prefill interference, 40% engine pauses\n")
+    assert shape(one) == shape("  stalls (0): -\n")
+    assert shape(one) == shape("  stalls (9): 100% engine pauses, <1% client\n")
+    assert shape(one) != shape(one.replace("stalls", "stall causes"))

@@ -65,13 +65,38 @@ async def chromium(*args: str) -> bytes:
     return out
 
 
+CHAT = Call("/v1/chat/completions", {"model": "chat-model", "stream": True,
+            "messages": [{"role": "user", "content": "hi"}]})  # fmt: skip
+
+
+async def drawn_page(page: str) -> tuple[str, Charts]:
+    """The page's DOM once Chromium has run its script, and its charts."""
+    dom = (await chromium("--dump-dom", page)).decode()
+    charts = Charts()
+    charts.feed(dom)
+    return dom, charts
+
+
+async def screenshot(page: str, shot: Path, variable: str) -> None:
+    """The page as a reader sees it, saved at ``shot`` and, where ``variable`` names a path,
+    there too (docs/live.png is made so)."""
+    await chromium(f"--screenshot={shot}", "--window-size=1280,1500", page)
+    _keep(shot, variable)
+
+
+def _keep(shot: Path, variable: str) -> None:
+    assert shot.stat().st_size > 20_000
+    target = os.environ.get(variable)
+    if target:
+        shutil.copyfile(shot, target)
+
+
 async def test_the_page_draws_the_queue_and_the_stutter(
     start_sim: SimFactory, start_sidecar: SidecarFactory, tmp_path: Path
 ) -> None:
     sim = await start_sim(**ENGINE)
     side = await start_sidecar(sim.url)
-    chat = Call("/v1/chat/completions", {"model": "chat-model", "stream": True,
-                "messages": [{"role": "user", "content": "hi"}]})  # fmt: skip
+    chat = CHAT
     async with aiohttp.ClientSession() as session:
         for _ in range(2):  # two waves of four: the queue fills twice, streams stall
             results = await asyncio.gather(*(stream_call(session, side.url, chat)
@@ -82,9 +107,7 @@ async def test_the_page_draws_the_queue_and_the_stutter(
         assert (await stream_call(session, side.url, hostile)).ok
     await side.live(lambda data: requests_shown(data) == 9)  # a tick after the last request
     page = side.metrics_url + "/ui/"
-    dom = (await chromium("--dump-dom", page)).decode()
-    charts = Charts()
-    charts.feed(dom)
+    dom, charts = await drawn_page(page)
     assert int(charts.body.get("data-polls") or 0) >= 1, dom[-3000:]
     assert "xss" not in charts.ids and "&lt;b id=" in dom  # an option's text, escaped
     drawn = {name: json.loads(c.get("data-max") or "{}") for name, c in charts.charts.items()
@@ -102,9 +125,35 @@ async def test_the_page_draws_the_queue_and_the_stutter(
     # every chart drew as many points as the page holds
     points = {c.get("data-points") for c in charts.charts.values() if c.get("data-points")}
     assert len(points) == 1 and int(points.pop() or 0) >= 3
-    shot = tmp_path / "live.png"
-    await chromium(f"--screenshot={shot}", "--window-size=1280,1500", page)
-    assert shot.stat().st_size > 20_000
-    target = os.environ.get("LLMOBS_UI_SCREENSHOT")
-    if target:
-        shutil.copyfile(shot, target)
+    await screenshot(page, tmp_path / "live.png", "LLMOBS_UI_SCREENSHOT")
+
+
+# a price file as docs/metrics.md writes one: cents per million tokens, so a few requests cost
+# a few hundred-thousandths of a euro a second
+CHEAP = "currency: EUR\nprices:\n  '*': {input: 0.15, output: 0.60}\n"
+
+
+async def test_the_cost_chart_shows_small_amounts_in_their_currency(
+    start_sim: SimFactory, start_sidecar: SidecarFactory, tmp_path: Path
+) -> None:
+    """Issue 53: the cost axis read ``0, 0, 0`` with no currency; its ticks now carry the
+    figures they need and the chart its currency."""
+    prices = tmp_path / "prices.yaml"
+    prices.write_text(CHEAP)
+    sim = await start_sim(**ENGINE)
+    side = await start_sidecar(sim.url, price_file=str(prices))
+    async with aiohttp.ClientSession() as session:
+        results = await asyncio.gather(*(stream_call(session, side.url, CHAT) for _ in range(3)))
+    assert all(r.ok for r in results)
+    data = await side.live(lambda data: requests_shown(data) == 3)
+    assert data["currency"] == "EUR"
+    assert 0 < max(v or 0 for v in data["models"]["all"]["cost"]) < 1e-3  # what reads as 0
+    page = side.metrics_url + "/ui/"
+    dom, charts = await drawn_page(page)
+    cost = charts.charts["cost"]
+    assert "hidden" not in (cost.get("class") or ""), dom[-3000:]
+    assert "What the tokens cost, per second (EUR)" in dom
+    ticks = json.loads(cost.get("data-ticks") or "[]")
+    assert len(set(ticks)) == len(ticks) >= 2, ticks  # no two ticks read the same
+    assert any(float(t) > 0 for t in ticks), ticks
+    await screenshot(page, tmp_path / "cost.png", "LLMOBS_UI_COST_SCREENSHOT")

@@ -96,8 +96,10 @@ class LivePage:
         self.sink = sink
         self.gauges = gauges
         self.clock = clock
-        # the bounds the sink's TTFT and ITL histograms have (the operator's, if set)
-        self.ring = LiveRing(sink.define(TTFT).buckets, sink.define(ITL).buckets, seconds)
+        # the bounds the sink's TTFT and ITL histograms have (the operator's, if set), and
+        # the currency its costs are in
+        self.ring = LiveRing(sink.define(TTFT).buckets, sink.define(ITL).buckets, seconds,
+                             sink.mapping.currency)  # fmt: skip
         self.files = _files()
         self.rendering = asyncio.Lock()
 

@@ -44,6 +44,7 @@ class Row:
     misses: dict[str, float] = field(default_factory=dict)
     cost: float | None = None  # what its tokens cost (None: no price file)
     bad_cost: float = 0.0  # of which the bad requests'
+    currency: str = ""  # the price file's, as the cost series name it
 
     @property
     def judged(self) -> float:
@@ -76,6 +77,7 @@ class Row:
             self.target = value if self.target is None else max(self.target, value)
         elif name == _COST:
             self.cost = (self.cost or 0.0) + value
+            self.currency = labels.get("currency", self.currency)
             if verdict == "bad":
                 self.bad_cost += value
 

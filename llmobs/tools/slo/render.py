@@ -9,6 +9,7 @@ from typing import Any
 
 from llmobs.config.objectives import Objective
 from llmobs.observe.phases import Phase
+from llmobs.tools.amounts import amount
 from llmobs.tools.slo.attainment import Breakdown, Key, Row, outcome, passed
 from llmobs.tools.slo.reasons import ALL, Why
 from llmobs.tools.slo.reasons import Key as WhyKey
@@ -46,6 +47,12 @@ def _misses(row: Row) -> str:
     )
 
 
+def _cost(row: Row) -> str:
+    """``0.00009 (0.00003) EUR``: the cost and the bad requests' share of it, with the
+    figures they need (``tools.amounts``) and the currency."""
+    return f"{amount(row.cost or 0.0)} ({amount(row.bad_cost)}) {row.currency}".rstrip()
+
+
 def slo_table(rows: Mapping[Key, Row], target: float | None = None) -> str:
     """The table: one line per label set, then the verdict; a tenant column when tenants are
     labelled, a cost column when requests are priced."""
@@ -58,7 +65,7 @@ def slo_table(rows: Mapping[Key, Row], target: float | None = None) -> str:
     for (op, model, tenant), row in sorted(rows.items()):
         goal = target if target is not None else row.target
         tokens = f"{row.good_tokens:.0f}/{row.tokens:.0f}" if row.tokens else "-"
-        cost = f"{row.cost or 0:.2f} ({row.bad_cost:.2f})" if row.cost is not None else "-"
+        cost = _cost(row) if row.cost is not None else "-"
         lines.append((
             op, model, *((tenant,) if tenants else ()), f"{row.judged:.0f}", f"{row.good:.0f}",
             _pct(row.attainment), _pct(goal), "yes" if row.met(target) else "NO", tokens,
@@ -100,7 +107,8 @@ def slo_json(
             "target": target if target is not None else row.target, "met": row.met(target),
             "good_output_tokens": row.good_tokens, "output_tokens": row.tokens,
             "misses": row.misses,
-            **({"cost": row.cost, "bad_cost": row.bad_cost} if row.cost is not None else {}),
+            **({"cost": row.cost, "bad_cost": row.bad_cost, "currency": row.currency}
+               if row.cost is not None else {}),
         }
         for (op, model, tenant), row in sorted(rows.items())
     ]  # fmt: skip
@@ -126,7 +134,14 @@ def shares(counts: Mapping[str, float], words: Mapping[str, str]) -> str:
     order = list(words)
     ranked = sorted(counts.items(), key=lambda kv: (-kv[1], order.index(kv[0])
                                                     if kv[0] in order else 99))  # fmt: skip
-    return ", ".join(f"{value / total:.0%} {words.get(name, name)}" for name, value in ranked)
+    return ", ".join(f"{_share(value / total)} {words.get(name, name)}" for name, value in ranked)
+
+
+def _share(part: float) -> str:
+    """A share in whole percent; one that would round to 0 % reads ``<1%``: something, not
+    nothing."""
+    shown = f"{part:.0%}"
+    return "<1%" if shown == "0%" else shown
 
 
 def _all_first(key: WhyKey) -> tuple[bool, WhyKey]:

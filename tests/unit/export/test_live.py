@@ -108,6 +108,16 @@ def test_data_has_no_nan_and_since_filters() -> None:
     assert ring.data(since=10.0)["t"] == []
 
 
+def test_the_data_names_the_currency_its_costs_are_in() -> None:
+    """The page's cost chart says what its numbers are (issue 53: a cost axis with no unit)."""
+    ring = LiveRing(TTFT_BOUNDS, ITL_BOUNDS, currency="EUR")
+    ring.add(1.0, Totals({"m": totals([], [], cost=0.0)}))
+    ring.add(2.0, Totals({"m": totals([], [], cost=9e-05)}))
+    data = ring.data()
+    assert data["currency"] == "EUR" and data["models"]["m"]["cost"] == [0.0, 9e-05]
+    assert LiveRing(TTFT_BOUNDS, ITL_BOUNDS).data()["currency"] == ""  # no price file
+
+
 @pytest.mark.parametrize("seconds", [10, 600])
 def test_memory_is_what_the_docs_say(seconds: int) -> None:
     ring = LiveRing(TTFT_BOUNDS, ITL_BOUNDS, seconds=seconds)

@@ -116,6 +116,12 @@ async def test_the_summary_reads_the_sidecars_own_series(
     assert ("  goodput         0.0% of 3 requests good (target 90.0%): 0.0 good requests/s, "
             "0 good output tokens/s\n") in bad  # fmt: skip
     assert "  misses          ttft 3\n" in bad
+    # why, as llmobs why adds it up: an engine that reports no phase leaves its time in other
+    assert "  TTFT misses in  none   (the phase that took most of each)\n" in good
+    assert "  stalls from     none\n" in good
+    misses = re.search(r"  TTFT misses in  (.+)   \(the phase that took most of each\)", bad)
+    assert misses is not None, bad
+    assert set(re.findall(r"\d+% ([a-z ]+)", misses.group(1))) <= {"other", "before the engine"}
     ttft = re.search(r"TTFT      ms    p50 +(\d+)  p95 +(\d+)  p99 +(\d+)", good)
     assert ttft is not None and int(ttft.group(1)) < 1000, good
 
@@ -125,6 +131,7 @@ async def test_the_live_page_lingers_only_when_asked() -> None:
     await _linger("http://127.0.0.1:1/ui/", 0.01, tty=False, out=out)
     assert out.getvalue() == (
         "The live page stays up 0 s more: http://127.0.0.1:1/ui/ (Ctrl-C to stop)\n"
+        "  why it was slow, per model: llmobs why --metrics-url http://127.0.0.1:1/metrics\n"
     )
     quiet = io.StringIO()
     await _linger("http://127.0.0.1:1/ui/", None, tty=False, out=quiet)  # not a terminal
@@ -152,3 +159,10 @@ async def test_demo_runs_and_prints_a_summary() -> None:
     assert found is not None, text
     requests = re.search(r"requests\s+(\d+)", text)
     assert requests is not None and found.group(2) == requests.group(1)
+    # why (issue 53): the engine reports its queue and prefill as vLLM's per-request metrics
+    # do, so the first tokens' wait is told by phase, and the pauses are named as stalls' cause
+    spent = re.search(r"TTFT spent in   (.+)", text)
+    assert spent is not None and re.search(r"\d+% (queue|prefill)", spent.group(1)), text
+    stalls = re.search(r"stalls from     (.+)", text)
+    assert stalls is not None and "% engine pauses" in stalls.group(1), text
+    assert "llmobs why --metrics-url http://127.0.0.1:" in text

@@ -20,7 +20,7 @@ const CHARTS = {
     ["queue", "prefill queue", "#7c3aed"], ["active", "active", "#0891b2"]] },
   tokens: { scope: "model", series: [
     ["tokens", "output tokens/s", "#2563eb"], ["requests", "requests/s", "#6b7280"]] },
-  cost: { scope: "model", when: "values", series: [["cost", "cost/s", "#16a34a"]] },
+  cost: { scope: "model", when: "values", unit: "currency", series: [["cost", "cost/s", "#16a34a"]] },
   slo: { scope: "model", when: "objectives", series: [
     ["attainment", "good share (0-1)", "#16a34a", "ratio"], ["goodput", "goodput tokens/s", "#2563eb"]] },
   engine: { scope: "global", when: "values", series: [
@@ -34,6 +34,21 @@ let state = null;
 let polls = 0;
 const plots = {};
 const picker = document.getElementById("model");
+
+// An amount with the figures it needs, as llmobs/tools/amounts.py writes one for the CLI: at
+// least two decimals and two significant figures, the zeros past the second decimal dropped
+// (9e-05 reads 0.00009, not 0); below a millionth, scientific.
+function amount(value) {
+  if (value === null || !Number.isFinite(value)) return "n/a";
+  const size = Math.abs(value);
+  if (size === 0) return "0.00";
+  if (size < 1e-6) return value.toExponential(1);
+  const places = Math.max(2, 1 - Math.floor(Math.log10(size)));
+  const text = value.toLocaleString("en-US", { minimumFractionDigits: places, maximumFractionDigits: places });
+  if (places === 2) return text;
+  const [whole, fraction] = text.split(".");
+  return whole + "." + fraction.replace(/0+$/, "").padEnd(2, "0");
+}
 
 function status(text) {
   document.getElementById("status").textContent = text;
@@ -49,7 +64,7 @@ function merge(fresh) {
   const models = new Map(Object.entries(fresh.models).map(([n, c]) => [n, columnsOf(c)]));
   if (state === null) {
     state = { t: fresh.t, global: columnsOf(fresh.global), models, seconds: fresh.seconds,
-              objectives: fresh.objectives };
+              objectives: fresh.objectives, currency: fresh.currency || "" };
     return;
   }
   const before = state.t.length;
@@ -94,17 +109,31 @@ function columns(spec) {
   return spec.series.map(([key]) => source.get(key) || new Array(state.t.length).fill(null));
 }
 
+// A chart of amounts (the cost): its ticks and legend with the figures they need, in the price
+// file's currency; the ticks drawn are kept in data-ticks, for a reader of the DOM.
+function amountAxis(el) {
+  return { scale: "y", size: 80, label: state.currency, values: (u, splits) => {
+    const ticks = splits.map(amount);
+    el.dataset.ticks = JSON.stringify(ticks);
+    return ticks;
+  } };
+}
+
 function options(id, spec, width) {
+  const el = document.getElementById(id);
+  const money = spec.unit === "currency";
   const ratio = spec.series.some((s) => s[3] === "ratio");
   const counts = spec.series.some((s) => s[3] !== "ratio");
   const axes = [{}];
-  if (counts) axes.push({ scale: "y" });
+  if (counts) axes.push(money ? amountAxis(el) : { scale: "y" });
   if (ratio) axes.push({ scale: "ratio", side: counts ? 1 : 3, grid: { show: !counts } });
   return {
     width, height: 220,
     scales: { x: { time: true }, ratio: { range: [0, 1] } },
     series: [{}, ...spec.series.map(([, label, stroke, scale]) => ({
-      label, stroke, width: 1.5, scale: scale === "ratio" ? "ratio" : "y", spanGaps: false,
+      label: money ? label + " (" + state.currency + ")" : label, stroke, width: 1.5,
+      scale: scale === "ratio" ? "ratio" : "y", spanGaps: false,
+      ...(money ? { value: (u, v) => (v === null ? "-" : amount(v) + " " + state.currency) } : {}),
     }))],
     axes,
   };
@@ -130,7 +159,8 @@ function draw() {
     const data = [state.t, ...cols];
     if (!plots[id]) {
       const title = document.createElement("h2");
-      title.textContent = el.dataset.title;
+      title.textContent = el.dataset.title + (spec.unit === "currency" && state.currency
+        ? " (" + state.currency + ")" : "");
       el.append(title);
       plots[id] = new uPlot(options(id, spec, el.clientWidth - 16), data, el);
     } else {

@@ -48,7 +48,7 @@ def test_page_js_draws_the_ring_s_series_by_their_names() -> None:
     assert sorted(by_scope["model"]) == sorted(set(PER_MODEL) - NOT_DRAWN)
     assert {gauge.value for gauge in Gauge} <= set(by_scope["global"])
     # and the data's own keys, as the page reads them
-    for key in ("t", "global", "models", "objectives", "seconds"):
+    for key in ("t", "global", "models", "objectives", "seconds", "currency"):
         assert f"fresh.{key}" in PAGE_JS, key
     assert f'|| "{ALL}"' in PAGE_JS
 

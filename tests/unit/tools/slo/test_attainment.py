@@ -43,13 +43,15 @@ def test_each_family_goes_to_its_part_of_the_row() -> None:
         (MISSES, {**CHAT, "objective": "ttft"}, 2.0), (MISSES, {**CHAT, "objective": "ttft"}, 1.0),
         (MISSES, {**CHAT, "objective": "error"}, 1.0),
         (TARGET, CHAT, 0.9), (TARGET, CHAT, 0.99), (TARGET, CHAT, 0.5),  # the strictest
-        (COST, {**CHAT, "verdict": "good"}, 0.25), (COST, {**CHAT, "verdict": "bad"}, 0.5),
+        (COST, {**CHAT, "verdict": "good", "currency": "EUR"}, 0.25),
+        (COST, {**CHAT, "verdict": "bad", "currency": "EUR"}, 0.5),
         (REQUESTS, {**CHAT, "verdict": "good"}, math.inf), (TOKENS, CHAT, math.nan),  # nothing
         ("llmobs_requests_total", CHAT, 100.0),  # another family: ignored
     ]  # fmt: skip
     assert rows_from_samples(samples) == {
         ("chat", "m", ""): Row(good=6.0, bad=3.0, good_tokens=48.0, tokens=68.0, target=0.99,
-                               misses={"ttft": 3.0, "error": 1.0}, cost=0.75, bad_cost=0.5)
+                               misses={"ttft": 3.0, "error": 1.0}, cost=0.75, bad_cost=0.5,
+                               currency="EUR")
     }  # fmt: skip
 
 

@@ -41,10 +41,20 @@ def test_the_slo_table_one_line_a_label_set() -> None:
 
 
 def test_a_tenant_column_when_tenants_are_labelled_a_cost_one_when_priced() -> None:
-    rows = {("chat", "m", "team-a"): Row(good=1.0, bad=1.0, cost=0.75, bad_cost=0.5)}
+    rows = {("chat", "m", "team-a"): Row(good=1.0, bad=1.0, cost=0.75, bad_cost=0.5,
+                                         currency="EUR")}  # fmt: skip
     header, line = slo_table(rows).splitlines()
     assert header.split()[:3] == ["operation", "model", "tenant"] and "cost (bad)" in header
-    assert line.split()[2] == "team-a" and "0.75 (0.50)" in line
+    assert line.split()[2] == "team-a" and "0.75 (0.50) EUR" in line
+
+
+def test_a_small_cost_is_shown_with_the_figures_it_needs_and_stays_a_number_for_tools() -> None:
+    """A few requests' cost reads 0.00009 EUR, not 0.00 (issue 53)."""
+    rows = {("chat", "m", ""): Row(good=2.0, bad=1.0, cost=9e-05, bad_cost=3e-05,
+                                   currency="EUR")}  # fmt: skip
+    assert "0.00009 (0.00003) EUR" in slo_table(rows).splitlines()[1]
+    (found,) = json.loads(slo_json(rows))["label_sets"]
+    assert (found["cost"], found["bad_cost"], found["currency"]) == (9e-05, 3e-05, "EUR")
 
 
 def test_the_pods_that_hold_the_bad_requests_most_first() -> None:
@@ -91,6 +101,9 @@ def test_shares_read_as_the_issue_asks() -> None:
     assert shares({"client": 1.0, "prefill": 1.0}, STALL_WORDS) == (
         "50% prefill interference, 50% client")  # ties in the causes' order  # fmt: skip
     assert shares({"new_cause": 1.0}, STALL_WORDS) == "100% new_cause"  # a cause not yet worded
+    # a share that rounds to nothing is still something (issue 53: small numbers readable)
+    assert shares({"queue": 996.0, "other": 4.0}, PHASE_WORDS) == "100% queue, <1% other"
+    assert shares({"queue": 99.0, "other": 1.0}, PHASE_WORDS) == "99% queue, 1% other"
 
 
 def test_the_why_report_for_people_and_for_tools() -> None:
