@@ -32,6 +32,7 @@ from llmobs.tools.slo.cli import (
 )
 from llmobs.tools.tenant_key import run_tenant_key
 from llmobs.wire.listen import ListenError
+from llmobs.wire.tls import TlsError
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -132,13 +133,16 @@ async def _serve(settings: Settings, otel: OtelSettings) -> int:
 
     def announce(sidecar: Sidecar) -> None:
         logging.getLogger("llmobs").info(
-            "llmobs %s: proxy on %s:%d -> %s; metrics on http://%s:%d/metrics",
-            __version__, settings.host, sidecar.port, settings.upstream,
-            settings.metrics_host, sidecar.metrics_port,
+            "llmobs %s: proxy on %s:%d%s -> %s; metrics on %s://%s:%d/metrics",
+            __version__, settings.host, sidecar.port,
+            " (TLS)" if settings.tls_cert_file else "", settings.upstream,
+            "https" if settings.metrics_tls else "http", settings.metrics_host,
+            sidecar.metrics_port,
         )  # fmt: skip
         if sidecar.live is not None:
             logging.getLogger("llmobs").info(
-                "live page: http://%s:%d/ui/", _browsable(settings.metrics_host),
+                "live page: %s://%s:%d/ui/", "https" if settings.metrics_tls else "http",
+                _browsable(settings.metrics_host),
                 sidecar.metrics_port,
             )  # fmt: skip
 
@@ -199,7 +203,7 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
     except ConfigError as exc:
         print(f"llmobs: configuration error: {exc}", file=sys.stderr)
         return 2
-    except ListenError as exc:  # a port taken, an address not this machine's: one sentence
+    except (ListenError, TlsError) as exc:  # a port taken, a certificate file: one sentence
         print(f"llmobs {args.command}: {exc.sentence(_flag_of(args.command))}.", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

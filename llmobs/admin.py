@@ -26,6 +26,7 @@ from llmobs.config.settings import Settings
 from llmobs.export.metrics.exposition import accepts_gzip, negotiate, render
 from llmobs.export.telemetry import Telemetry
 from llmobs.export.ui import LivePage, add_routes
+from llmobs.wire.tls import EngineTls
 
 SESSION = web.AppKey("session", aiohttp.ClientSession)
 
@@ -76,9 +77,14 @@ class _Admin:
     thread, the sidecar's lifecycle and the session /readyz asks the engine with."""
 
     def __init__(
-        self, settings: Settings, registry: CollectorRegistry, lifecycle: Lifecycle
+        self,
+        settings: Settings,
+        registry: CollectorRegistry,
+        lifecycle: Lifecycle,
+        engine_tls: EngineTls | None = None,
     ) -> None:
         self.settings = settings
+        self.engine_tls = engine_tls
         self.registry = registry
         self.lifecycle = lifecycle
         # One rendering thread: concurrent scrapes queue instead of collecting in parallel
@@ -121,8 +127,10 @@ class _Admin:
             return web.json_response({"status": "unready", "detail": "draining"}, status=503)
         session = request.app[SESSION]
         url = self.settings.upstream_base + "/health"
+        tls = self.engine_tls.request_args(url) if self.engine_tls is not None else {}
+        limit = aiohttp.ClientTimeout(total=READY_TIMEOUT)
         try:
-            async with session.get(url, timeout=aiohttp.ClientTimeout(total=READY_TIMEOUT)) as r:
+            async with session.get(url, timeout=limit, **tls) as r:
                 ready = r.status < 500
                 detail = f"upstream answered {r.status}"
         except (aiohttp.ClientError, OSError, TimeoutError) as exc:
@@ -147,11 +155,13 @@ def build_admin_app(
     collectors: Collectors | None = None,
     lifecycle: Lifecycle | None = None,
     live: LivePage | None = None,
+    engine_tls: EngineTls | None = None,
 ) -> web.Application:
     """/metrics (Prometheus text, or OpenMetrics with exemplars when the scraper asks for
-    it), /healthz (the sidecar), /readyz (the upstream answers), and the live page (/ui)."""
+    it), /healthz (the sidecar), /readyz (the upstream answers, asked over ``engine_tls``
+    for an https one), and the live page (/ui)."""
     app = web.Application()
-    admin = _Admin(settings, telemetry.registry, lifecycle or Lifecycle())
+    admin = _Admin(settings, telemetry.registry, lifecycle or Lifecycle(), engine_tls)
     app.cleanup_ctx.append(admin.session_ctx)
     if collectors is not None:  # polled in the background while the admin app runs
         app.cleanup_ctx.append(collectors.lifecycle)

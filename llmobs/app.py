@@ -19,12 +19,14 @@ from urllib.parse import urlsplit
 from aiohttp import web
 
 from llmobs.admin import Lifecycle, build_admin_app
+from llmobs.certificates import Certificates
 from llmobs.collectors import Collectors, NvmlBackend
 from llmobs.config.settings import ConfigError, Settings
 from llmobs.config.tenants import Tenancy
 from llmobs.export.metrics.mapping import RequestMapping
 from llmobs.export.metrics.otel import OtelMetrics
 from llmobs.export.metrics.sink import MetricsSink
+from llmobs.export.metrics.transport import TransportMetrics
 from llmobs.export.telemetry import Telemetry
 from llmobs.export.tracing import RequestMeta, Tracing
 from llmobs.export.ui import LivePage
@@ -39,6 +41,7 @@ from llmobs.observe.tenants import tenant_of
 from llmobs.observe.timing import unparsed
 from llmobs.relay.observing import ObserverFactory
 from llmobs.relay.proxy import Relay
+from llmobs.wire.accept import RESULTS
 from llmobs.wire.listen import ListenError, listening
 from llmobs.wire.server import ProxyServer
 from llmobs.wire.upstream import Upstream
@@ -175,10 +178,15 @@ class Proxy:
         settings: Settings,
         telemetry: Telemetry,
         consumers: Sequence[RequestConsumer] = (),
+        certificates: Certificates | None = None,
     ) -> None:
-        """``consumers`` take each finished request's record after the sink."""
+        """``consumers`` take each finished request's record after the sink; ``certificates``
+        (TLS on the port, to the engine) are the sidecar's, else read from the settings."""
         self.settings = settings
         self.telemetry = telemetry
+        if certificates is None:
+            certificates = Certificates(settings, TransportMetrics(telemetry.meter, RESULTS))
+        self.certificates = certificates
         self.tenancy = settings.tenancy()
         self.prices = settings.prices()
         objectives = settings.objectives()
@@ -210,9 +218,11 @@ class Proxy:
     async def start(self, host: str, port: int) -> int:
         """Listen; returns the port bound."""
         settings = self.settings
+        tls = self.certificates
         self._upstream = Upstream(
-            settings.upstream_base, settings.connect_timeout, settings.upstream_idle_timeout
-        )
+            settings.upstream_base, settings.connect_timeout, settings.upstream_idle_timeout,
+            tls.engine(),
+        )  # fmt: skip
         self.tracing = tracing_for(settings, self.telemetry, self.provider)
         factory = (
             observer_factory(
@@ -227,8 +237,9 @@ class Proxy:
             client_timeout=settings.client_timeout,
             max_body=settings.max_body_bytes,
             on_reject=self._rejected if settings.instrument else None,
+            on_handshake=tls.metrics.handshake,
         )
-        return await self._server.listen(host, port)
+        return await self._server.listen(host, port, tls.proxy())
 
     def _rejected(self, status: int, duration_s: float) -> None:
         """A request the server refused unparsed still ends in an outcome (``rejected``),
@@ -265,9 +276,12 @@ class Sidecar:
     ) -> None:
         self.settings = settings
         self.telemetry = telemetry
-        self.collectors = Collectors(settings, telemetry.meter, nvml)
+        # TLS: its files read now (a bad one stops the start, named), kept current once started
+        self.certificates = Certificates(settings, TransportMetrics(telemetry.meter, RESULTS))
+        engine_tls = self.certificates.engine()
+        self.collectors = Collectors(settings, telemetry.meter, nvml, engine_tls=engine_tls)
         self.lifecycle = Lifecycle()
-        self.proxy = Proxy(settings, telemetry, [self.collectors])  # MBU/MFU
+        self.proxy = Proxy(settings, telemetry, [self.collectors], self.certificates)  # MBU/MFU
         if self.collectors.engine is not None:  # its preemption counter: a stall cause
             self.collectors.engine.on_preemptions = self.proxy.timeline.preemptions
             self.collectors.engine.on_engine = self.proxy.provider.engine  # and its name
@@ -275,7 +289,7 @@ class Sidecar:
         if settings.ui:
             self.live = LivePage(self.proxy.sink, self.collectors.live_gauges, settings.ui_history)
         self.admin = build_admin_app(
-            settings, telemetry, self.collectors, self.lifecycle, self.live
+            settings, telemetry, self.collectors, self.lifecycle, self.live, engine_tls
         )
         self._runners: list[web.AppRunner] = []
         self.port = 0
@@ -294,6 +308,7 @@ class Sidecar:
         except ListenError:
             await self.stop()  # what started: the upstream pool, the tracer, a port
             raise
+        self.certificates.start()
 
     async def _serve(self, app: web.Application, host: str, port: int) -> int:
         # The admin port: aiohttp, with the proxy port's client timeout for idle connections.
@@ -307,7 +322,8 @@ class Sidecar:
         await runner.setup()
         self._runners.append(runner)
         before = len(runner.addresses)
-        await web.TCPSite(runner, host, port, reuse_address=True).start()
+        tls = self.certificates.admin()
+        await web.TCPSite(runner, host, port, reuse_address=True, ssl_context=tls).start()
         bound = runner.addresses[before:]
         return int(bound[0][1]) if bound else port
 
@@ -342,6 +358,7 @@ class Sidecar:
             await self.proxy.stop(grace + 5)
             for runner in self._runners:
                 await runner.cleanup()
+            await self.certificates.stop()
         finally:
             if ending is not None:
                 ending.cancel()

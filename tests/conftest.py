@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import gc
+import ssl
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -41,8 +42,8 @@ async def start_app() -> AsyncIterator[AppFactory]:
     """Serve any aiohttp app on loopback for the duration of a test."""
     runners: list[web.AppRunner] = []
 
-    async def start(app: web.Application) -> str:
-        runner, url = await serve(app)
+    async def start(app: web.Application, tls: ssl.SSLContext | None = None) -> str:
+        runner, url = await serve(app, tls)
         runners.append(runner)
         gc.freeze()  # see start_sidecar: a scripted engine's schedule is timed too
         return url
@@ -56,12 +57,13 @@ async def start_app() -> AsyncIterator[AppFactory]:
 
 @pytest.fixture
 async def start_sim(start_app: AppFactory) -> SimFactory:
-    """Start a simulated engine: ``await start_sim(max_batch=1, decode_base=0.02, ...)``."""
+    """Start a simulated engine: ``await start_sim(max_batch=1, decode_base=0.02, ...)``;
+    ``tls=`` a server context: over HTTPS."""
 
-    async def start(**overrides: Any) -> SimHandle:
+    async def start(tls: ssl.SSLContext | None = None, **overrides: Any) -> SimHandle:
         settings = dataclasses.replace(SimSettings(), **overrides)
         app = build_sim_app(settings)
-        url = await start_app(app)
+        url = await start_app(app, tls)
         return SimHandle(url, app[ENGINE_KEY], settings)
 
     return start
@@ -95,9 +97,12 @@ async def start_sidecar() -> AsyncIterator[SidecarFactory]:
         # hypothesis, ...), whose full collection takes ~100 ms: in a request it would
         # show as a TTFT or a token gap the scripted upstream never made.
         gc.freeze()
+        scheme, metrics_scheme = (
+            "https" if on else "http" for on in (settings.tls_cert_file, settings.metrics_tls)
+        )
         return SidecarHandle(
-            f"http://127.0.0.1:{sidecar.port}",
-            f"http://127.0.0.1:{sidecar.metrics_port}",
+            f"{scheme}://127.0.0.1:{sidecar.port}",
+            f"{metrics_scheme}://127.0.0.1:{sidecar.metrics_port}",
             telemetry.registry,
             sidecar,
         )

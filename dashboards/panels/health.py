@@ -23,6 +23,9 @@ from panels.names import (
     PROCESS_VMS,
     PYTHON_INFO,
     SPANS_DROPPED,
+    TLS_EXPIRY,
+    TLS_HANDSHAKES,
+    TLS_RELOADS,
 )
 from panels.promql import ITL_COUNT, POD, rate
 
@@ -169,5 +172,41 @@ def health_row() -> list[Json]:
             width=12,
             min=0,
         ),
+        *transports(),
         *sidecar_cost(),
+    ]
+
+
+def transports() -> list[Json]:
+    """TLS, where it is on: handshakes by how they ended, reloads, and days to expiry."""
+    return [
+        timeseries(
+            "TLS handshakes and certificate reloads",
+            "Handshakes per second on the proxy port by result (anything but ok: a client "
+            "without the right certificate, plain HTTP sent to the TLS port, a client that "
+            "never finished), and certificate files read again (error: the old one stays).",
+            [
+                target(f"sum by (result) ({rate(TLS_HANDSHAKES, POD)})", "handshakes {{result}}"),
+                target(
+                    f"sum by (certificate, result) ({rate(TLS_RELOADS, POD)})",
+                    "{{certificate}} reloads {{result}}",
+                ),
+            ],
+            "short",
+            width=12,
+            min=0,
+        ),
+        timeseries(
+            "Days until the certificate expires",
+            "The certificate in use on each pod (serving: the proxy's and metrics port's; "
+            "client: the one shown to the engine): a rotation that never came shows here.",
+            [
+                target(
+                    f"min by (pod, certificate) ({TLS_EXPIRY}{{{POD}}} - time()) / 86400",
+                    "{{pod}} {{certificate}}",
+                )
+            ],
+            "d",
+            width=12,
+        ),
     ]

@@ -25,6 +25,7 @@ from llmobs.config.settings import Settings
 from llmobs.export.live import Gauge
 from llmobs.observe.mbu import EfficiencyTracker, ModelShape
 from llmobs.observe.record import RequestRecord
+from llmobs.wire.tls import EngineTls
 
 __all__ = [
     "Collectors",
@@ -46,7 +47,9 @@ class Collectors:
         meter: Meter,
         nvml: NvmlBackend | None = None,
         clock: Callable[[], float] = time.monotonic,
+        engine_tls: EngineTls | None = None,
     ) -> None:
+        """``engine_tls``: how an https engine's /metrics and model list are asked."""
         self._clock = clock
         self.tracker = EfficiencyTracker()
         self.gpu: GpuCollector | None = None
@@ -63,7 +66,9 @@ class Collectors:
         if settings.engine_scrape_interval > 0:
             url = settings.engine_metrics_url or settings.upstream_base + "/metrics"
             models = settings.upstream_base + "/v1/models"  # the adapters' base models
-            self.engine = EngineCollector(url, settings.engine_scrape_interval, models_url=models)
+            self.engine = EngineCollector(
+                url, settings.engine_scrape_interval, models_url=models, tls=engine_tls
+            )
             register_engine(meter, self.engine)
         self.collectors: tuple[PollingCollector[Any], ...] = tuple(
             c for c in (self.gpu, self.engine) if c is not None

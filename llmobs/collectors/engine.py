@@ -23,6 +23,7 @@ import math
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from typing import Any
 
 import aiohttp
 from opentelemetry.metrics import CallbackOptions, Meter, Observation
@@ -31,6 +32,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from llmobs.collectors.base import PollingCollector, Unavailable
 from llmobs.export.metrics import catalogue as m
 from llmobs.observe.labels import bounded
+from llmobs.wire.tls import EngineTls
 
 Callback = Callable[[CallbackOptions], Iterable[Observation]]
 MAX_BYTES = 16 * 1024**2  # a larger exposition is refused (an error)
@@ -245,6 +247,7 @@ class EngineCollector(PollingCollector[EngineReading]):
         on_preemptions: Callable[[int, int, float], None] | None = None,
         models_url: str = "",
         on_engine: Callable[[str | None], None] | None = None,
+        tls: EngineTls | None = None,
     ) -> None:
         """``on_preemptions(sent_ns, read_ns, total)``: each scrape's preemption counter,
         with when it was asked and read (``perf_counter_ns``, the relay's clock): the stall
@@ -253,7 +256,8 @@ class EngineCollector(PollingCollector[EngineReading]):
         effort: an engine without one, or without parents in it, has none).
         ``on_engine(name)``: the engine each scrape names, as a provider name (``PROVIDERS``),
         or None when the endpoint answers but names no known engine (no /metrics, or another
-        program's): the provider name's (``observe.provider``)."""
+        program's): the provider name's (``observe.provider``). ``tls``: how an https
+        engine is asked (the sidecar's context for it, and the name its certificate carries)."""
         # at start by default: a pod just started shows its engine at once (up, or down with
         # the reason) instead of absent for a whole interval
         delay = 0.0 if first_delay is None else first_delay
@@ -263,6 +267,10 @@ class EngineCollector(PollingCollector[EngineReading]):
         self.on_engine = on_engine
         self.models_url = models_url
         self._session: aiohttp.ClientSession | None = None
+        self._tls = tls
+
+    def _tls_for(self, url: str) -> dict[str, Any]:
+        return self._tls.request_args(url) if self._tls is not None else {}
 
     async def poll(self) -> EngineReading:
         if self._session is None:
@@ -270,7 +278,9 @@ class EngineCollector(PollingCollector[EngineReading]):
         timeout = aiohttp.ClientTimeout(total=min(max(self.interval, 1.0), TIMEOUT_S))
         sent = time.perf_counter_ns()
         try:
-            async with self._session.get(self.url, timeout=timeout) as resp:
+            async with self._session.get(
+                self.url, timeout=timeout, **self._tls_for(self.url)
+            ) as resp:
                 if resp.status != 200:
                     if resp.status < 500:  # no metrics here (a 5xx: not up yet, maybe)
                         self._named(None)
@@ -306,7 +316,8 @@ class EngineCollector(PollingCollector[EngineReading]):
         cannot be read: the model list is a nicety, not what the collector is up for."""
         assert self._session is not None
         try:
-            async with self._session.get(self.models_url, timeout=limit) as resp:
+            tls = self._tls_for(self.models_url)
+            async with self._session.get(self.models_url, timeout=limit, **tls) as resp:
                 if resp.status != 200:
                     return ()
                 body = await _read_bounded(resp, MAX_MODELS_BYTES)

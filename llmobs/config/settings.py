@@ -59,6 +59,7 @@ from llmobs.config.prices import Prices, load_prices
 from llmobs.config.tenants import DEFAULT_METRICS as DEFAULT_TENANT_METRICS
 from llmobs.config.tenants import METRIC_NAMES as TENANT_METRIC_NAMES
 from llmobs.config.tenants import Tenancy, check_metrics, load_keys
+from llmobs.config.transports import check_tls
 
 __all__ = ["OPTIONS", "ConfigError", "Settings", "add_arguments", "settings_from_args"]
 
@@ -91,6 +92,37 @@ class Settings:
     metrics_port: int = option(
         9464, int, "port serving /metrics, /healthz and /readyz", "PORT", check=tcp_port
     )
+    # TLS (docs/deploy.md): the listener's files are checked every few seconds and a changed
+    # certificate serves the next connections (streams in flight keep theirs).
+    tls_cert_file: str = option(
+        "", str, "serve the proxy port over TLS with this PEM certificate chain (HTTP/2 by "
+        "ALPN); reloaded when it changes", "PATH",
+    )  # fmt: skip
+    tls_key_file: str = option("", str, "the certificate's PEM private key", "PATH")
+    tls_client_ca_file: str = option(
+        "", str, "require client certificates signed by these PEM CAs (mTLS) on the proxy port",
+        "PATH",
+    )  # fmt: skip
+    metrics_tls: bool = option(
+        False, parse_bool, "serve the metrics port over TLS too, with the same certificate "
+        "(no client certificate asked: probes and --metrics-token still work)", "BOOL",
+    )  # fmt: skip
+    upstream_ca_file: str = option(
+        "", str, "PEM CAs an https engine's certificate is checked against (default: the "
+        "system's trust store)", "PATH",
+    )  # fmt: skip
+    upstream_server_name: str = option(
+        "", str, "the name sent to an https engine (SNI) and checked in its certificate "
+        "(default: the --upstream URL's host)", "NAME",
+    )  # fmt: skip
+    upstream_cert_file: str = option(
+        "", str, "a PEM client certificate shown to an https engine (mTLS)", "PATH"
+    )
+    upstream_key_file: str = option("", str, "the client certificate's PEM private key", "PATH")
+    upstream_insecure_skip_verify: bool = option(
+        False, parse_bool, "do not check an https engine's certificate at all (a pod's "
+        "self-signed one); logged as a warning at start", "BOOL",
+    )  # fmt: skip
     connect_timeout: float = option(
         10.0, float, "seconds to wait for a connection to the upstream (then 504)", "SECONDS",
         check=positive,
@@ -313,6 +345,7 @@ class Settings:
     def __post_init__(self) -> None:
         check_fields(self, OPTIONS)  # each option's own bounds, then what binds several
         _check_ports(self)
+        check_tls(lambda name: getattr(self, name), source)
         _check_objectives(self)
 
     @classmethod
@@ -351,7 +384,8 @@ class Settings:
 OPTIONS = options_of(Settings, "LLMOBS_")
 
 
-def _source(field: str) -> str:
+def source(field: str) -> str:
+    """How a sidecar setting is given: its flag and its variable."""
     return source_of(field, OPTIONS)
 
 
@@ -360,7 +394,7 @@ def _check_ports(s: Settings) -> None:
     shared = s.host == s.metrics_host or {s.host, s.metrics_host} & wildcard
     if s.port == s.metrics_port != 0 and shared:  # the second bind would fail on the first
         raise ConfigError(
-            f"{_source('metrics_port')}: must differ from {_source('port')} (both {s.port})"
+            f"{source('metrics_port')}: must differ from {source('port')} (both {s.port})"
         )
 
 
@@ -368,7 +402,7 @@ def _check_objectives(s: Settings) -> None:
     try:  # the default set (checked by ObjectiveSet), then the file's entries
         s.objectives()
     except ObjectiveError as exc:  # a field of the default set: a flag's or variable's
-        raise ConfigError(f"{_source('slo_' + exc.field)}: {exc.message}") from None
+        raise ConfigError(f"{source('slo_' + exc.field)}: {exc.message}") from None
 
 
 def visible_devices(environ: Mapping[str, str]) -> dict[str, Any]:

@@ -7,6 +7,7 @@ checks that no entry is shadowed by an earlier one).
 
 from __future__ import annotations
 
+import ssl
 from typing import NamedTuple
 
 from llmobs.observe.timing import Outcome
@@ -29,7 +30,7 @@ class _Failure(NamedTuple):
 
 
 # An exception -> the request's end, the first entry that matches (BadRequest is a
-# ProtocolError, and both and TimeoutError are OSErrors: they come first).
+# ProtocolError, and both, TimeoutError and the TLS errors are OSErrors: they come first).
 FAILURES: tuple[tuple[type[BaseException], _Failure], ...] = (
     (ShutDown, _Failure(Outcome.SHUTDOWN, 503, "llmobs: shutting down", False, True)),
     (BodyTooLarge, _Failure(
@@ -42,6 +43,12 @@ FAILURES: tuple[tuple[type[BaseException], _Failure], ...] = (
     (TimeoutError, _Failure(Outcome.UPSTREAM_TIMEOUT, 504, "upstream timed out", True, False)),
     (ProtocolError, _Failure(
         Outcome.UPSTREAM_ERROR, 502, "upstream sent an invalid response: {error}", True, False
+    )),
+    (ssl.SSLCertVerificationError, _Failure(
+        Outcome.UPSTREAM_ERROR, 502, "upstream's TLS certificate not accepted", True, False
+    )),
+    (ssl.SSLError, _Failure(
+        Outcome.UPSTREAM_ERROR, 502, "no TLS connection to the upstream: {kind}", True, False
     )),
     (OSError, _Failure(Outcome.UPSTREAM_ERROR, 502, "upstream unavailable: {kind}", True, False)),
 )  # fmt: skip

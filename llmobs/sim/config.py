@@ -196,9 +196,22 @@ class SimSettings:
         "BOOL",
     )
 
+    tls_cert_file: str = option(
+        "", str, "serve HTTPS with this PEM certificate chain (as vLLM's --ssl-certfile), "
+        "reloaded when it changes (as --enable-ssl-refresh)", "PATH",
+    )  # fmt: skip
+    tls_key_file: str = option(
+        "", str, "the certificate's PEM private key (as vLLM's --ssl-keyfile)", "PATH"
+    )
+
     def __post_init__(self) -> None:
         check_fields(self, SIM_OPTIONS)  # each option's own bounds, then what binds two
         _check_lengths(self)
+        if bool(self.tls_cert_file) != bool(self.tls_key_file):
+            raise ConfigError(
+                f"{sim_source('tls_cert_file')} and {sim_source('tls_key_file')} go together: "
+                "give both, or neither for plain HTTP"
+            )
 
     @classmethod
     def from_sources(
@@ -211,14 +224,15 @@ class SimSettings:
 SIM_OPTIONS = options_of(SimSettings, "LLMOBS_SIM_")
 
 
-def _source(field: str) -> str:
+def sim_source(field: str) -> str:
+    """How a sim setting is given: its flag and variable."""
     return source_of(field, SIM_OPTIONS)
 
 
 def _check_lengths(s: SimSettings) -> None:
     if s.output_tokens_max < s.output_tokens_min:
         raise ConfigError(
-            f"{_source('output_tokens_max')}: must be >= output_tokens_min "
+            f"{sim_source('output_tokens_max')}: must be >= output_tokens_min "
             f"({s.output_tokens_min}), got {s.output_tokens_max}"
         )
 

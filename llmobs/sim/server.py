@@ -24,13 +24,23 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector, CollectorRegistry
 
-from llmobs.sim.config import SimSettings
+from llmobs.sim.config import SimSettings, sim_source
 from llmobs.sim.dialects import BadRequest, Context, Endpoint, Exchange, endpoints_for
 from llmobs.sim.dialects.base import Chunk, Plan
 from llmobs.sim.engine import SimEngine
 from llmobs.sim.faults import Faulted, Out, fault_of, serve_fault
 from llmobs.sim.request import EngineStopped, SimRequest
 from llmobs.wire.listen import listening
+from llmobs.wire.tls import (
+    ALPN_HTTP1,
+    ServerFiles,
+    ServerTls,
+    TlsError,
+    Watched,
+    following,
+    keep_current,
+    server_tls,
+)
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 ENGINE_KEY = web.AppKey("sim_engine", SimEngine)
@@ -298,15 +308,40 @@ async def run_sim(settings: SimSettings) -> None:
     cancels its handler and frees the request's place in the batch.
     """
     runner = web.AppRunner(build_sim_app(settings), handler_cancellation=True)
+    watched = sim_tls(settings)
     await runner.setup()
     try:
         with listening(settings.host, settings.port):
-            await web.TCPSite(runner, settings.host, settings.port).start()
+            context = following(lambda: watched.current.admin) if watched else None
+            await web.TCPSite(runner, settings.host, settings.port, ssl_context=context).start()
         port = runner.addresses[0][1] if runner.addresses else settings.port
+        scheme = "https" if watched else "http"
         print(
-            f"llmobs sim: listening on http://{settings.host}:{port} (model {settings.model})",
+            f"llmobs sim: listening on {scheme}://{settings.host}:{port} (model {settings.model})",
             flush=True,
         )
-        await asyncio.Event().wait()
+        if watched is None:
+            await asyncio.Event().wait()
+        else:  # as vLLM's --enable-ssl-refresh: a rotated certificate for new connections
+            await keep_current(watched, TLS_CHECK_EVERY, _told)
     finally:
         await runner.cleanup()
+
+
+TLS_CHECK_EVERY = 1.0  # seconds between checks of the certificate's files
+
+
+def sim_tls(settings: SimSettings) -> Watched[ServerTls] | None:
+    """The sim's certificate, kept current (None: plain HTTP); a bad file raises the
+    ``TlsError`` that names it (told with the sim's flags by the CLI)."""
+    if not settings.tls_cert_file:
+        return None
+    files = ServerFiles(settings.tls_cert_file, settings.tls_key_file)
+    return Watched(files.paths(), lambda: server_tls(files, (ALPN_HTTP1,)))
+
+
+def _told(took: bool, error: TlsError | None) -> None:
+    if took:
+        print("llmobs sim: certificate reloaded", flush=True)
+    elif error is not None:
+        print(f"llmobs sim: certificate not reloaded: {error.sentence(sim_source)}", flush=True)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import random
+import ssl
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -136,8 +137,10 @@ async def run_load(
     concurrency: int,
     on_result: Callable[[Result], None],
     max_requests: int | None = None,
+    tls: ssl.SSLContext | None = None,
 ) -> int:
-    """Closed loop: ``concurrency`` clients send back to back for ``duration`` seconds."""
+    """Closed loop: ``concurrency`` clients send back to back for ``duration`` seconds
+    (``tls``: how an https ``base_url`` is trusted; None: the system's trust store)."""
     deadline = time.perf_counter() + duration
     sent = 0
 
@@ -147,7 +150,7 @@ async def run_load(
             sent += 1
             on_result(await stream_call(session, base_url, workload.next()))
 
-    connector = aiohttp.TCPConnector(limit=concurrency)
+    connector = aiohttp.TCPConnector(limit=concurrency, ssl=tls if tls is not None else True)
     async with aiohttp.ClientSession(connector=connector) as session:
         await asyncio.gather(*(client(session) for _ in range(concurrency)))
     return sent

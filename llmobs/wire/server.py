@@ -30,9 +30,11 @@ import contextlib
 import logging
 import re
 import socket
+import ssl
 from collections.abc import Awaitable, Callable
 
 from llmobs.config.logs import method_label
+from llmobs.wire.accept import OnHandshake, TlsListener
 from llmobs.wire.carrier import Carrier
 from llmobs.wire.flow import Reading, SendTimeout
 from llmobs.wire.http1 import (
@@ -372,18 +374,31 @@ class ProxyServer:
         max_body: int,
         loop: asyncio.AbstractEventLoop | None = None,
         on_reject: OnReject | None = None,
+        on_handshake: OnHandshake | None = None,
     ) -> None:
         self.handler = handler
         self.on_reject = on_reject
+        self.on_handshake: OnHandshake = on_handshake or (lambda result: None)
         self.client_timeout = client_timeout
         self.max_body = max_body
         self.loop = loop or asyncio.get_running_loop()
         self.connections: set[ServerConnection] = set()
         self.closing = False
         self._servers: list[asyncio.Server] = []
+        self._tls: list[TlsListener] = []
 
-    async def listen(self, host: str, port: int) -> int:
-        """Listen on ``host``:``port`` (0: any free port); returns the port bound."""
+    async def listen(
+        self, host: str, port: int, tls: Callable[[], ssl.SSLContext] | None = None
+    ) -> int:
+        """Listen on ``host``:``port`` (0: any free port); returns the port bound. With
+        ``tls`` (the context to use now: a rotated certificate applies to new connections),
+        each connection shakes hands first, within the client timeout, its result counted."""
+        if tls is not None:
+            listener = TlsListener(
+                tls, lambda: ServerConnection(self), self.client_timeout, self.on_handshake
+            )
+            self._tls.append(listener)
+            return await listener.listen(host, port)
         server = await self.loop.create_server(
             lambda: ServerConnection(self), host, port, reuse_address=True, backlog=1024
         )
@@ -396,6 +411,9 @@ class ProxyServer:
         self.closing = True
         for server in self._servers:
             server.close()
+        for listener in self._tls:
+            listener.close()
+        self._tls.clear()
         for conn in list(self.connections):
             conn.close_when_done()
         tasks = [c.task for c in self.connections if c.task is not None]

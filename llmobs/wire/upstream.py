@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import ssl
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from urllib.parse import urlsplit
 
 from llmobs.wire.connection import (
@@ -26,6 +26,7 @@ from llmobs.wire.connection import (
 from llmobs.wire.habits import SETTLE, Habits
 from llmobs.wire.http1 import Frames
 from llmobs.wire.states import EngineState
+from llmobs.wire.tls import EngineTls
 
 # the connection and its exchange's types are re-exported: the relay takes them from here
 __all__ = ["Connection", "OnBody", "OnHead", "Upstream", "UpstreamClosed", "UpstreamTimeout"]
@@ -39,10 +40,31 @@ _IDLE = EngineState.IDLE  # a connection's state in which the pool keeps it
 MAX_IDLE = 4096
 
 
+class _Fixed:
+    """One context, read as a watched one is (``tls.Watched``)."""
+
+    __slots__ = ("_context",)
+
+    def __init__(self, context: ssl.SSLContext) -> None:
+        self._context = context
+
+    def __call__(self) -> ssl.SSLContext:
+        return self._context
+
+
 class Upstream:
     """The engine's address and a pool of idle connections to it."""
 
-    def __init__(self, base_url: str, connect_timeout: float, idle_timeout: float) -> None:
+    def __init__(
+        self,
+        base_url: str,
+        connect_timeout: float,
+        idle_timeout: float,
+        tls: EngineTls | None = None,
+    ) -> None:
+        """``tls``: the context for an ``https`` engine at each new connection (its files may
+        rotate) and the name sent (SNI) and checked in its certificate; None: the system's
+        trust store and the URL's host."""
         parts = urlsplit(base_url)
         self.https = parts.scheme == "https"
         self.host = parts.hostname or "127.0.0.1"
@@ -59,7 +81,10 @@ class Upstream:
         # one-chunk read lengths the connections' chunked responses have seen (http1.Frames):
         # pure, so shared by all, and bounded (256 lengths, ~60 KiB) for the whole pool
         self._frames: Frames = {}
-        self._ssl: ssl.SSLContext | None = ssl.create_default_context() if self.https else None
+        self._tls: Callable[[], ssl.SSLContext] | None = None
+        if self.https:
+            self._tls = tls.context if tls is not None else _Fixed(ssl.create_default_context())
+        self._server_name = (tls.server_name if tls is not None else "") or self.host
         self._idle: list[Connection] = []
         self._busy: set[Connection] = set()
         # how the engine keeps its connections (``habits``)
@@ -100,8 +125,8 @@ class Upstream:
                     lambda: Connection(loop, self._frames, self.habits),
                     self.host,
                     self.port,
-                    ssl=self._ssl,
-                    server_hostname=self.host if self._ssl else None,
+                    ssl=self._tls() if self._tls is not None else None,
+                    server_hostname=self._server_name if self._tls is not None else None,
                 )
         except TimeoutError:
             raise UpstreamTimeout("upstream connect timed out") from None

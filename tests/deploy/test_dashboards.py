@@ -16,11 +16,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import trustme
 import yaml
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from llmobs.export.metrics.catalogue import CATALOGUE, LATEST_USAGE, Kind
 from llmobs.export.telemetry import build_telemetry
+from tests.support.certs import issue
 from tests.support.dashboards import (
     DASHBOARD,
     GPUS,
@@ -357,8 +359,11 @@ async def test_every_panel_returns_data(
     # Tokens priced, so that the cost panels have a series to show
     prices = tmp_path / "prices.yaml"
     prices.write_text("currency: USD\nprices:\n  '*': {input: 0.5, output: 1.5}\n")
+    # TLS on the proxy port, so that the handshakes and the certificate's expiry are shown
+    served = issue(trustme.CA(), tmp_path)
+    tls = {"tls_cert_file": str(served.cert), "tls_key_file": str(served.key)}
     side = await start_sidecar(sim.url, telemetry, nvml=FakeNvml(GPUS), **COLLECTORS,
-                               **MODEL_SHAPE, price_file=str(prices))  # fmt: skip
+                               **MODEL_SHAPE, price_file=str(prices), **tls)  # fmt: skip
     # Only the sidecar is scraped: the engine's queue and KV cache come through its collector.
     targets = [Target("llmobs", side.metrics_url, LABELS)]
     d = load()
@@ -377,7 +382,7 @@ async def test_every_panel_returns_data(
     # Every dialect in turn: Ollama's responses carry the engine-reported prefill and load.
     async with (
         Prometheus(tmp_path, targets) as prom,
-        streaming_load(side.url, MODEL, 6, dialect="mixed"),
+        streaming_load(side.url, MODEL, 6, dialect="mixed", tls=served.trusting()),
     ):
         loop = asyncio.get_running_loop()
         deadline = loop.time() + DATA_TIMEOUT

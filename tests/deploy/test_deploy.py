@@ -36,7 +36,7 @@ from tests.support.servers import SidecarFactory, SimFactory
 SCHEMAS = ROOT / "deploy" / "schemas"
 COMPOSE = ROOT / "docker-compose.yml"
 KUBERNETES = ROOT / "deploy" / "kubernetes"
-KUSTOMIZATIONS = ("base", "overlays/cpu-sim", "overlays/gpu-vllm")
+KUSTOMIZATIONS = ("base", "overlays/cpu-sim", "overlays/gpu-vllm", "overlays/cpu-sim-tls")
 CRD_SCHEMAS = {
     "PodMonitor": "podmonitor.schema.json",
     "PrometheusRule": "prometheusrule.schema.json",
@@ -501,7 +501,9 @@ def test_the_sidecar_pattern(kustomization: str) -> None:
     ports = {p["name"]: p["containerPort"] for c in containers.values() for p in c["ports"]}
     env = {e["name"]: e.get("value") for e in side["env"]}
     # llmobs relays to the engine over localhost and owns the Service's client port
-    assert env["LLMOBS_UPSTREAM"] == f"http://127.0.0.1:{ports['engine']}"
+    tls = kustomization.endswith("-tls")
+    scheme = "https" if tls else "http"
+    assert env["LLMOBS_UPSTREAM"] == f"{scheme}://127.0.0.1:{ports['engine']}"
     assert (
         int(env["LLMOBS_PORT"]) == ports["http"]
         and int(env["LLMOBS_METRICS_PORT"]) == ports["metrics"]
@@ -512,6 +514,8 @@ def test_the_sidecar_pattern(kustomization: str) -> None:
     # probes on the metrics port: ready when the engine answers, alive while llmobs runs
     assert probe(side, "readinessProbe") == ("/readyz", "metrics")
     assert probe(side, "livenessProbe") == ("/healthz", "metrics")
+    if tls:
+        _check_tls(pod["spec"], containers, env, docs["PodMonitor"]["spec"])
     # graceful termination: preStop sleeps, then 60 s of draining fit in the grace period
     sleeps = [int(c["lifecycle"]["preStop"]["exec"]["command"][1]) for c in (engine, side)]
     assert pod["spec"]["terminationGracePeriodSeconds"] >= max(sleeps) + 60
@@ -531,6 +535,35 @@ def test_the_sidecar_pattern(kustomization: str) -> None:
         assert engine["image"].startswith("vllm/vllm-openai:")
         assert engine["resources"]["limits"]["nvidia.com/gpu"] == "1"
         assert engine["startupProbe"]["httpGet"]["path"] == "/health"
+
+
+def _check_tls(pod: Doc, containers: dict[str, Doc], env: dict[str, Any], monitor: Doc) -> None:
+    """The TLS overlay: every file llmobs and the engine are told of is mounted from the
+    Secret, the probes and both scrapes are https, and the metrics port serves TLS."""
+    mounts = {
+        name: {m["mountPath"] for m in c["volumeMounts"] if m["name"] == "tls"}
+        for name, c in containers.items()
+    }
+    secret = {v["name"]: v["secret"]["secretName"] for v in pod["volumes"] if "secret" in v}
+    assert secret["tls"] == "llmobs-tls"
+    told = [
+        env[k] for k in ("LLMOBS_TLS_CERT_FILE", "LLMOBS_TLS_KEY_FILE", "LLMOBS_UPSTREAM_CA_FILE")
+    ]
+    args = containers["engine"]["args"]
+    told += [args[args.index(flag) + 1] for flag in ("--tls-cert-file", "--tls-key-file")]
+    for path in told:
+        assert path.rsplit("/", 1)[0] in mounts["llmobs"] | mounts["engine"], path
+        assert path.rsplit("/", 1)[1] in ("tls.crt", "tls.key", "ca.crt"), path
+    assert env["LLMOBS_METRICS_TLS"] == "true"
+    for name, kind in (
+        ("llmobs", "readinessProbe"),
+        ("llmobs", "livenessProbe"),
+        ("engine", "livenessProbe"),
+    ):
+        assert containers[name][kind]["httpGet"]["scheme"] == "HTTPS", (name, kind)
+    for endpoint in monitor["podMetricsEndpoints"]:
+        assert endpoint["scheme"] == "https"
+        assert endpoint["tlsConfig"]["ca"]["secret"] == {"name": "llmobs-tls", "key": "ca.crt"}
 
 
 @needs_promtool

@@ -99,5 +99,5 @@ async def listening(
 
 
 # what ``llmobs serve`` (its proxy's and metrics' ports) and ``llmobs sim`` say once listening
-SERVE = r"proxy on [^ ]+:(\d+) -> .*; metrics on http://[^ ]+:(\d+)/metrics"
-SIM = r"llmobs sim: listening on http://[^ ]+:(\d+)"
+SERVE = r"proxy on [^ ]+:(\d+).* -> .*; metrics on https?://[^ ]+:(\d+)/metrics"
+SIM = r"llmobs sim: listening on https?://[^ ]+:(\d+)"

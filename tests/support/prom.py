@@ -13,6 +13,7 @@ import asyncio
 import contextlib
 import math
 import shutil
+import ssl
 from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -228,12 +229,16 @@ def finite(samples: list[tuple[dict[str, str], float]]) -> bool:
 
 @contextlib.asynccontextmanager
 async def streaming_load(
-    url: str, model: str, concurrency: int = 4, seed: int = 0, dialect: str = "openai"
-) -> AsyncIterator[None]:
-    """Closed-loop streaming clients (short prompts) until the block ends, then cancelled."""
+    url: str, model: str, concurrency: int = 4, seed: int = 0, dialect: str = "openai",
+    tls: ssl.SSLContext | None = None,
+) -> AsyncIterator[None]:  # fmt: skip
+    """Closed-loop streaming clients (short prompts) until the block ends, then cancelled
+    (``tls``: how an https ``url`` is trusted)."""
     workload = Workload(model, seed=seed, long_share=0.0, dialect=dialect)
     task = asyncio.ensure_future(
-        run_load(url, workload, duration=3600.0, concurrency=concurrency, on_result=_ignore)
+        run_load(
+            url, workload, duration=3600.0, concurrency=concurrency, on_result=_ignore, tls=tls
+        )
     )
     try:
         yield

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ssl
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
@@ -21,13 +22,16 @@ from llmobs.sim import SimEngine, SimSettings
 Json = dict[str, Any]
 
 
-async def serve(app: web.Application) -> tuple[web.AppRunner, str]:
-    """Start ``app`` on an ephemeral loopback port; return its runner and base URL."""
+async def serve(
+    app: web.Application, tls: ssl.SSLContext | None = None
+) -> tuple[web.AppRunner, str]:
+    """Start ``app`` on an ephemeral loopback port (HTTPS with ``tls``); return its runner and
+    base URL."""
     runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
     await runner.setup()
-    await web.TCPSite(runner, "127.0.0.1", 0).start()
+    await web.TCPSite(runner, "127.0.0.1", 0, ssl_context=tls).start()
     host, port = runner.addresses[0][:2]
-    return runner, f"http://{host}:{port}"
+    return runner, f"{'https' if tls else 'http'}://{host}:{port}"
 
 
 @dataclass
@@ -94,7 +98,7 @@ def requests_shown(data: Json) -> float:
 
 SimFactory = Callable[..., Awaitable[SimHandle]]
 SidecarFactory = Callable[..., Awaitable[SidecarHandle]]
-AppFactory = Callable[[web.Application], Awaitable[str]]
+AppFactory = Callable[..., Awaitable[str]]  # (app, tls=None)
 
 
 async def eventually(check: Callable[[], bool], within: float = 10.0) -> None:

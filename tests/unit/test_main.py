@@ -241,3 +241,18 @@ def test_a_port_taken_is_named_as_the_command_sets_it() -> None:
     assert _flag_of("serve")("metrics_port") == "--metrics-port / LLMOBS_METRICS_PORT"
     assert _flag_of("sim")("port") == "--port / LLMOBS_SIM_PORT"
     assert _flag_of("demo")("metrics_port") == "--metrics-port"  # the demo reads no variable
+
+
+@pytest.mark.parametrize("command", ["serve", "sim"])
+def test_a_certificate_file_that_will_not_load_is_one_sentence(
+    command: str, tmp_path: os.PathLike[str]
+) -> None:
+    missing = os.path.join(tmp_path, "cert.pem")
+    done = _llmobs(command, "--port", "0", "--tls-cert-file", missing, "--tls-key-file", missing)
+    prefix = "LLMOBS_SIM_" if command == "sim" else "LLMOBS_"
+    assert (done.returncode, done.stdout) == (2, "")
+    assert done.stderr.endswith(
+        f"llmobs {command}: --tls-cert-file / {prefix}TLS_CERT_FILE: {missing} does not "
+        "exist; check the path.\n"
+    )
+    assert "Traceback" not in done.stderr

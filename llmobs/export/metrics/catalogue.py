@@ -295,6 +295,30 @@ SPANS_DROPPED = MetricDef(
     "Spans dropped because the trace export queue was full (exported only when tracing is on).",
 )  # fmt: skip
 
+# Transports (llmobs/wire): TLS on the proxy port and to the engine. See docs/deploy.md.
+RESULT = "result"  # how a handshake or a reload ended: a closed set (wire.accept.RESULTS)
+CERTIFICATE = "certificate"  # serving (the listener's) or client (shown to the engine)
+
+TLS_HANDSHAKES = MetricDef(
+    "llmobs.tls.handshakes", Kind.COUNTER, "{handshake}",
+    "TLS handshakes on the proxy port, by result: ok, timeout, closed, no_certificate, "
+    "bad_certificate, plaintext, protocol, error.",
+    (RESULT,),
+)  # fmt: skip
+TLS_RELOADS = MetricDef(
+    "llmobs.tls.certificate.reloads", Kind.COUNTER, "{reload}",
+    "Changed certificate files read again: ok (the new certificate is in use) or error (the "
+    "old one stays; the log says which file and why).",
+    (CERTIFICATE, RESULT),
+)  # fmt: skip
+TLS_EXPIRY = MetricDef(
+    "llmobs.tls.certificate.expiration_timestamp", Kind.GAUGE, "s",
+    "When the certificate in use expires (seconds since the epoch); minus time(): the "
+    "seconds left.",
+    (CERTIFICATE,),
+)  # fmt: skip
+TRANSPORT_METRICS: tuple[MetricDef, ...] = (TLS_HANDSHAKES, TLS_RELOADS, TLS_EXPIRY)
+
 # Collectors (llmobs/collectors): polled in the background, exported as observable
 # instruments that read the last snapshot at scrape time. See docs/gpu.md.
 COLLECTOR = "collector"
@@ -494,7 +518,7 @@ CATALOGUE: tuple[MetricDef, ...] = (
     TTFT, TTFT_PHASE, TPOT, DURATION, TOKEN_USAGE, *LATEST_USAGE, ITL, ITL_SQUARES, STALLS,
     SMOOTHNESS, REQUESTS, TOKENS, ENGINE_PROMPT_EVAL, ENGINE_LOAD, ACTIVE, QUEUE_DEPTH, MALFORMED,
     OBSERVER_ERRORS, SPANS_DROPPED, SLO_REQUESTS, SLO_MISSES, SLO_OUTPUT_TOKENS, SLO_TARGET,
-    SLO_WINDOW, COST, *COLLECTOR_METRICS, *PROCESS_METRICS,
+    SLO_WINDOW, COST, *TRANSPORT_METRICS, *COLLECTOR_METRICS, *PROCESS_METRICS,
 )  # fmt: skip
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import errno
+import ssl
 
 import aiohttp
 import pytest
@@ -98,7 +99,13 @@ def test_only_the_engines_failures_are_its_own() -> None:
     """A warning in the log and "llmobs:" before the answer are for the engine's failures;
     a client's refused request, a shutdown or the relay's bug are not the engine's."""
     upstream = {kind for kind, failure in FAILURES if failure.upstream}
-    assert upstream == {TimeoutError, ProtocolError, OSError}
+    assert upstream == {
+        TimeoutError,
+        ProtocolError,
+        ssl.SSLCertVerificationError,
+        ssl.SSLError,
+        OSError,
+    }
     assert not INTERNAL.upstream
 
 

@@ -4,15 +4,18 @@ refused naming its flag and variable, the dialects by the names spans give them.
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 import pytest
 
 from llmobs.config.options import ConfigError
 from llmobs.observe.dialects import RESPONSES
 from llmobs.sim import SimSettings, add_sim_arguments, sim_settings_from_args
-from llmobs.sim.config import SIM_DIALECTS, SIM_OPTIONS
+from llmobs.sim.config import SIM_DIALECTS, SIM_OPTIONS, sim_source
 from llmobs.sim.dialects import ALL, DIALECTS
 from llmobs.sim.faults import FAULTS
+from llmobs.sim.server import sim_tls
+from llmobs.wire.tls import TlsError
 
 
 def test_settings_from_flags_and_environment() -> None:
@@ -80,3 +83,18 @@ def test_the_fault_setting_is_validated() -> None:
     assert SimSettings.from_sources({"LLMOBS_SIM_FAULT": "GZIP"}).fault == "gzip"
     for fault in ("none", "header", *FAULTS):
         assert SimSettings(fault=fault).fault == fault
+
+
+def test_a_certificate_needs_its_key_and_a_bad_file_is_named(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match=r"--tls-cert-file .* and --tls-key-file .* go together"):
+        SimSettings(tls_cert_file="cert.pem")
+    garbage = tmp_path / "cert.pem"
+    garbage.write_text("not a certificate")
+    settings = SimSettings(tls_cert_file=str(garbage), tls_key_file=str(garbage))
+    with pytest.raises(TlsError) as caught:
+        sim_tls(settings)
+    assert caught.value.sentence(sim_source) == (
+        f"--tls-cert-file / LLMOBS_SIM_TLS_CERT_FILE: {garbage} holds no PEM certificate "
+        "(-----BEGIN CERTIFICATE-----)"
+    )
+    assert sim_tls(SimSettings()) is None

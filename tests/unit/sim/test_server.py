@@ -5,13 +5,17 @@ from __future__ import annotations
 
 import asyncio
 import re
+import ssl
+from pathlib import Path
 from typing import Any
 
 import aiohttp
 import pytest
+import trustme
 
 from llmobs.sim import SimSettings, run_sim
 from llmobs.sim.faults import FAULT_HEADER
+from tests.support.certs import issue, replace
 from tests.support.servers import SimFactory, eventually
 
 CHAT = "/v1/chat/completions"
@@ -161,3 +165,39 @@ async def test_the_models_list_names_each_adapter_with_its_base(
         ("base", None, "base"), ("sql", "base", "/adapters/sql"),
         ("chat", "base", "/adapters/chat"),
     ]  # fmt: skip
+
+
+async def test_run_sim_serves_https_and_takes_a_rotated_certificate(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    ca = trustme.CA()
+    pem = issue(ca, tmp_path)
+    settings = SimSettings(port=0, tls_cert_file=str(pem.cert), tls_key_file=str(pem.key))
+    task = asyncio.create_task(run_sim(settings))
+    printed: list[str] = []
+
+    def said(text: str) -> bool:
+        printed.append(capsys.readouterr().out)
+        return text in "".join(printed)
+
+    await eventually(lambda: said("\n"))
+    found = re.search(r"listening on (https://\S+) ", "".join(printed))
+    assert found is not None
+    url = found.group(1) + "/health"
+
+    async def health(ctx: ssl.SSLContext) -> int:
+        async with aiohttp.ClientSession() as http, http.get(url, ssl=ctx) as resp:
+            return resp.status
+
+    try:
+        assert await health(pem.trusting()) == 200
+        new = issue(trustme.CA(), tmp_path, "next")
+        replace(pem, new)
+        await eventually(lambda: said("certificate reloaded"))
+        assert await health(new.trusting()) == 200
+        with pytest.raises(aiohttp.ClientConnectorCertificateError):
+            await health(pem.trusting())  # the old CA vouches for nothing served now
+    finally:
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
