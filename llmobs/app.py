@@ -238,6 +238,7 @@ class Proxy:
             max_body=settings.max_body_bytes,
             on_reject=self._rejected if settings.instrument else None,
             on_handshake=tls.metrics.handshake,
+            http2=settings.http2,
         )
         return await self._server.listen(host, port, tls.proxy())
 

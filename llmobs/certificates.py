@@ -22,6 +22,7 @@ from urllib.parse import urlsplit
 from llmobs.config.settings import Settings, source
 from llmobs.export.metrics.transport import CLIENT, SERVING, TransportMetrics
 from llmobs.wire.tls import (
+    ALPN_H2,
     ALPN_HTTP1,
     ClientFiles,
     EngineTls,
@@ -41,7 +42,6 @@ log = logging.getLogger("llmobs")
 T = TypeVar("T")
 
 CHECK_EVERY = 5.0  # seconds between checks of the certificate files (a stat of each)
-PROXY_ALPN = (ALPN_HTTP1,)  # what the proxy port offers by ALPN, in order
 
 
 class Certificates:
@@ -60,7 +60,8 @@ class Certificates:
             files = ServerFiles(
                 settings.tls_cert_file, settings.tls_key_file, settings.tls_client_ca_file
             )
-            self.serving = Watched(files.paths(), lambda: server_tls(files, PROXY_ALPN))
+            alpn = (ALPN_H2, ALPN_HTTP1) if settings.http2 else (ALPN_HTTP1,)
+            self.serving = Watched(files.paths(), lambda: server_tls(files, alpn))
             metrics.expires(SERVING, self.serving.current.expiry)
         self.client: Watched[ssl.SSLContext] | None = None
         self._client_cert_file = settings.upstream_cert_file

@@ -92,6 +92,11 @@ class Settings:
     metrics_port: int = option(
         9464, int, "port serving /metrics, /healthz and /readyz", "PORT", check=tcp_port
     )
+    http2: bool = option(
+        True, parse_bool, "accept HTTP/2 on the proxy port: with prior knowledge (h2c, as a "
+        "gateway's h2c pool sends it) and by ALPN over TLS; each stream measured as a request",
+        "BOOL",
+    )  # fmt: skip
     # TLS (docs/deploy.md): the listener's files are checked every few seconds and a changed
     # certificate serves the next connections (streams in flight keep theirs).
     tls_cert_file: str = option(

@@ -36,6 +36,7 @@ class Carrier:
 
     transport: asyncio.Transport
     remote: str  # the client's address
+    scheme: str  # http, or https over TLS (X-Forwarded-Proto)
 
     def __init__(self) -> None:
         self.state = ClientState.IDLE

@@ -97,7 +97,61 @@ def refusal(exc: BadRequest) -> bytes:
     return head.encode() + body
 
 
-class Request:
+class Hooks:
+    """What a handler is told of its client while it runs, whatever the transport: the flow
+    of its response (``on_flow``) and the client's departure (``on_gone``); the connection
+    tells (``tell_paused``, ``tell_resumed``, ``tell_gone``)."""
+
+    __slots__ = ("_flow", "_gone", "method")
+
+    method: str
+
+    def __init__(self) -> None:
+        self._flow: tuple[Callable[[], None], Callable[[], None]] | None = None
+        self._gone: Callable[[], None] | None = None
+
+    def _held(self) -> bool:
+        """Whether the response's writing is held back now (the client's buffer full)."""
+        raise NotImplementedError
+
+    def on_flow(self, pause: Callable[[], None] | None, resume: Callable[[], None] | None) -> None:
+        """Call ``pause`` when the client's write buffer passes ``HIGH_WATER`` and ``resume``
+        when it is back under ``LOW_WATER`` (the relay pauses the engine's connection);
+        ``None`` stops it."""
+        self._flow = (pause, resume) if pause is not None and resume is not None else None
+        if self._flow is not None and self._held():
+            pause()  # type: ignore[misc]  # not None, checked above
+
+    def on_gone(self, gone: Callable[[], None] | None) -> None:
+        """Call ``gone`` once when the client goes away (its EOF, or the connection lost)
+        while the handler runs; ``None`` stops it. The handler is cancelled too, but only on
+        the loop's next round, and the source may deliver more before then: this stops it at
+        once, so that nothing is written to a closed transport and the relay's hot path needs
+        no check of its own per write. (A source whose response has already ended, in that
+        same round, may ignore it: the client had it all.)"""
+        self._gone = gone
+
+    def tell_gone(self) -> None:
+        """The client went away (the connection's EOF or loss): ``on_gone``'s callback, once."""
+        gone, self._gone = self._gone, None
+        if gone is not None:
+            try:
+                gone()
+            except Exception:  # the handler's bug: the connection's cleanup goes on
+                log.exception("%s request: on_gone failed", method_label(self.method))
+
+    def tell_paused(self) -> None:
+        """The client's write buffer passed ``HIGH_WATER``: ``on_flow``'s pause."""
+        if self._flow is not None:
+            self._flow[0]()
+
+    def tell_resumed(self) -> None:
+        """The client's write buffer is back under ``LOW_WATER``: ``on_flow``'s resume."""
+        if self._flow is not None:
+            self._flow[1]()
+
+
+class Request(Hooks):
     """One request on a connection, and the writing of its response.
 
     The handler writes the response through ``begin`` (the head), then ``write``, or whole
@@ -111,8 +165,6 @@ class Request:
         "_conn",
         "_decoder",
         "_expect_continue",
-        "_flow",
-        "_gone",
         "_limit",
         "_parts",
         "_waiter",
@@ -127,17 +179,15 @@ class Request:
         "head",
         "headers",
         "keep_alive",
-        "method",
         "path",
         "remote",
+        "scheme",
         "started",
         "target",
         "too_large",
         "transport",
         "write_chunks",
     )
-
-    scheme = "http"
 
     def __init__(
         self,
@@ -146,6 +196,7 @@ class Request:
         decoder: BodyDecoder | None,
         limit: int,
     ) -> None:
+        super().__init__()
         self._conn = conn
         self.transport = conn.transport
         self.head = head
@@ -154,6 +205,7 @@ class Request:
         self.path = head.path
         self.headers = head.headers
         self.remote = conn.remote
+        self.scheme = conn.scheme
         self.keep_alive = request_keep_alive(head)  # the client's wish (the state decides)
         self._decoder = decoder
         self.has_body = decoder is not None  # it declares one: a length above zero, or chunked
@@ -170,8 +222,6 @@ class Request:
         # done: the connection takes up the rest (``feed(None)``) in the next turn
         self.backlog = False
         self._waiter: asyncio.Future[None] | None = None
-        self._flow: tuple[Callable[[], None], Callable[[], None]] | None = None
-        self._gone: Callable[[], None] | None = None
         self._expect_continue = expects_continue(head)
         self.body_complete = decoder is None
         self.too_large = False
@@ -348,41 +398,8 @@ class Request:
             body = openai_error_body(status, message)
         self.respond(status, body, close=close)
 
-    def on_flow(self, pause: Callable[[], None] | None, resume: Callable[[], None] | None) -> None:
-        """Call ``pause`` when the client's write buffer passes ``HIGH_WATER`` and ``resume``
-        when it is back under ``LOW_WATER`` (the relay pauses the engine's connection);
-        ``None`` stops it."""
-        self._flow = (pause, resume) if pause is not None and resume is not None else None
-        if self._flow is not None and self._conn.writing is _PAUSED:
-            pause()  # type: ignore[misc]  # not None, checked above
-
-    def on_gone(self, gone: Callable[[], None] | None) -> None:
-        """Call ``gone`` once when the client goes away (its EOF, or the connection lost)
-        while the handler runs; ``None`` stops it. The handler is cancelled too, but only on
-        the loop's next round, and the source may deliver more before then: this stops it at
-        once, so that nothing is written to a closed transport and the relay's hot path needs
-        no check of its own per write. (A source whose response has already ended, in that
-        same round, may ignore it: the client had it all.)"""
-        self._gone = gone
-
-    def tell_gone(self) -> None:
-        """The client went away (the connection's EOF or loss): ``on_gone``'s callback, once."""
-        gone, self._gone = self._gone, None
-        if gone is not None:
-            try:
-                gone()
-            except Exception:  # the handler's bug: the connection's cleanup goes on
-                log.exception("%s request: on_gone failed", method_label(self.method))
-
-    def tell_paused(self) -> None:
-        """The client's write buffer passed ``HIGH_WATER``: ``on_flow``'s pause."""
-        if self._flow is not None:
-            self._flow[0]()
-
-    def tell_resumed(self) -> None:
-        """The client's write buffer is back under ``LOW_WATER``: ``on_flow``'s resume."""
-        if self._flow is not None:
-            self._flow[1]()
+    def _held(self) -> bool:
+        return self._conn.writing is _PAUSED
 
     @property
     def closed(self) -> bool:

@@ -37,6 +37,7 @@ from llmobs.config.logs import method_label
 from llmobs.wire.accept import OnHandshake, TlsListener
 from llmobs.wire.carrier import Carrier
 from llmobs.wire.flow import Reading, SendTimeout
+from llmobs.wire.h2 import PREFACE, H2ServerConnection
 from llmobs.wire.http1 import (
     MAX_REQUEST_HEAD_BYTES,
     BadRequest,
@@ -65,6 +66,7 @@ HIGH_WATER = 256 * 1024  # bytes buffered for a client above which its upstream 
 LOW_WATER = 64 * 1024  # ... and below which it is resumed
 
 LINGER = 2.0  # seconds an unread request body is drained after a refusal, before closing
+_PRI = PREFACE[:14]  # HTTP/2's preface, as far as the HTTP/1.1 reader takes it for a head
 
 Handler = Callable[[Request], Awaitable[None]]
 # told of each request refused before it could be parsed: its status, seconds since its head began
@@ -93,6 +95,7 @@ class ServerConnection(Carrier, asyncio.Protocol):
         self._loop = loop = server.loop
         self.transport: asyncio.Transport = None  # type: ignore[assignment]  # set on connect
         self.remote = ""
+        self.scheme = "http"
         # Bytes read but not handled yet (a head coming in, pipelined requests) from
         # ``_at`` on: a request taken from the front moves ``_at``, copying nothing.
         self._buf = b""
@@ -119,6 +122,8 @@ class ServerConnection(Carrier, asyncio.Protocol):
         self.transport.set_write_buffer_limits(high=HIGH_WATER, low=LOW_WATER)
         peer = transport.get_extra_info("peername")
         self.remote = str(peer[0]) if isinstance(peer, tuple) and peer else ""
+        if transport.get_extra_info("ssl_object") is not None:
+            self.scheme = "https"
         self._server.connections.add(self)
         if self._server.closing:
             self.close()
@@ -242,9 +247,31 @@ class ServerConnection(Carrier, asyncio.Protocol):
             head = parse_request_head(buf[at:end])
             decoder = request_body_decoder(head)
         except BadRequest as exc:
-            self._reject(exc)
+            if buf[at:end] == _PRI and self._server.http2:  # HTTP/2 with prior knowledge
+                self._prior_knowledge(buf, at)
+            else:
+                self._reject(exc)
             return
         self._start(Request(self, head, decoder, self._server.max_body), buf, end + 4)
+
+    def _prior_knowledge(self, buf: bytes, at: int) -> None:
+        """The client's first bytes began HTTP/2's preface (h2c with prior knowledge, as a
+        gateway sends to a pool declared h2c): the connection is HTTP/2's from here on,
+        once the preface's rest has come."""
+        if len(buf) - at < len(PREFACE):
+            self._at = at
+            return  # the rest of the preface to come
+        if buf[at : at + len(PREFACE)] != PREFACE:
+            self._reject(BadRequest(505, "HTTP version not supported"))
+            return
+        if self._idle is not None:
+            self._idle.cancel()
+        self._reading.stop()
+        self._sending.stop()
+        self._server.connections.discard(self)
+        h2conn = H2ServerConnection(self._server, buf[at:])
+        self.transport.set_protocol(h2conn)
+        h2conn.connection_made(self.transport)
 
     def _start(self, request: Request, buf: bytes, at: int) -> None:
         """Run the handler for ``request``, whose head ends at ``at`` in ``buf``; what follows
@@ -347,9 +374,9 @@ class ServerConnection(Carrier, asyncio.Protocol):
             self.transport.close()
 
     @property
-    def task(self) -> asyncio.Task[None] | None:
-        """The handler running for the current request."""
-        return self._task
+    def tasks(self) -> list[asyncio.Task[None]]:
+        """The handler running for the current request, if one is."""
+        return [self._task] if self._task is not None else []
 
     def close_when_done(self) -> None:
         """Shutdown: close now if idle, else once the current response has ended."""
@@ -361,6 +388,23 @@ class ServerConnection(Carrier, asyncio.Protocol):
         if self._task is not None and not self._task.done():
             self._task.cancel()
         self.close()
+
+
+class _Negotiated(asyncio.Protocol):
+    """A TLS connection's protocol until its handshake is done, then the one ALPN chose: h2,
+    else HTTP/1.1 (a client that offered nothing)."""
+
+    def __init__(self, server: ProxyServer) -> None:
+        self._server = server
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        tls = transport.get_extra_info("ssl_object")
+        chosen = tls.selected_alpn_protocol() if tls is not None else None
+        conn: asyncio.Protocol = (
+            H2ServerConnection(self._server) if chosen == "h2" else ServerConnection(self._server)
+        )
+        transport.set_protocol(conn)
+        conn.connection_made(transport)
 
 
 class ProxyServer:
@@ -375,14 +419,16 @@ class ProxyServer:
         loop: asyncio.AbstractEventLoop | None = None,
         on_reject: OnReject | None = None,
         on_handshake: OnHandshake | None = None,
+        http2: bool = True,
     ) -> None:
         self.handler = handler
         self.on_reject = on_reject
         self.on_handshake: OnHandshake = on_handshake or (lambda result: None)
+        self.http2 = http2
         self.client_timeout = client_timeout
         self.max_body = max_body
         self.loop = loop or asyncio.get_running_loop()
-        self.connections: set[ServerConnection] = set()
+        self.connections: set[ServerConnection | H2ServerConnection] = set()
         self.closing = False
         self._servers: list[asyncio.Server] = []
         self._tls: list[TlsListener] = []
@@ -395,7 +441,7 @@ class ProxyServer:
         each connection shakes hands first, within the client timeout, its result counted."""
         if tls is not None:
             listener = TlsListener(
-                tls, lambda: ServerConnection(self), self.client_timeout, self.on_handshake
+                tls, lambda: _Negotiated(self), self.client_timeout, self.on_handshake
             )
             self._tls.append(listener)
             return await listener.listen(host, port)
@@ -416,7 +462,7 @@ class ProxyServer:
         self._tls.clear()
         for conn in list(self.connections):
             conn.close_when_done()
-        tasks = [c.task for c in self.connections if c.task is not None]
+        tasks = [task for c in self.connections for task in c.tasks]
         if tasks:  # no new ones start: each connection closes after its current response
             await asyncio.wait(tasks, timeout=grace)
         for conn in list(self.connections):

@@ -13,18 +13,32 @@ driver: the attack and the victims in processes of their own) and asserts on its
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import aiohttp
+import h2.errors
+import h2.events
+import h2.exceptions
+import hyperframe.frame
 import pytest
 
+from llmobs.wire.h2.connection import MAX_CONTROL, MAX_RESETS, MAX_STREAMS
+from tests.support.h2client import SETTINGS, RawH2
 from tests.support.ports import SERVE, listening, port_of, refused_port
 from tests.support.rawhttp import status_of
-from tests.support.servers import SidecarFactory, eventually, loop_turns
+from tests.support.servers import (
+    SidecarFactory,
+    SidecarHandle,
+    SimFactory,
+    eventually,
+    loop_turns,
+)
 from tests.support.upstreams import BODY, SSE_HEAD, chunked_sse, post, raw_upstream
 
 QUIET = {"engine_scrape_interval": 0, "gpu_sample_interval": 0}
@@ -290,3 +304,155 @@ def test_one_hostile_party_does_not_stall_the_others(tmp_path: Path, loop: str) 
         if attack["attack"] in ("tiny-chunks", "chunk-ext"):
             # refused at 16 MiB on the wire, not after 100 MB of framing
             assert attack["attack_result"]["answer"].startswith("HTTP/1.1 413"), attack
+
+
+# -- HTTP/2: each attack costs a bounded amount and ends only its own connection --------------
+H2_SIM = {"prefill_base": 0.001, "prefill_per_token": 0.0, "decode_base": 0.005}
+CHAT = "/v1/chat/completions"
+CHAT_BODY = json.dumps({"model": "m", "messages": [{"role": "user", "content": "hi"}]}).encode()
+
+
+async def _victim_served(port: int) -> None:
+    """Another client, on a connection of its own, is answered whole meanwhile."""
+    other = await RawH2.connect(port)
+    sid = other.request(CHAT, CHAT_BODY)
+    await other.flush()
+    await other.until(lambda _: other.ended(sid), within=10)
+    assert other.status(sid) == 200 and b'"choices"' in other.body(sid)
+    await other.close()
+
+
+async def _h2_sidecar(
+    start_sim: SimFactory, start_sidecar: SidecarFactory, sim: dict[str, Any] | None = None,
+    **overrides: Any,
+) -> tuple[SidecarHandle, int]:  # fmt: skip
+    engine = await start_sim(**H2_SIM, **(sim or {}))
+    side = await start_sidecar(engine.url, **QUIET, **overrides)
+    return side, int(side.url.rsplit(":", 1)[1])
+
+
+def _frame(kind: type[hyperframe.frame.Frame], sid: int, **fields: Any) -> bytes:
+    frame = kind(sid)
+    for name, value in fields.items():
+        setattr(frame, name, value)
+    return frame.serialize()
+
+
+@pytest.mark.parametrize("attack", ["rapid_reset", "ping_flood", "settings_flood"])
+async def test_an_http2_flood_ends_its_connection_with_enhance_your_calm(
+    start_sim: SimFactory, start_sidecar: SidecarFactory, attack: str
+) -> None:
+    """Rapid reset (CVE-2023-44487: streams opened and cancelled at once, each a request
+    begun), PINGs and SETTINGS without end: past the budget, GOAWAY ENHANCE_YOUR_CALM."""
+    side, port = await _h2_sidecar(start_sim, start_sidecar)
+    client = await RawH2.connect(port)
+    for i in range(2 * MAX_RESETS if attack == "rapid_reset" else 2 * MAX_CONTROL):
+        if attack == "rapid_reset":
+            sid = client.request(CHAT, CHAT_BODY)
+            client.conn.reset_stream(sid, h2.errors.ErrorCodes.CANCEL)
+        elif attack == "ping_flood":
+            client.conn.ping(i.to_bytes(8, "big"))
+        else:
+            client.conn.update_settings({SETTINGS.HEADER_TABLE_SIZE: 4096 + i % 2})
+        if i % 64 == 0:
+            with contextlib.suppress(ConnectionError):
+                await client.flush()
+    with contextlib.suppress(ConnectionError):
+        await client.flush()
+    await client.until(lambda _: client.goaway() is not None, within=20)
+    assert client.goaway() == h2.errors.ErrorCodes.ENHANCE_YOUR_CALM
+    await client.until(lambda _: False, within=10)  # then closed
+    assert client.closed
+    await client.close()
+    await _victim_served(port)
+    side.sidecar.flush_records()
+    if attack == "rapid_reset":  # every stream that reached the relay ended in one outcome
+        ended = side.value("llmobs_requests_total")
+        assert 0 < ended <= MAX_RESETS + MAX_STREAMS
+
+
+@pytest.mark.parametrize("attack", ["continuation_flood", "hpack_bomb", "too_many_streams"])
+async def test_an_http2_header_attack_is_refused_boundedly(
+    start_sim: SimFactory, start_sidecar: SidecarFactory, attack: str
+) -> None:
+    """CONTINUATION frames without end (CVE-2024-27316), a header block that decodes to far
+    more than the limit (an HPACK bomb: one large field indexed, then referenced again and
+    again), and more streams than advertised: the connection ends (GOAWAY), or the stream
+    past the limit is refused; nothing reaches the engine beyond what was allowed."""
+    side, port = await _h2_sidecar(start_sim, start_sidecar)
+    client = await RawH2.connect(port)
+    await client.until(lambda e: any(isinstance(x, h2.events.RemoteSettingsChanged) for x in e))
+    encoder = client.conn.encoder
+    head = [(":method", "GET"), (":scheme", "http"), (":authority", "x"), (":path", "/v1/models")]
+    if attack == "continuation_flood":
+        block = encoder.encode([*head, ("x-a", "b" * 100)])
+        frames = [_frame(hyperframe.frame.HeadersFrame, 1, data=block[:10])]
+        frames += [
+            _frame(hyperframe.frame.ContinuationFrame, 1, data=b"\x00") for _ in range(10_000)
+        ]
+        client.raw(b"".join(frames))
+    elif attack == "hpack_bomb":
+        big = ("x-bomb", "b" * 4000)
+        block = encoder.encode([*head, big, *[big] * 200])  # ~800 KB decoded, a few KB sent
+        client.raw(
+            _frame(
+                hyperframe.frame.HeadersFrame, 1, data=block, flags={"END_HEADERS", "END_STREAM"}
+            )
+        )
+    else:
+        frames = []
+        for n in range(MAX_STREAMS + 1):
+            block = encoder.encode([(":method", "POST"), *head[1:3], (":path", CHAT)])
+            frames.append(
+                _frame(hyperframe.frame.HeadersFrame, 2 * n + 1, data=block, flags={"END_HEADERS"})
+            )
+        client.raw(b"".join(frames))
+    with contextlib.suppress(ConnectionError):
+        await client.writer.drain()
+    with contextlib.suppress(h2.exceptions.ProtocolError, ConnectionError):
+        await client.until(lambda _: False, within=15)
+    assert client.closed  # the connection ended, after GOAWAY
+    await client.close()
+    await _victim_served(port)
+    side.sidecar.flush_records()
+    assert side.value("llmobs_requests_total", outcome="ok") == 1  # the victim's alone
+
+
+async def test_an_http2_window_never_opened_resets_its_stream(
+    start_sim: SimFactory, start_sidecar: SidecarFactory
+) -> None:
+    """A client that opens no window (0 bytes) and never credits any: the response's head
+    goes out, its body waits, and ``client_timeout`` later the stream is reset (CANCEL); the
+    engine's request, 5 s long, ends with it, counted as the client's disconnect."""
+    long = {"output_tokens_min": 1000, "output_tokens_max": 1000}
+    side, port = await _h2_sidecar(start_sim, start_sidecar, long, client_timeout=1.0)
+    client = await RawH2.connect(port, {SETTINGS.INITIAL_WINDOW_SIZE: 0})
+    client.ack = False
+    body = json.dumps(
+        {"model": "m", "stream": True, "messages": [{"role": "user", "content": "hi"}]}
+    )
+    sid = client.request(CHAT, body.encode())
+    await client.flush()
+    events = await client.until(lambda _: client.ended(sid), within=20)
+    resets = [e for e in events if isinstance(e, h2.events.StreamReset) and e.stream_id == sid]
+    assert client.status(sid) == 200 and client.body(sid) == b""
+    assert [r.error_code for r in resets] == [h2.errors.ErrorCodes.CANCEL]
+    await client.close()
+    await _victim_served(port)
+    await eventually(lambda: side.value("llmobs_requests_total", outcome="client_disconnect") == 1)
+
+
+async def test_an_http2_stream_that_sends_nothing_gets_a_408(
+    start_sim: SimFactory, start_sidecar: SidecarFactory
+) -> None:
+    side, port = await _h2_sidecar(start_sim, start_sidecar, client_timeout=1.0)
+    client = await RawH2.connect(port)
+    sid = client.request(CHAT, None, headers=[("content-type", "application/json")], end=False)
+    await client.flush()
+    await client.until(lambda _: client.status(sid) != 0, within=20)
+    assert client.status(sid) == 408
+    await client.until(lambda _: client.ended(sid), within=10)
+    assert b"request body not received within 1 s" in client.body(sid)
+    await client.close()
+    await _victim_served(port)
+    await eventually(lambda: side.value("llmobs_requests_total", outcome="rejected") == 1)

@@ -17,11 +17,13 @@ import aiohttp
 import httpx
 import pytest
 import trustme
+from aiohttp import web
 from cryptography import x509
 from openai import AsyncOpenAI, DefaultAsyncHttpxClient
 
 from tests.support.certs import ca_file, client_context, issue, replace
-from tests.support.servers import SidecarFactory, SidecarHandle, SimFactory, eventually
+from tests.support.counted import counted
+from tests.support.servers import AppFactory, SidecarFactory, SimFactory, eventually
 
 FAST: dict[str, Any] = {"prefill_base": 0.001, "prefill_per_token": 0.0, "decode_base": 0.001}
 MESSAGES = [{"role": "user", "content": "Say something."}]
@@ -52,22 +54,6 @@ async def _chat(base: str, ctx: ssl.SSLContext | bool, n: int = 4) -> list[int]:
     return counts
 
 
-def _counted(side: SidecarHandle) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
-    """What the sidecar counted, by series: every counter and every histogram's count, but
-    neither the times (they differ run to run) nor the ITL samples and stalls, whose number
-    follows how the chunks were read (two that came in one read are one sample: TLS records
-    cut a stream differently), nor the TLS families."""
-    out = {}
-    skip = ("llmobs_tls", "process", "python", "llmobs_inter_token", "llmobs_stalls")
-    for family in side.registry.collect():
-        if family.name.startswith(skip):
-            continue
-        for sample in family.samples:
-            if sample.name.endswith(("_total", "_count")) and "_created" not in sample.name:
-                out[sample.name, tuple(sorted(sample.labels.items()))] = sample.value
-    return out
-
-
 async def test_both_legs_over_tls_are_measured_as_plain_http(
     start_sim: SimFactory, start_sidecar: SidecarFactory, ca: trustme.CA, tmp_path: Path
 ) -> None:
@@ -88,8 +74,7 @@ async def test_both_legs_over_tls_are_measured_as_plain_http(
     assert await _chat(secure.url, served.trusting()) == await _chat(plain.url, False)
     for side in (secure, plain):
         side.sidecar.flush_records()
-    counted = _counted(secure)
-    assert counted == _counted(plain)
+    assert counted(secure) == counted(plain)
     assert secure.value("llmobs_requests_total", outcome="ok") == 4
     assert secure.value("llmobs_tls_handshakes_total", result="ok") == 1  # one connection
     expiry = secure.value("llmobs_tls_certificate_expiration_timestamp_seconds")
@@ -263,3 +248,22 @@ async def test_readiness_and_the_engines_metrics_over_https(
         assert (ready.status_code, ready.json()["status"]) == (200, "ready")
         await eventually(lambda: side.value("llmobs_collector_up", collector="engine") == 1)
         assert (await http.get(side.url + "/v1/models")).status_code == 200
+
+
+async def test_the_engine_is_told_the_client_came_over_https(
+    start_app: AppFactory, start_sidecar: SidecarFactory, ca: trustme.CA, tmp_path: Path
+) -> None:
+    async def echo(request: web.Request) -> web.Response:
+        return web.json_response({"proto": request.headers.get("X-Forwarded-Proto")})
+
+    app = web.Application()
+    app.router.add_get("/headers", echo)
+    served = issue(ca, tmp_path)
+    upstream = await start_app(app)
+    secure = await start_sidecar(
+        upstream, tls_cert_file=str(served.cert), tls_key_file=str(served.key)
+    )
+    plain = await start_sidecar(upstream)
+    async with httpx.AsyncClient(verify=served.trusting()) as http:
+        assert (await http.get(secure.url + "/headers")).json() == {"proto": "https"}
+        assert (await http.get(plain.url + "/headers")).json() == {"proto": "http"}

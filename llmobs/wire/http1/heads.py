@@ -134,10 +134,10 @@ def _request_line(line: bytes) -> tuple[str, str, int]:
         raise BadRequest(505, "HTTP version not supported")
     if parts[0] == b"CONNECT":  # a tunnel: a reverse proxy has none to offer (as nginx)
         raise BadRequest(405, "CONNECT is not supported")
-    return parts[0].decode("ascii"), _origin_form(parts[1]), version[7] - 48
+    return parts[0].decode("ascii"), origin_form(parts[1]), version[7] - 48
 
 
-def _origin_form(target: bytes) -> str:
+def origin_form(target: bytes) -> str:
     """A request target in origin form: as sent, or the path and query of an absolute one
     (its authority is ours); refused if it holds a control byte or climbs above the root."""
     if target.lstrip(_TARGET):

@@ -1,0 +1,212 @@
+"""One HTTP/2 stream as a handler sees a request: the surface of ``request.Request``, so that
+the relay handles a stream as it handles a request over HTTP/1.1.
+
+The body is buffered up to the limit and read whole (``read_body``), as over HTTP/1.1. The
+response goes out through the connection (``H2ServerConnection``), which frames it, holds
+what the client's flow-control windows do not admit yet, and tells the stream when that backlog
+passes the high mark (``tell_paused``: the relay pauses the engine) and when it drains
+(``tell_resumed``). The relay's whole HTTP/1.1 chunks (``write_chunks``) go on as their
+payloads (``chunks.payloads``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Iterable
+from email.utils import formatdate
+from typing import Protocol
+
+from llmobs.wire.h2.chunks import payloads
+from llmobs.wire.http1 import RequestHead, content_length
+from llmobs.wire.request import (
+    BodyTooLarge,
+    BodyTooSlow,
+    Hooks,
+    openai_error_body,
+    reason_phrase,
+)
+
+
+class Carrier(Protocol):
+    """What a stream needs of its connection (``connection.H2ServerConnection``)."""
+
+    remote: str
+    scheme: str
+    closing: bool
+
+    def send_head(
+        self, stream: H2Stream, status: int, fields: Iterable[tuple[str, str]], length: int | None
+    ) -> None: ...
+    def send(self, stream: H2Stream, data: bytes, end: bool) -> None: ...
+    def held(self, stream: H2Stream) -> bool: ...
+    def reset(self, stream: H2Stream) -> None: ...
+
+
+class H2Stream(Hooks):
+    """A request on one stream of an HTTP/2 connection, and the writing of its response."""
+
+    __slots__ = (
+        "_conn",
+        "_limit",
+        "_parts",
+        "_received",
+        "_waiter",
+        "body_complete",
+        "bodyless",
+        "content_length",
+        "ended",
+        "has_body",
+        "head",
+        "headers",
+        "id",
+        "path",
+        "remote",
+        "reset",
+        "scheme",
+        "started",
+        "target",
+        "too_large",
+        "write_chunks",
+    )
+
+    def __init__(
+        self,
+        conn: Carrier,
+        stream_id: int,
+        head: RequestHead,
+        limit: int,
+        ended: bool,
+    ) -> None:
+        super().__init__()
+        self._conn = conn
+        self.id = stream_id
+        self.head = head
+        self.method = head.method
+        self.target = head.target
+        self.path = head.path
+        self.headers = head.headers
+        self.remote = conn.remote
+        self.scheme = conn.scheme
+        self.content_length = content_length(head.headers)
+        self.has_body = not ended  # DATA frames to come (an empty body ends with its head)
+        self.body_complete = ended
+        self._limit = limit
+        self._parts: list[bytes] = []
+        self._received = 0
+        self._waiter: asyncio.Future[None] | None = None
+        self.too_large = False
+        self.started = False  # the response's head was sent
+        self.bodyless = False  # HEAD, 204, 304: a head alone
+        self.ended = False  # the response's end was sent (or the stream reset)
+        self.reset = False  # the stream is gone: reset by either side, or its connection
+        self.write_chunks: Callable[[bytes], None] | None = None
+
+    # -- the request ------------------------------------------------------------------------
+    def feed(self, data: bytes) -> None:
+        """A DATA frame's payload: kept up to the limit, past it dropped (a 413 follows)."""
+        self._received += len(data)
+        if self._received > self._limit:
+            if not self.too_large:  # answered (413) at once, not after the rest
+                self.too_large = True
+                self._parts.clear()
+                self.complete()
+        elif data:
+            self._parts.append(data)
+
+    def complete(self) -> None:
+        """The client ended its half of the stream: the body is whole."""
+        self.body_complete = True
+        waiter = self._waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+    async def read_body(self, budget: float) -> bytes:
+        """The whole body; ``BodyTooSlow`` after ``budget`` seconds, ``BodyTooLarge`` past
+        the limit."""
+        if not self.body_complete:
+            self._waiter = asyncio.get_running_loop().create_future()
+            try:
+                async with asyncio.timeout(budget):
+                    await self._waiter
+            except TimeoutError:
+                raise BodyTooSlow from None
+            finally:
+                self._waiter = None
+        if self.reset:  # the client reset the stream, or left, while it was sending
+            raise ConnectionResetError("the client reset the stream")
+        if self.too_large:
+            raise BodyTooLarge
+        parts = self._parts
+        return parts[0] if len(parts) == 1 else b"".join(parts)
+
+    # -- the response -----------------------------------------------------------------------
+    def begin(
+        self,
+        status: int,
+        reason: str,
+        headers: Iterable[tuple[str, str]],
+        length: int | None,
+        *,
+        close: bool = False,
+    ) -> None:
+        """The response's head; ``reason`` and ``close`` mean nothing on HTTP/2 (a stream
+        ends alone)."""
+        self.bodyless = self.method == "HEAD" or status in (204, 304) or 100 <= status < 200
+        self.started = True
+        self._conn.send_head(self, status, headers, length)
+        if not self.bodyless:
+            self.write_chunks = self._write_chunks
+
+    def write(self, data: bytes) -> None:
+        if data and not self.bodyless:
+            self._conn.send(self, data, False)
+
+    def _write_chunks(self, chunks: bytes) -> None:
+        for payload in payloads(chunks)[0]:
+            self._conn.send(self, payload, False)
+
+    def write_last(self, chunks: bytes) -> None:
+        """Whole chunks, the last among them: their payloads, then the stream's end."""
+        self._write_chunks(chunks)
+        self.end()
+
+    def end(self) -> None:
+        if not self.ended:
+            self.ended = True
+            self._conn.send(self, b"", True)
+
+    def respond(
+        self, status: int, body: bytes, content_type: str = "application/json", *,
+        close: bool = False,
+    ) -> None:  # fmt: skip
+        """A whole response the server produces itself (errors)."""
+        headers = [("Content-Type", content_type), ("Date", formatdate(usegmt=True))]
+        self.begin(status, reason_phrase(status), headers, len(body))
+        self.write(body)
+        self.end()
+
+    def respond_error(
+        self, status: int, message: str, *, close: bool = False, body: bytes | None = None
+    ) -> None:
+        """An error the sidecar answers itself, in the request's API's shape or OpenAI's."""
+        self.respond(status, body if body is not None else openai_error_body(status, message))
+
+    # -- what the connection tells ----------------------------------------------------------
+    def _held(self) -> bool:
+        return self._conn.held(self)
+
+    def tell_gone(self) -> None:
+        """The stream was reset or its connection lost: its body's wait ends, and
+        ``on_gone``'s callback is called, once."""
+        self.reset = True
+        self.complete()
+        super().tell_gone()
+
+    @property
+    def closed(self) -> bool:
+        """Nothing written reaches the client: the stream or its connection is gone."""
+        return self.reset or self._conn.closing
+
+    def abort(self) -> None:
+        """End the stream uncleanly (RST_STREAM): a cut response, the connection kept."""
+        self._conn.reset(self)

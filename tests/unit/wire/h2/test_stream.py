@@ -1,0 +1,116 @@
+"""A stream as the handler's request (``h2.stream``), against a recording carrier (a fake of
+the connection's side): its body read whole, bounded and in time; a response's head, body and
+end; the relay's chunks as payloads; bodiless answers; a reset while the body comes."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterable
+
+import pytest
+from multidict import CIMultiDict
+
+from llmobs.wire.h2.heads import VERSION
+from llmobs.wire.h2.stream import H2Stream
+from llmobs.wire.http1 import RequestHead
+from llmobs.wire.request import BodyTooLarge, BodyTooSlow
+
+
+class Recorded:
+    """What a stream sent through its connection."""
+
+    remote, scheme, closing = "10.0.0.1", "https", False
+
+    def __init__(self) -> None:
+        self.sent: list[tuple[str, object]] = []
+        self.holding = False
+
+    def send_head(
+        self, stream: H2Stream, status: int, fields: Iterable[tuple[str, str]], length: int | None
+    ) -> None:
+        self.sent.append(("head", (status, list(fields), length)))
+
+    def send(self, stream: H2Stream, data: bytes, end: bool) -> None:
+        self.sent.append(("end" if end else "data", data))
+
+    def held(self, stream: H2Stream) -> bool:
+        return self.holding
+
+    def reset(self, stream: H2Stream) -> None:
+        self.sent.append(("reset", None))
+
+
+def _stream(
+    method: str = "POST", ended: bool = False, limit: int = 100
+) -> tuple[H2Stream, Recorded]:
+    conn = Recorded()
+    fields = [("host", "x"), ("content-length", "5")]
+    head = RequestHead(method, "/v1/chat/completions", VERSION, CIMultiDict(fields), fields)
+    return H2Stream(conn, 1, head, limit, ended), conn
+
+
+async def test_the_body_is_read_whole_once_the_stream_ends() -> None:
+    stream, _ = _stream()
+    assert (stream.has_body, stream.content_length, stream.scheme) == (True, 5, "https")
+    reading = asyncio.ensure_future(stream.read_body(5))
+    stream.feed(b"he")
+    stream.feed(b"llo")
+    await asyncio.sleep(0)
+    assert not reading.done()
+    stream.complete()
+    assert await reading == b"hello"
+
+
+async def test_a_body_too_large_too_slow_or_reset() -> None:
+    big, _ = _stream(limit=4)
+    big.feed(b"hello")
+    big.complete()
+    with pytest.raises(BodyTooLarge):
+        await big.read_body(5)
+    slow, _ = _stream()
+    with pytest.raises(BodyTooSlow):
+        await slow.read_body(0.01)
+    gone, _ = _stream()
+    reading = asyncio.ensure_future(gone.read_body(5))
+    await asyncio.sleep(0)
+    gone.tell_gone()
+    with pytest.raises(ConnectionResetError):
+        await reading
+    assert gone.closed
+
+
+def test_a_response_head_body_and_end_and_the_relays_chunks() -> None:
+    stream, conn = _stream(ended=True)
+    stream.begin(200, "OK", [("Content-Type", "text/event-stream")], None)
+    assert stream.write_chunks is not None
+    stream.write_chunks(b"5\r\nhello\r\n3\r\nabc\r\n")
+    stream.write_last(b"1\r\n!\r\n0\r\n\r\n")
+    stream.end()  # once only
+    assert conn.sent == [
+        ("head", (200, [("Content-Type", "text/event-stream")], None)),
+        ("data", b"hello"), ("data", b"abc"), ("data", b"!"), ("end", b""),
+    ]  # fmt: skip
+
+
+@pytest.mark.parametrize(("method", "status"), [("HEAD", 200), ("GET", 204), ("GET", 304)])
+def test_a_bodiless_answer_sends_no_data(method: str, status: int) -> None:
+    stream, conn = _stream(method, ended=True)
+    stream.begin(status, "", [], 10)
+    stream.write(b"ignored")
+    assert stream.bodyless and stream.write_chunks is None
+    assert [kind for kind, _ in conn.sent] == ["head"]
+
+
+def test_an_error_in_the_openai_shape_and_flow_told() -> None:
+    stream, conn = _stream(ended=True)
+    conn.holding = True
+    told: list[str] = []
+    stream.on_flow(lambda: told.append("pause"), lambda: told.append("resume"))
+    assert told == ["pause"]  # held already when the relay asked
+    stream.tell_resumed()
+    stream.respond_error(502, "llmobs: upstream unavailable")
+    kinds = [kind for kind, _ in conn.sent]
+    assert kinds == ["head", "data", "end"] and b'"code": 502' in conn.sent[1][1]  # type: ignore[operator]
+    assert told == ["pause", "resume"]
+    stream.abort()
+    assert conn.sent[-1] == ("reset", None)
