@@ -16,3 +16,4 @@ QUEUE_DEPTH_MIN = 10  # requests waiting for their first token, for 5 whole minu
 KV_CACHE_MAX = 0.9  # the engine's KV cache, average over 5 minutes
 GPU_MEMORY_MAX = 0.97  # GPU memory used / total
 FAILURE_RATIO_MAX = 0.05  # requests the engine failed (refused, reset, 5xx, timeout)
+CERTIFICATE_DAYS_MIN = 7  # days before a TLS certificate in use expires
