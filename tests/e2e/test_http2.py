@@ -17,7 +17,9 @@ import httpx
 import pytest
 import trustme
 from openai import AsyncOpenAI, DefaultAsyncHttpxClient
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
+from llmobs.export.telemetry import build_telemetry
 from tests.support.certs import issue
 from tests.support.counted import counted
 from tests.support.h2client import SETTINGS, RawH2
@@ -52,11 +54,37 @@ async def _streams(http: httpx.AsyncClient, url: str, n: int) -> list[tuple[str,
     return list(await asyncio.gather(*(one() for _ in range(n))))
 
 
+# what differs between two runs of the same requests: ids, times (floats), the engine's own
+# ids, the client's port; what the reads decide (how many ITL samples: two chunks in one read
+# are one); and what the times decide (a stall, and so a verdict, on a loaded machine)
+VOLATILE = (
+    "gen_ai.response.id", "client.port", "server.port", "llmobs.decode.events",
+    "llmobs.stall", "llmobs.slo",
+)  # fmt: skip
+
+
+def _spans(exporter: InMemorySpanExporter) -> list[tuple[str, tuple[tuple[str, str], ...]]]:
+    """Each span's name and attributes, but what differs run to run, sorted."""
+    out = []
+    for span in exporter.get_finished_spans():
+        attrs = {
+            k: str(v) for k, v in (span.attributes or {}).items()
+            if not k.startswith(VOLATILE) and not isinstance(v, float)
+        }  # fmt: skip
+        out.append((span.name, tuple(sorted(attrs.items()))))
+    return sorted(out)
+
+
 async def test_streams_over_h2c_are_measured_as_over_http1(
     start_sim: SimFactory, start_sidecar: SidecarFactory
 ) -> None:
-    h2 = await start_sidecar((await start_sim(**SAME)).url)
-    h1 = await start_sidecar((await start_sim(**SAME)).url)
+    spans = {"h2": InMemorySpanExporter(), "h1": InMemorySpanExporter()}
+    h2 = await start_sidecar(
+        (await start_sim(**SAME)).url, build_telemetry(span_exporter=spans["h2"])
+    )
+    h1 = await start_sidecar(
+        (await start_sim(**SAME)).url, build_telemetry(span_exporter=spans["h1"])
+    )
     async with httpx.AsyncClient(http1=False, http2=True, timeout=30) as http:
         over_h2 = await _streams(http, h2.url, 16)  # prior knowledge: one connection
     async with httpx.AsyncClient(timeout=30) as http:
@@ -64,9 +92,13 @@ async def test_streams_over_h2c_are_measured_as_over_http1(
     assert over_h2 == [("HTTP/2", 12)] * 16
     assert over_h1 == [("HTTP/1.1", 12)] * 16
     for side in (h1, h2):
-        side.sidecar.flush_records()
+        side.sidecar.flush_traces()
     assert counted(h2) == counted(h1)
     assert h2.value("llmobs_requests_total", outcome="ok") == 16
+    assert len(spans["h2"].get_finished_spans()) >= 16
+    over_h2 = _spans(spans["h2"])
+    assert over_h2 == _spans(spans["h1"])
+    assert sum(("gen_ai.usage.output_tokens", "12") in attrs for _, attrs in over_h2) == 16
 
 
 async def test_the_openai_sdk_over_http2_by_alpn(
