@@ -370,6 +370,15 @@ class H2ServerConnection(asyncio.Protocol):
         """Body bytes for ``stream`` (``end``: its last), sent as far as the windows admit."""
         if stream.closed:
             return
+        sid = stream.id
+        if sid not in self._backlog:  # the usual case: nothing waiting, and room for it
+            h2conn = self._h2
+            room = h2conn.local_flow_control_window(sid)
+            if len(data) <= room and len(data) <= h2conn.max_outbound_frame_size:
+                h2conn.send_data(sid, data, end_stream=end)
+                self._floods[1] -= 2
+                self.transport.write(h2conn.data_to_send())
+                return
         if data:
             self._backlog.setdefault(stream.id, []).append(data)
         if end:

@@ -162,13 +162,16 @@ class H2Stream(Hooks):
             self._conn.send(self, data, False)
 
     def _write_chunks(self, chunks: bytes) -> None:
-        for payload in payloads(chunks)[0]:
-            self._conn.send(self, payload, False)
+        parts = payloads(chunks)[0]  # (one DATA frame for a read's chunks, not one each)
+        if parts:
+            self._conn.send(self, parts[0] if len(parts) == 1 else b"".join(parts), False)
 
     def write_last(self, chunks: bytes) -> None:
-        """Whole chunks, the last among them: their payloads, then the stream's end."""
-        self._write_chunks(chunks)
-        self.end()
+        """Whole chunks, the last among them: their payloads and the stream's end at once."""
+        parts = payloads(chunks)[0]
+        if not self.ended:
+            self.ended = True
+            self._conn.send(self, b"".join(parts), True)
 
     def end(self) -> None:
         if not self.ended:
