@@ -43,7 +43,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"{args.out} is stale: run python dashboards/generate.py", file=sys.stderr)
             return 1
         return 0
-    args.out.write_text(text_)
+    root = OUT.parent.parent
+    shown = args.out.relative_to(root) if args.out.is_relative_to(root) else args.out
+    if args.out.exists() and args.out.read_text() == text_:
+        print(f"{shown}: unchanged")
+    else:
+        args.out.write_text(text_)
+        print(f"{shown}: written")
     return 0
 
 

@@ -176,6 +176,16 @@ def prometheus_rule(sources: Sequence[Path] = SOURCES, objectives: Objectives | 
     return HEADER + body
 
 
+def _written(path: Path, text: str) -> str:
+    """Write ``text`` to ``path`` unless it holds it already; say which (a line for the user)."""
+    root = DEPLOY.parent
+    shown = path.relative_to(root) if path.is_relative_to(root) else path
+    if path.exists() and path.read_text() == text:
+        return f"{shown}: unchanged"
+    path.write_text(text)
+    return f"{shown}: written"
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--check", action="store_true", help="fail if a file is stale")
@@ -197,7 +207,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"{path} is stale: run python deploy/generate_rules.py", file=sys.stderr)
         return 1 if stale else 0
     for path, text in files.items():
-        path.write_text(text)
+        print(_written(path, text))
     return 0
 
 

@@ -634,3 +634,28 @@ def test_the_fleet_configurations_in_the_docs_are_valid(tmp_path: Path) -> None:
     (slo_bad, *_) = collector["processors"]["tail_sampling"]["policies"]
     # the attribute every bad request's span carries (export/tracing.py)
     assert slo_bad["string_attribute"] == {"key": SLO_VERDICT, "values": ["bad"]}
+
+
+@pytest.mark.parametrize(
+    ("script", "unchanged"),
+    [
+        (
+            "deploy/generate_rules.py",
+            ["deploy/prometheus/rules.yml", "deploy/prometheus/alerts.yml"],
+        ),
+        ("dashboards/generate.py", []),
+    ],
+)
+def test_a_generator_says_what_it_wrote(tmp_path: Path, script: str, unchanged: list[str]) -> None:
+    """One line per file: written, or unchanged when it already held what was generated."""
+    out = tmp_path / "generated"
+
+    def run() -> list[str]:
+        done = subprocess.run(
+            [sys.executable, str(ROOT / script), "--out", str(out)],
+            capture_output=True, text=True, check=True, cwd=ROOT,
+        )  # fmt: skip
+        return done.stdout.splitlines()
+
+    assert run() == [f"{p}: unchanged" for p in unchanged] + [f"{out}: written"]
+    assert run() == [f"{p}: unchanged" for p in unchanged] + [f"{out}: unchanged"]
