@@ -35,6 +35,17 @@ from llmobs.wire.listen import ListenError
 from llmobs.wire.tls import TlsError
 
 
+def _parse(given: list[str]) -> argparse.Namespace:
+    """The command line parsed; a flag no command knows is told with the command's own usage
+    (``llmobs serve --upstrem``: serve's), not the top level's, which argparse would give."""
+    parser = _parser()
+    args, unknown = parser.parse_known_args(bool_flags(given, (*OPTIONS, *SIM_OPTIONS)))
+    if unknown:
+        command: argparse.ArgumentParser = getattr(args, "command_parser", parser)
+        command.error(f"unrecognized arguments: {' '.join(unknown)}")
+    return args
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="llmobs",
@@ -109,6 +120,8 @@ def _parser() -> argparse.ArgumentParser:
         "fingerprint (sha256:...) for the --tenant-keys file: the key stays out of the shell's "
         "history and the process list. Exits 2 when no key was read.",
     )
+    for command in sub.choices.values():  # whose usage a mistake in its flags is told with
+        command.set_defaults(command_parser=command)
     return parser
 
 
@@ -179,8 +192,7 @@ def _flag_of(command: str) -> Callable[[str], str]:
 
 def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = None) -> int:
     """Entry point of the ``llmobs`` command."""
-    given = list(sys.argv[1:] if argv is None else argv)
-    args = _parser().parse_args(bool_flags(given, (*OPTIONS, *SIM_OPTIONS)))
+    args = _parse(list(sys.argv[1:] if argv is None else argv))
     env = os.environ if environ is None else environ
     try:
         if args.command == "serve":
@@ -197,7 +209,7 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
         if args.command == "why":
             return run_why_cli(args, sys.stdout, env)
         if args.command == "tenant-key":
-            return run_tenant_key(sys.stdin, sys.stdout)
+            return run_tenant_key(sys.stdin, sys.stdout, sys.stderr)
         tune_process()
         return asyncio.run(run_demo(args, env))
     except ConfigError as exc:

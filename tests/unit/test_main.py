@@ -91,6 +91,16 @@ def test_a_mistake_is_told_by_argparse_with_exit_2(
     assert err.startswith("usage: llmobs") and f"error: {problem}" in err, err
 
 
+@pytest.mark.parametrize("command", ["serve", "sim", "demo"])
+def test_a_misspelled_flag_is_told_with_its_commands_usage(
+    capsys: pytest.CaptureFixture[str], command: str
+) -> None:
+    code, _, err = _exits(capsys, command, "--upstrem", "x")
+    assert code == 2
+    assert err.startswith(f"usage: llmobs {command} ")
+    assert err.rstrip().endswith(f"llmobs {command}: error: unrecognized arguments: --upstrem x")
+
+
 def test_every_option_has_a_flag_and_variable_in_help(capsys: pytest.CaptureFixture[str]) -> None:
     text = _help(capsys, "serve")
     for opt in OPTIONS:
@@ -229,6 +239,12 @@ def test_tenant_key_reads_its_keys_from_standard_input() -> None:
     assert done.stdout == (
         "sha256:ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad\n"
     )
+
+
+def test_tenant_key_with_no_key_says_how_to_give_one() -> None:
+    done = _llmobs("tenant-key", stdin="")  # as `llmobs tenant-key < /dev/null`
+    assert (done.returncode, done.stdout) == (2, "")
+    assert done.stderr.startswith("llmobs tenant-key: no key on standard input; give one a line")
 
 
 def test_a_wildcard_address_is_browsed_on_this_machine() -> None:
