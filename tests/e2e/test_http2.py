@@ -96,9 +96,9 @@ async def test_streams_over_h2c_are_measured_as_over_http1(
     assert counted(h2) == counted(h1)
     assert h2.value("llmobs_requests_total", outcome="ok") == 16
     assert len(spans["h2"].get_finished_spans()) >= 16
-    over_h2 = _spans(spans["h2"])
-    assert over_h2 == _spans(spans["h1"])
-    assert sum(("gen_ai.usage.output_tokens", "12") in attrs for _, attrs in over_h2) == 16
+    seen = _spans(spans["h2"])
+    assert seen == _spans(spans["h1"])
+    assert sum(("gen_ai.usage.output_tokens", "12") in attrs for _, attrs in seen) == 16
 
 
 async def test_the_openai_sdk_over_http2_by_alpn(
