@@ -253,6 +253,11 @@ class Proxy:
         log.exception("recording a refused request failed")
         self.sink.observer_error()
 
+    def in_flight(self) -> int:
+        """Requests being handled now, on every connection."""
+        server = self._server
+        return 0 if server is None else sum(len(c.tasks) for c in server.connections)
+
     async def stop(self, grace: float) -> None:
         """Stop accepting; wait up to ``grace`` seconds for requests in flight; close the
         pool; write the last traces before the exporter shuts down."""
@@ -353,10 +358,13 @@ class Sidecar:
         ending = None
         if relay is not None:
             ending = asyncio.get_running_loop().call_later(grace, relay.abort_streams)
+        began, busy = time.monotonic(), self.proxy.in_flight()
+        log.info("draining: %d requests in flight, up to %g s for them to end", busy, grace)
         try:
             # The proxy first: the admin port stays up meanwhile. Streams the grace ended
             # finish cleanly at once; only a stuck handler waits the extra 5 s to be cancelled.
             await self.proxy.stop(grace + 5)
+            log.info("drained in %.1f s: shutting down", time.monotonic() - began)
             for runner in self._runners:
                 await runner.cleanup()
             await self.certificates.stop()

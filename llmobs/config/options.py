@@ -36,7 +36,7 @@ def parse_bool(text: str) -> bool:
         return True
     if lowered in ("0", "false", "no", "off"):
         return False
-    raise ValueError(f"expected true/false, got {text!r}")
+    raise ValueError(f"{text!r} is not true or false (also: 1/0, yes/no, on/off)")
 
 
 def parse_size(text: str) -> int:
@@ -62,6 +62,9 @@ def parse_quantity(text: str) -> float:
 _DURATION_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, "w": 604800.0}
 
 
+DURATION_FORMS = "give seconds (2.5) or a number with a unit: 500ms, 2s, 5m, 1h, 28d, 1w"
+
+
 def parse_duration(text: str) -> float:
     """Seconds from a number with an optional unit, as Prometheus spells one: 500ms, 2s,
     1.5, 5m, 6h, 28d, 1w (no unit: seconds)."""
@@ -71,9 +74,12 @@ def parse_duration(text: str) -> float:
         if cleaned.endswith(unit) and cleaned[: -len(unit)].strip():
             value, scale = cleaned[: -len(unit)], _DURATION_UNITS[unit]
             break
-    seconds = float(value) * scale
+    try:
+        seconds = float(value) * scale
+    except ValueError:
+        seconds = math.nan
     if not math.isfinite(seconds):
-        raise ValueError(f"not a duration: {text!r}")
+        raise ValueError(f"{text!r} is not a duration: {DURATION_FORMS}")
     return seconds
 
 
@@ -167,13 +173,25 @@ def merge_sources(
     return values
 
 
+# what a value of each of Python's own types must look like: their own errors are Python's
+# words ("invalid literal for int() with base 10"), not a user's
+_FORMS: dict[Callable[[str], Any], str] = {
+    int: "a whole number, e.g. 8080",
+    float: "a number, e.g. 0.5",
+    parse_size: "a size in bytes, with an optional KiB, MiB or GiB (16MiB)",
+    parse_quantity: "a number with an optional k, M, G (or B), T or P (8B, 3.35T)",
+}
+
+
 def _convert(opt: Option, raw: Any, source: str) -> Any:
     if not isinstance(raw, str):
         return raw
     try:
         return opt.parse(raw)
     except (TypeError, ValueError) as exc:
-        raise ConfigError(f"{source}: invalid value {raw!r}: {exc}") from exc
+        form = _FORMS.get(opt.parse)
+        why = f"{raw!r} is not {form}" if form is not None else str(exc)
+        raise ConfigError(f"{source}: {why}") from None
 
 
 def check_fields(settings: object, options: tuple[Option, ...]) -> None:
@@ -270,6 +288,14 @@ def read_yaml(path: str | Path, flag: str) -> Any:
     """A configuration file's YAML; ``ConfigError`` naming ``flag`` and the file when it
     cannot be read or parsed (its shape is the caller's to check)."""
     try:
-        return yaml.safe_load(Path(path).read_text())
-    except (OSError, yaml.YAMLError) as exc:
-        raise ConfigError(f"{flag} {path}: {exc}") from None
+        text = Path(path).read_text()
+    except OSError as exc:
+        raise ConfigError(f"{flag} {path}: cannot be read ({exc.strerror or exc})") from None
+    try:
+        return yaml.safe_load(text)
+    except yaml.MarkedYAMLError as exc:
+        mark = exc.problem_mark
+        where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark is not None else ""
+        raise ConfigError(f"{flag} {path}: {where}{exc.problem}: not valid YAML") from None
+    except yaml.YAMLError:
+        raise ConfigError(f"{flag} {path}: not valid YAML") from None

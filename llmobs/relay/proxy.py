@@ -29,6 +29,7 @@ import asyncio
 import logging
 from collections.abc import Coroutine
 from time import perf_counter_ns
+from urllib.parse import urlsplit
 
 from llmobs.config.logs import method_label
 from llmobs.config.settings import Settings
@@ -64,6 +65,9 @@ class Relay:
     ) -> None:
         self.settings = settings
         self.upstream = upstream
+        # where the engine is, for the log (never the client's answer): no userinfo in it
+        parts = urlsplit(settings.upstream)
+        self.where = parts._replace(netloc=parts.netloc.rpartition("@")[2]).geturl()
         self.new_observer = new_observer
         self.streams: set[Connection] = set()  # connections whose response is being relayed
         self.aborted: set[Connection] = set()  # ended by a shutdown's grace
@@ -306,7 +310,10 @@ class _Exchange:
             log.exception("%s %s: the relay failed", _method(request), self.route)
         elif failure.upstream:  # named by method and route, never by path: a client chose it
             outcome = failure.outcome.value
-            log.warning("%s %s: %s (%s)", _method(request), self.route, message, outcome)
+            log.warning(
+                "%s %s: %s (%s; upstream %s)", _method(request), self.route, message, outcome,
+                self.relay.where,
+            )  # fmt: skip
             message = f"llmobs: {message}"
         if request.started:  # end it the way a broken engine would, uncleanly
             self._flush(self.stream)

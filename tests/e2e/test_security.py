@@ -101,12 +101,15 @@ async def test_no_secret_in_metrics_spans_or_logs(
             await r.read()
         async with s.post(side.url + "/v1/completions", data=b"{broken", headers=headers) as r:
             await r.read()  # the engine answers 400: relayed, observed
-    down = await start_sidecar("http://127.0.0.1:9")  # nothing listens: a 502 and a warning
+    # nothing listens: a 502, and a warning naming the engine (without its URL's password),
+    # which the client's answer does not
+    down = await start_sidecar("http://llmobs:TOPSECRET@127.0.0.1:9")
     async with aiohttp.ClientSession() as s:
         url = down.url + f"/v1/chat/completions?api_key={SECRET_KEY}"
         async with s.post(url, json=body, headers=headers) as r:
             assert r.status == 502
-            assert SECRET_KEY not in await r.text()
+            answer = await r.text()
+            assert SECRET_KEY not in answer and "127.0.0.1:9" not in answer
     await eventually(lambda: side.value("llmobs_requests_total") == 2)
     side.sidecar.flush_traces()
     exposition = ""
@@ -119,6 +122,7 @@ async def test_no_secret_in_metrics_spans_or_logs(
     logs = "\n".join(r.getMessage() + repr(r.args) for r in caplog.records)
     assert exporter.get_finished_spans()  # there were spans to search
     assert "upstream unavailable" in logs  # and log lines
+    assert "(upstream_error; upstream http://127.0.0.1:9)" in logs
     for text in (exposition, spans, logs):
         assert SECRET_KEY not in text
         assert "TOPSECRET" not in text

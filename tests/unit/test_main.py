@@ -203,8 +203,8 @@ def test_a_bad_sim_setting_exits_2_naming_its_flag(capsys: pytest.CaptureFixture
         "got 0\n",
     )  # fmt: skip
     assert main(["sim", "--max-batch", "many"], {}) == 2
-    assert capsys.readouterr().err.startswith(
-        "llmobs: configuration error: --max-batch: invalid value 'many': "
+    assert capsys.readouterr().err == (
+        "llmobs: configuration error: --max-batch: 'many' is not a whole number, e.g. 8080\n"
     )
 
 

@@ -65,9 +65,15 @@ def test_a_flag_wins_over_the_variable_which_wins_over_the_default() -> None:
 
 
 def test_a_value_that_does_not_parse_names_where_it_came_from() -> None:
-    with pytest.raises(ConfigError, match=r"^KNOB_MAX_WAIT: invalid value 'soon'"):
-        merge_sources(KNOBS, {"KNOB_MAX_WAIT": "soon"}, None)
-    with pytest.raises(ConfigError, match=r"^--verbose: invalid value 'maybe'"):
+    """Named by where it came from, the value echoed as given, the forms it may take: never
+    Python's own words (``could not convert string to float``, ``invalid literal``)."""
+    with pytest.raises(ConfigError) as caught:
+        merge_sources(KNOBS, {"KNOB_MAX_WAIT": "2 seconds"}, None)
+    assert str(caught.value) == (
+        "KNOB_MAX_WAIT: '2 seconds' is not a duration: give seconds (2.5) or a number with a "
+        "unit: 500ms, 2s, 5m, 1h, 28d, 1w"
+    )
+    with pytest.raises(ConfigError, match=r"^--verbose: 'maybe' is not true or false"):
         merge_sources(KNOBS, {}, {"verbose": "maybe"})
 
 
@@ -119,7 +125,7 @@ def test_sizes_quantities_booleans_and_lists() -> None:
         8e9, 3.35e12, 989e12, 1000.0]  # fmt: skip
     assert [parse_bool(t) for t in ("1", " TRUE ", "on", "no", "Off", "0")] == [
         True, True, True, False, False, False]  # fmt: skip
-    with pytest.raises(ValueError, match="expected true/false"):
+    with pytest.raises(ValueError, match="is not true or false"):
         parse_bool("maybe")
     assert parse_list(" a, ,b ,") == ("a", "b")
 
@@ -133,3 +139,15 @@ def test_a_file_that_cannot_be_read_names_the_flag_and_the_file(tmp_path: Path) 
         read_yaml(tmp_path / "missing.yaml", "--some-file")
     path.write_text("a: [1, 2]\n")
     assert read_yaml(str(path), "--some-file") == {"a": [1, 2]}
+
+
+def test_a_yaml_file_that_does_not_parse_is_named_with_its_line(tmp_path: Path) -> None:
+    bad = tmp_path / "slo.yaml"
+    bad.write_text("objectives:\n  - model: [a\n    ttft: 2s\n")
+    with pytest.raises(ConfigError) as caught:
+        read_yaml(bad, "--slo-file")
+    said = str(caught.value)
+    assert said.startswith(f"--slo-file {bad}: line 3, column 9: ")
+    assert said.endswith(": not valid YAML") and "<unicode string>" not in said
+    with pytest.raises(ConfigError, match=r"nowhere.yaml: cannot be read \(No such file"):
+        read_yaml(tmp_path / "nowhere.yaml", "--price-file")
