@@ -127,9 +127,9 @@ def health_row() -> list[Json]:
         ),
         timeseries(
             "Collectors up",
-            "1 when the collector's last poll read something; 0 when there is no GPU or NVML, "
+            "1 when the collector's last poll read something; 0 when a GPU stopped answering, "
             "the engine's /metrics is unreachable or names nothing known, or polling fails. "
-            "Turn a collector with nothing to collect off (interval 0): it then has no series.",
+            "A node without a GPU has no GPU series at all (the collector turns itself off).",
             [target(f"min by (pod, collector) ({COLLECTOR_UP}{{{POD}}})", "{{pod}} {{collector}}")],
             "short",
             min=0,

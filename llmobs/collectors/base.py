@@ -39,6 +39,13 @@ class Unavailable(Exception):
     """Nothing to collect, and that is normal: no GPU, no NVML, no engine metrics."""
 
 
+class Absent(Unavailable):
+    """Nothing to collect on this machine at all (no NVML, no GPU): a state, not an outage.
+    A collector that has never been up stops there: one line in the log, and no
+    ``llmobs_collector_up`` series, so that ``LLMObsCollectorDown`` fires on a GPU that
+    stopped answering, never on a node that has none. Once up, it is a collector down."""
+
+
 class PollingCollector(abc.ABC, Generic[S]):
     """Polls ``poll()`` every ``interval`` seconds; keeps the last snapshot and its status."""
 
@@ -60,6 +67,7 @@ class PollingCollector(abc.ABC, Generic[S]):
         self.errors = 0
         self.polls = 0
         self._reported: str | None = None  # the state last logged: "up" or "down"
+        self.absent = False  # nothing to collect here (``Absent``): stopped, no status
 
     @abc.abstractmethod
     async def poll(self) -> S:
@@ -79,6 +87,12 @@ class PollingCollector(abc.ABC, Generic[S]):
             snapshot = await self.poll()
         except asyncio.CancelledError:
             raise
+        except Absent as exc:
+            if self._reported is None:  # never up: this machine has nothing to collect
+                self.absent = True
+                log.info("collector %s is off: %s; nothing to collect here", self.name, exc)
+            else:
+                self._down(str(exc), start, logging.WARNING)
         except Unavailable as exc:
             self._down(str(exc) or type(exc).__name__, start, logging.INFO)
         except Exception as exc:
@@ -106,7 +120,7 @@ class PollingCollector(abc.ABC, Generic[S]):
         """Poll forever at ``interval`` (after ``first_delay``); cancel to stop."""
         loop = asyncio.get_running_loop()
         await asyncio.sleep(self.first_delay)
-        while True:
+        while not self.absent:
             started = loop.time()
             await self.collect_once()
             await asyncio.sleep(max(0.0, self.interval - (loop.time() - started)))
@@ -142,13 +156,17 @@ def register_status(meter: Meter, collectors: Sequence[PollingCollector[Any]]) -
     collectors = tuple(collectors)
 
     def up(options: CallbackOptions) -> Iterable[Observation]:
-        return [Observation(int(c.up), {COLLECTOR: c.name}) for c in collectors]
+        return [Observation(int(c.up), {COLLECTOR: c.name}) for c in collectors if not c.absent]
 
     def duration(options: CallbackOptions) -> Iterable[Observation]:
-        return [Observation(c.duration_s, {COLLECTOR: c.name}) for c in collectors if c.polls]
+        return [
+            Observation(c.duration_s, {COLLECTOR: c.name})
+            for c in collectors
+            if c.polls and not c.absent
+        ]
 
     def errors(options: CallbackOptions) -> Iterable[Observation]:
-        return [Observation(c.errors, {COLLECTOR: c.name}) for c in collectors]
+        return [Observation(c.errors, {COLLECTOR: c.name}) for c in collectors if not c.absent]
 
     for metric, callback in ((COLLECTOR_UP, up), (COLLECTOR_DURATION, duration)):
         meter.create_observable_gauge(

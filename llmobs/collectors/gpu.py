@@ -28,7 +28,7 @@ from typing import TypeVar
 
 from opentelemetry.metrics import CallbackOptions, Meter, Observation
 
-from llmobs.collectors.base import PollingCollector, Unavailable
+from llmobs.collectors.base import Absent, PollingCollector
 from llmobs.collectors.devices import DeviceSelection
 from llmobs.collectors.nvml import MemoryInfo, NvmlBackend, NvmlError
 from llmobs.export.metrics import catalogue as m
@@ -132,7 +132,7 @@ class GpuCollector(PollingCollector[GpuSnapshot]):
             try:
                 b.init()
             except NvmlError as exc:
-                raise Unavailable(f"NVML unavailable ({exc})") from exc
+                raise Absent(f"NVML unavailable ({exc})") from exc
             self._ready = True
         try:
             count = b.device_count()
@@ -140,13 +140,13 @@ class GpuCollector(PollingCollector[GpuSnapshot]):
             self._shutdown()  # the driver went away: initialise again next time
             raise
         if count == 0:
-            raise Unavailable("no GPU visible to NVML")
+            raise Absent("no GPU visible to NVML")
         readings: list[GpuReading] = []
         for index in range(count):
             readings.extend(self._device(index, count))
         if not readings:
             if self.selection.entries is not None:
-                raise Unavailable(f"no GPU selected by {self.selection.source}")
+                raise Absent(f"no GPU selected by {self.selection.source}")
             raise RuntimeError("no GPU could be read")
         return GpuSnapshot(tuple(readings))
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 
 import pytest
@@ -96,20 +97,46 @@ async def test_mig_devices_are_reported_and_selectable() -> None:
     assert sorted(only) == ["0", "0/1"]  # the slice we run on, and its GPU's power
 
 
-async def test_no_gpu_is_a_normal_state_logged_once(caplog: pytest.LogCaptureFixture) -> None:
+async def test_no_gpu_is_a_state_said_once_and_the_collector_stops(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """No NVML, or no GPU: one line at start, then nothing: no poll more, no status series,
+    so that no alert fires for a node that has no GPU."""
     collector = GpuCollector(FakeNvml([], init_error="Driver Not Loaded"), DeviceSelection())
     with caplog.at_level(logging.INFO, "llmobs.collectors"):
-        for _ in range(3):
-            await collector.collect_once()
-    assert (collector.up, collector.snapshot, collector.errors, collector.polls) == (
-        False, None, 0, 3,
+        await collector.collect_once()
+    assert (collector.absent, collector.up, collector.errors, collector.polls) == (
+        True, False, 0, 1,
     )  # fmt: skip
     assert [r.getMessage() for r in caplog.records] == [
-        "collector gpu is down: NVML unavailable (Driver Not Loaded)"
+        "collector gpu is off: NVML unavailable (Driver Not Loaded); nothing to collect here"
     ]
+    await asyncio.wait_for(collector.run(), 5)  # returns at once: absent, it polls no more
+    assert collector.polls == 1
+    telemetry = build_telemetry()
+    register_status(telemetry.meter, [collector])
+    names = {s.name for f in telemetry.registry.collect() for s in f.samples}
+    assert not {n for n in names if n.startswith("llmobs_collector")}  # no series to alert on
     empty = GpuCollector(FakeNvml([]), DeviceSelection())
     await empty.collect_once()
-    assert (empty.up, empty.errors) == (False, 0)
+    assert (empty.absent, empty.up, empty.errors) == (True, False, 0)
+    await collector.close()
+
+
+async def test_a_gpu_that_stops_answering_is_down_not_absent(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    nvml = FakeNvml([FakeGpu("GPU-h100")])
+    collector = GpuCollector(nvml, DeviceSelection())
+    await collector.collect_once()
+    assert collector.up
+    nvml.gpus.clear()  # the GPU fell off the bus
+    with caplog.at_level(logging.INFO, "llmobs.collectors"):
+        await collector.collect_once()
+    assert (collector.absent, collector.up) == (False, False)
+    assert [(r.levelname, r.getMessage()) for r in caplog.records] == [
+        ("WARNING", "collector gpu is down: no GPU visible to NVML")
+    ]
     await collector.close()
 
 
