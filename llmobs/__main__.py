@@ -13,6 +13,7 @@ import sys
 from collections.abc import Callable, Mapping, Sequence
 
 from llmobs import __version__
+from llmobs.announce import configuration, unit_warnings
 from llmobs.app import Sidecar, loop_factory, run_until, tune_process
 from llmobs.bench import add_bench_arguments, run_bench_cli
 from llmobs.config.logs import configure as configure_logging
@@ -152,6 +153,11 @@ async def _serve(settings: Settings, otel: OtelSettings) -> int:
             "https" if settings.metrics_tls else "http", settings.metrics_host,
             sidecar.metrics_port,
         )  # fmt: skip
+        proxy = sidecar.proxy
+        for line in configuration(settings, proxy.objectives, proxy.tenancy, proxy.prices):
+            logging.getLogger("llmobs").info("%s", line)
+        for warning in unit_warnings(proxy.objectives.default):
+            logging.getLogger("llmobs").warning("%s", warning)
         if sidecar.live is not None:
             logging.getLogger("llmobs").info(
                 "live page: %s://%s:%d/ui/", "https" if settings.metrics_tls else "http",

@@ -189,7 +189,7 @@ class Proxy:
         self.certificates = certificates
         self.tenancy = settings.tenancy()
         self.prices = settings.prices()
-        objectives = settings.objectives()
+        self.objectives = objectives = settings.objectives()
         # the gen_ai.provider.name: the operator's, or the engine's once found
         self.provider = Provider(settings.provider_name, settings.engine_scrape_interval > 0)
         # the request families and what a record observes in them: the series' and OTLP's

@@ -50,6 +50,9 @@ async def test_serve_and_sim_processes_relay_and_stop_on_sigterm() -> None:
     assert [side.returncode, sim.returncode] == [0, 0]
     logged += outputs[0][0].decode()
     assert f"live page: http://127.0.0.1:{metrics_port}/ui/" in logged, logged
+    # what was configured, said once at start (tests/unit/test_announce.py: each line)
+    for line in ("objectives: ", "tenants: off", "prices: off", "collectors: ", "transports: "):
+        assert logged.count(f"llmobs: {line}") == 1, logged
     # a drain's start and end, each said once (nothing was in flight any more)
     assert "draining: 0 requests in flight, up to 60 s for them to end" in logged, logged
     assert re.search(r"drained in \d+\.\d s: shutting down", logged), logged
