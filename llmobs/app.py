@@ -9,6 +9,7 @@ independent sidecars as they like.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gc
 import logging
 import sys
@@ -49,6 +50,8 @@ from llmobs.wire.upstream import Upstream
 log = logging.getLogger("llmobs")
 
 SWITCH_INTERVAL = 0.001
+# seconds the start waits for the engine collector's first scrape (the provider name)
+FIRST_SCRAPE_WAIT = 3.0
 
 
 def tune_process() -> None:
@@ -307,14 +310,26 @@ class Sidecar:
             loop = type(asyncio.get_running_loop())
             self.telemetry.build_info.event_loop = loop.__module__.partition(".")[0]
         try:
-            with listening(s.host, s.port):
-                self.port = await self.proxy.start(s.host, s.port)
+            # the admin port first: its collectors' first scrape names the engine, so that the
+            # first request is counted under its provider name, not under "unknown"
             with listening(s.metrics_host, s.metrics_port, "metrics_host", "metrics_port"):
                 self.metrics_port = await self._serve(self.admin, s.metrics_host, s.metrics_port)
+            await self._first_scrape()
+            with listening(s.host, s.port):
+                self.port = await self.proxy.start(s.host, s.port)
         except ListenError:
             await self.stop()  # what started: the upstream pool, the tracer, a port
             raise
         self.certificates.start()
+
+    async def _first_scrape(self) -> None:
+        """Wait, at most ``FIRST_SCRAPE_WAIT`` seconds, for the engine collector's first scrape
+        while the provider name is not settled (docs/metrics.md: what happens when it cannot
+        be said by then)."""
+        engine = self.collectors.engine
+        if engine is not None and not self.proxy.provider.settled:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(engine.polled.wait(), FIRST_SCRAPE_WAIT)
 
     async def _serve(self, app: web.Application, host: str, port: int) -> int:
         # The admin port: aiohttp, with the proxy port's client timeout for idle connections.

@@ -68,6 +68,7 @@ class PollingCollector(abc.ABC, Generic[S]):
         self.polls = 0
         self._reported: str | None = None  # the state last logged: "up" or "down"
         self.absent = False  # nothing to collect here (``Absent``): stopped, no status
+        self.polled = asyncio.Event()  # set once the first poll has ended, however it did
 
     @abc.abstractmethod
     async def poll(self) -> S:
@@ -107,6 +108,7 @@ class PollingCollector(abc.ABC, Generic[S]):
             self._reported = "up"
         finally:
             self.polls += 1
+            self.polled.set()
 
     def _down(self, reason: str, start: float, level: int) -> None:
         self.snapshot = None

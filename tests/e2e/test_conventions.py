@@ -43,6 +43,22 @@ def names(scraped: dict[str, list[tuple[dict[str, str], float]]], prefix: str) -
     return {name for name in scraped if name.startswith(prefix)}
 
 
+async def test_the_first_request_after_start_counts_under_the_engine(
+    start_sim: SimFactory, start_sidecar: SidecarFactory
+) -> None:
+    """No series split at start: the proxy port opens once the engine collector's first
+    scrape has named the engine, so a request sent the moment the sidecar is up is counted
+    under vllm, and no series says unknown."""
+    sim = await start_sim(**SCHEDULE)
+    side = await start_sidecar(sim.url, engine_scrape_interval=60)
+    assert side.sidecar.proxy.provider.name == "vllm"  # before anything is awaited
+    await chat(side, stream=True)
+    await eventually(lambda: side.value("llmobs_requests_total") == 1)
+    scraped = await side.scrape()
+    ttft = [labels for labels, _ in scraped["gen_ai_server_time_to_first_token_seconds_count"]]
+    assert {labels["gen_ai_provider_name"] for labels in ttft} == {"vllm"}
+
+
 async def test_by_default_v1_41_names_with_the_engine_as_provider(
     start_sim: SimFactory, start_sidecar: SidecarFactory
 ) -> None:

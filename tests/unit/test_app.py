@@ -237,13 +237,14 @@ def test_the_sidecar_wires_the_engine_collector_into_the_proxy() -> None:
 async def test_a_port_taken_stops_what_started(start_sim: SimFactory) -> None:
     sim = await start_sim(**FAST)
     with refused_port() as taken:
-        settings = _settings(sim.url, metrics_port=port_of(taken))
+        settings = _settings(sim.url, port=port_of(taken))
         sidecar = Sidecar(settings, build_telemetry(self_metrics=False))
         with pytest.raises(ListenError):
             await sidecar.start()
-    assert sidecar.port != 0 and sidecar.lifecycle.draining  # the proxy had started
+    # the admin port had started (first: its engine scrape names the provider)
+    assert sidecar.metrics_port != 0 and sidecar.lifecycle.draining
     with pytest.raises(ConnectionRefusedError):  # and was stopped
-        await asyncio.open_connection("127.0.0.1", sidecar.port)
+        await asyncio.open_connection("127.0.0.1", sidecar.metrics_port)
     await sidecar.stop()  # stopped already: nothing more to do
 
 
