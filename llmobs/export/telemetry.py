@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import collections
 import logging
+import math
 import threading
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -45,6 +47,13 @@ SCOPE = "llmobs"
 log = logging.getLogger("llmobs.telemetry")
 
 
+SAY_EVERY = 60.0  # seconds between two lines about failed span exports
+# the OTLP/HTTP span exporter's own logger: its retry text (a connection pool's repr, a
+# resolver's error) is replaced by BoundedSpanProcessor's one line, which names the endpoint
+# (the gRPC exporters share one logger with the metrics', which stays as it is)
+_EXPORTER_LOGGERS = ("opentelemetry.exporter.otlp.proto.http.trace_exporter",)
+
+
 class BoundedSpanProcessor(SpanProcessor):
     """Batches finished spans to an exporter from a worker thread, off the event loop.
 
@@ -60,8 +69,13 @@ class BoundedSpanProcessor(SpanProcessor):
         delay_s: float = 1.0,
         batch: int = 512,
         on_drop: Callable[[int], None] = lambda n: None,
+        where: str = "the span exporter",
     ) -> None:
+        """``where``: what the spans are exported to, as the failure's line names it."""
         self._exporter = exporter
+        self._where = where
+        self._said = -math.inf  # when a failed export was last logged (monotonic seconds)
+        self._unsaid = 0  # spans lost since
         self._max_queue = max_queue
         self._delay = delay_s
         self._batch = batch
@@ -100,14 +114,27 @@ class BoundedSpanProcessor(SpanProcessor):
         """Export a batch; a failed export loses its spans, which are counted as dropped."""
         try:
             ok = self._exporter.export(spans) is SpanExportResult.SUCCESS
-        except Exception:  # an exporter failing must not kill the worker
-            log.exception("span export failed")
+        except Exception as exc:  # an exporter failing must not kill the worker
+            log.warning("span export to %s raised %s", self._where, type(exc).__name__)
             ok = False
         if not ok:
-            log.warning("span export failed; %d spans lost", len(spans))
+            self._lost(len(spans))
             with self._lock:
                 self.dropped += len(spans)
             self._on_drop(len(spans))
+
+    def _lost(self, count: int) -> None:
+        """One line for the first failure, then at most one a ``SAY_EVERY`` seconds with the
+        spans lost meanwhile: an unreachable collector is one problem, not a line a batch."""
+        self._unsaid += count
+        now = time.monotonic()
+        if now - self._said >= SAY_EVERY:
+            log.warning(
+                "span export to %s failed: %d span%s lost (is the collector up and reachable? "
+                "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT); said again at most every %g s",
+                self._where, self._unsaid, "" if self._unsaid == 1 else "s", SAY_EVERY,
+            )  # fmt: skip
+            self._said, self._unsaid = now, 0
 
     def _run(self) -> None:
         while not self._stopped:
@@ -190,6 +217,8 @@ def sampler_for(otel: OtelSettings) -> Sampler:
 
 
 def _span_exporter(otel: OtelSettings) -> SpanExporter:
+    for name in _EXPORTER_LOGGERS:  # our line says it, naming the endpoint
+        logging.getLogger(name).setLevel(logging.CRITICAL)
     endpoint, headers = otel.traces_endpoint, dict(otel.traces_headers)
     if otel.traces_protocol == "grpc":
         from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import (  # noqa: PLC0415
@@ -280,6 +309,7 @@ def build_telemetry(
     dropped.add(0)
     processor = BoundedSpanProcessor(
         span_exporter or _span_exporter(otel),
+        where=f"{otel.traces_endpoint} (OTLP {otel.traces_protocol})",
         max_queue=otel.bsp_max_queue_size,
         delay_s=otel.bsp_schedule_delay_s,
         batch=otel.bsp_max_export_batch_size,

@@ -7,6 +7,7 @@ of blocking when the exporter cannot keep up or fails. The spans' content: test_
 from __future__ import annotations
 
 import asyncio
+import logging
 import threading
 from collections.abc import Sequence
 from typing import Any
@@ -27,6 +28,7 @@ from llmobs.export.metrics.catalogue import BUILD_INFO, REQUESTS, SPANS_DROPPED,
 from llmobs.export.metrics.exposition import Registry
 from llmobs.export.telemetry import BoundedSpanProcessor, Telemetry, build_telemetry, sampler_for
 from tests.support.otlp import OtlpReceiver
+from tests.support.ports import port_of, refused_port
 from tests.support.servers import AppFactory, eventually
 
 TRACE_ID = "4bf92f3577b34da6a3ce929d0e0e4736"
@@ -254,3 +256,33 @@ def test_failed_exports_count_their_spans_as_dropped() -> None:
     assert sum(drops) == 10
     assert processor.dropped == 10
     telemetry.shutdown()
+
+
+def test_an_unreachable_collector_is_one_line_of_ours_naming_it(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The real OTLP/HTTP exporter against a port that refuses: one line naming the endpoint
+    and what to check, none of the SDK's retry text (its connection pool's repr), and a second
+    failure soon after says nothing more (the spans are still counted)."""
+    with refused_port() as closed:
+        endpoint = f"http://127.0.0.1:{port_of(closed)}/v1/traces"
+        otel = otel_settings({
+            "OTEL_TRACES_EXPORTER": "otlp", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": endpoint,
+            "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL": "http/protobuf",
+            "OTEL_EXPORTER_OTLP_TIMEOUT": "500", "OTEL_BSP_SCHEDULE_DELAY": "60000",
+        })  # fmt: skip
+        telemetry = build_telemetry(otel=otel)
+        assert telemetry.tracer is not None and telemetry.span_processor is not None
+        with caplog.at_level(logging.DEBUG):
+            for _ in range(2):
+                telemetry.tracer.start_span("chat m").end()
+                telemetry.span_processor.force_flush()
+        telemetry.shutdown()
+    ours = [r.getMessage() for r in caplog.records if r.name == "llmobs.telemetry"]
+    assert ours == [
+        f"span export to {endpoint} (OTLP http/protobuf) failed: 1 span lost (is the "
+        "collector up and reachable? OTEL_EXPORTER_OTLP_TRACES_ENDPOINT); said again at most "
+        "every 60 s"
+    ]
+    sdk = [r for r in caplog.records if r.name.startswith("opentelemetry.exporter")]
+    assert not sdk and "HTTPConnectionPool" not in caplog.text
