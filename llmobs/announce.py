@@ -88,6 +88,9 @@ def transports_line(settings: Settings) -> str:
         proxy += f" over TLS{client} ({settings.tls_cert_file})"
     elif settings.http2:
         proxy += " (h2c)"
+    if settings.websocket:
+        limit, idle = settings.websocket_max_message_bytes, settings.websocket_idle_timeout
+        proxy += f", WebSocket (messages to {limit} bytes, idle {idle:g} s)"
     metrics = "TLS" if settings.metrics_tls else "plain HTTP"
     engine = "https" if settings.upstream.lower().startswith("https://") else "plain HTTP"
     if settings.upstream_insecure_skip_verify:

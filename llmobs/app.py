@@ -26,8 +26,10 @@ from llmobs.config.settings import ConfigError, Settings
 from llmobs.config.tenants import Tenancy
 from llmobs.export.metrics.mapping import RequestMapping
 from llmobs.export.metrics.otel import OtelMetrics
+from llmobs.export.metrics.sessions import SessionMetrics
 from llmobs.export.metrics.sink import MetricsSink
 from llmobs.export.metrics.transport import TransportMetrics
+from llmobs.export.realtime import SessionExport, SessionTracing
 from llmobs.export.telemetry import Telemetry
 from llmobs.export.tracing import RequestMeta, Tracing
 from llmobs.export.ui import LivePage
@@ -211,6 +213,7 @@ class Proxy:
         admission = LabelAdmission(settings.max_models, self.tenancy, settings.max_tenants)
         # where every request's record is made and delivered (refused ones' too)
         self.recorder = Recorder(self.sink, admission, objectives, self.prices, consumers)
+        self.session_metrics = SessionMetrics(telemetry.meter, settings.max_models)
         # the engine's streams and preemptions, against which each stall is judged
         self.timeline = EngineTimeline()
         self.tracing: Tracing | None = None
@@ -234,7 +237,11 @@ class Proxy:
             if settings.instrument
             else None
         )
-        self.relay = Relay(settings, self._upstream, factory)
+        sessions = None
+        if settings.instrument:  # WebSocket sessions: their metrics, and spans with tracing
+            traced = SessionTracing(self.tracing) if self.tracing is not None else None
+            sessions = SessionExport(self.session_metrics, traced)
+        self.relay = Relay(settings, self._upstream, factory, sessions)
         self._server = ProxyServer(
             self.relay,
             client_timeout=settings.client_timeout,

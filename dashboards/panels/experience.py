@@ -13,6 +13,9 @@ from panels.names import (
     ENGINE_PROMPT_EVAL,
     ITL,
     ITL_SLO,
+    REALTIME_DELTA_GAP,
+    REALTIME_FIRST_DELTA,
+    REALTIME_TURNS,
     SMOOTHNESS,
     SMOOTHNESS_MIN,
     TPOT,
@@ -31,6 +34,8 @@ from panels.promql import (
     quantile,
     rate,
 )
+
+UNANSWERED = MODEL + ', outcome!="done"'  # realtime turns that ended in an error or were cut
 
 
 def experience_row() -> list[Json]:
@@ -135,6 +140,21 @@ def experience_row() -> list[Json]:
                 target(quantile(0.5, ENGINE_PROMPT_EVAL), "prefill p50"),
                 target(quantile(0.99, ENGINE_PROMPT_EVAL), "prefill p99"),
                 target(quantile(0.99, ENGINE_LOAD), "model load p99"),
+            ],
+            "s",
+        ),
+        timeseries(
+            "Realtime turns (WebSocket)",
+            "vLLM's /v1/realtime and OpenAI Realtime sessions: from a committed input to the "
+            "first delta of its answer (a turn's time to first token), the gaps between "
+            "deltas (its ITL), and turns that ended in an error or were cut short per second.",
+            [
+                target(quantile(0.5, REALTIME_FIRST_DELTA), "first delta p50"),
+                target(quantile(0.99, REALTIME_FIRST_DELTA), "first delta p99"),
+                target(quantile(0.99, REALTIME_DELTA_GAP), "delta gap p99"),
+                target(
+                    f"sum by (outcome) ({rate(REALTIME_TURNS, UNANSWERED)})", "turns {{outcome}}"
+                ),
             ],
             "s",
         ),

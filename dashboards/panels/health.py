@@ -26,8 +26,12 @@ from panels.names import (
     TLS_EXPIRY,
     TLS_HANDSHAKES,
     TLS_RELOADS,
+    WS_ACTIVE,
+    WS_DURATION,
+    WS_MESSAGES,
+    WS_SESSIONS,
 )
-from panels.promql import ITL_COUNT, POD, rate
+from panels.promql import ITL_COUNT, POD, quantile, rate
 
 
 def sidecar_cost() -> list[Json]:
@@ -173,7 +177,37 @@ def health_row() -> list[Json]:
             min=0,
         ),
         *transports(),
+        *websockets(),
         *sidecar_cost(),
+    ]
+
+
+def websockets() -> list[Json]:
+    """WebSocket sessions relayed: open now, ended by outcome, messages, how long they last
+    (the realtime turns' latencies are on the experience row)."""
+    return [
+        timeseries(
+            "WebSocket sessions",
+            "Sessions open now (realtime: vLLM's /v1/realtime), sessions ended per second by "
+            "outcome (idle_timeout, too_large, client_timeout: the sidecar's limits ended them), "
+            "and messages per second each way.",
+            [
+                target(f"sum by (api) ({WS_ACTIVE}{{{POD}}})", "open {{api}}"),
+                target(f"sum by (outcome) ({rate(WS_SESSIONS, POD)})", "ended {{outcome}}"),
+                target(f"sum by (source) ({rate(WS_MESSAGES, POD)})", "messages from {{source}}"),
+            ],
+            "short",
+            width=12,
+            min=0,
+        ),
+        timeseries(
+            "WebSocket session duration",
+            "Median and p99 length of the sessions that ended, from the engine's 101 on.",
+            [target(quantile(q, WS_DURATION, POD), f"p{round(q * 100)}") for q in (0.5, 0.99)],
+            "s",
+            width=12,
+            min=0,
+        ),
     ]
 
 

@@ -155,6 +155,22 @@ class Settings:
         "largest request body accepted as it comes over the wire, chunked framing included "
         "(then 413); accepts KiB/MiB/GiB suffixes", "BYTES", check=at_least_one,
     )  # fmt: skip
+    websocket: bool = option(
+        True, parse_bool, "relay WebSocket upgrades (vLLM's /v1/realtime) with their handshake "
+        "intact, each session measured; off: the Upgrade header is dropped as hop-by-hop",
+        "BOOL",
+    )  # fmt: skip
+    websocket_max_message_bytes: int = option(
+        16 * 1024**2, parse_size,
+        "largest WebSocket message either way, inflated (as uvicorn's --ws-max-size): a "
+        "larger one ends the session with 1009; accepts KiB/MiB/GiB suffixes", "BYTES",
+        check=at_least_one,
+    )  # fmt: skip
+    websocket_idle_timeout: float = option(
+        300.0, float,
+        "seconds a WebSocket session may pass nothing either way (pings count) before it is "
+        "closed with 1001", "SECONDS", check=positive,
+    )  # fmt: skip
     max_models: int = option(
         32, int, "distinct model label values before new ones are reported as 'other'", "N",
         check=at_least_one,

@@ -168,6 +168,10 @@ class Tracing:
     def inject(self, context: Context, carrier: MutableMapping[str, str]) -> None:
         self._propagator.inject(carrier, context=context)
 
+    def extract(self, headers: Mapping[str, str]) -> Context:
+        """The trace context a client sent (traceparent, baggage)."""
+        return self._propagator.extract(headers)
+
     def defer(self, job: Callable[[], None], spans: int = 1) -> None:
         """Run ``job`` on the tracing thread; if the backlog is full, drop it and count the
         ``spans`` it would have written."""

@@ -44,6 +44,14 @@ from llmobs.relay.headers import upstream_headers, with_trace
 from llmobs.relay.inject import UsageStripper, inject_usage
 from llmobs.relay.observing import NULL_OBSERVER, ObserverFactory, RequestObserver
 from llmobs.relay.response import ResponseRelay
+from llmobs.relay.upgrade import (
+    Handshake,
+    Limits,
+    SessionSink,
+    WebSocketSession,
+    is_websocket,
+    upgrade_headers,
+)
 from llmobs.wire.server import Request
 from llmobs.wire.upstream import Connection, Upstream, UpstreamClosed
 
@@ -62,9 +70,17 @@ class Relay:
         settings: Settings,
         upstream: Upstream,
         new_observer: ObserverFactory | None,
+        sessions: SessionSink | None = None,
     ) -> None:
+        """``sessions``: where WebSocket sessions are told (None: relayed, not observed)."""
         self.settings = settings
         self.upstream = upstream
+        self.websocket = settings.websocket  # upgrades relayed (else refused by the engine)
+        self.sessions = sessions
+        self.limits = Limits(
+            settings.websocket_max_message_bytes, settings.websocket_idle_timeout,
+            settings.client_timeout,
+        )  # fmt: skip
         # where the engine is, for the log (never the client's answer): no userinfo in it
         parts = urlsplit(settings.upstream)
         self.where = parts._replace(netloc=parts.netloc.rpartition("@")[2]).geturl()
@@ -168,7 +184,10 @@ class _Exchange:
     A failure anywhere ends it as ``failures.FAILURES`` says (``_failed``), and ``_finish``
     records exactly one outcome."""
 
-    __slots__ = ("_obs", "observed", "outcome", "relay", "request", "route", "start", "stream")
+    __slots__ = (
+        "_obs", "observed", "outcome", "relay", "request", "route", "start", "stream", "switched",
+        "upgrade",
+    )  # fmt: skip
 
     def __init__(self, relay: Relay, request: Request) -> None:
         self.relay = relay
@@ -184,8 +203,16 @@ class _Exchange:
         # body is still on its way (the request is in flight, and counted as active, while it
         # uploads); a request that never goes upstream gets one at its end.
         self._obs: RequestObserver | None = None
+        # a WebSocket's handshake (``upgrade``): observed only if the engine refuses it; a
+        # session once it switched (``switched``)
+        self.upgrade = request.method == "GET" and relay.websocket and is_websocket(request)
+        self.switched = False
         factory = relay.new_observer
-        if factory is not None and (factory.traces or not request.body_complete):
+        if (
+            factory is not None
+            and not self.upgrade
+            and (factory.traces or not request.body_complete)
+        ):
             self._obs = relay.observer(self.route, self.start, request)
 
     def _observer(self) -> RequestObserver:
@@ -209,6 +236,9 @@ class _Exchange:
             except ConnectionError:
                 if not stream.gone:
                     raise
+            if isinstance(stream, Handshake) and stream.head is not None:
+                await self._session(stream)
+                return
             self._end(stream)
         except asyncio.CancelledError:
             self.outcome = Outcome.CLIENT_DISCONNECT
@@ -217,6 +247,20 @@ class _Exchange:
             self._failed(exc)
         finally:
             self._finish()
+
+    async def _session(self, handshake: Handshake) -> None:
+        """The engine switched to a WebSocket: relay the session to its end."""
+        assert handshake.head is not None and handshake.conn is not None
+        self.switched = True
+        relay = self.relay
+        session = WebSocketSession(self.request, handshake.head, handshake.conn, relay.sessions)
+        await session.run(relay.limits)
+
+    def _refused(self) -> RequestObserver:
+        """The engine answered an upgrade with no 101: a request, observed from now."""
+        self._observe()
+        assert self._obs is not None
+        return self._obs
 
     def _refuse_too_large(self) -> None:
         """A body declared larger than the limit: 413, and the connection closed."""
@@ -230,7 +274,9 @@ class _Exchange:
         take."""
         request, relay = self.request, self.relay
         headers = upstream_headers(request)
-        if self._obs is not None:
+        if self.upgrade:
+            headers += upgrade_headers(request)
+        elif self._obs is not None:
             headers = with_trace(self._obs, headers)
         stripper: UsageStripper | None = None
         if body is not None:
@@ -242,7 +288,10 @@ class _Exchange:
             body = b""
         raw_head = relay.upstream.request_head(request.method, request.target, headers, body)
         on_sent = self._observe if relay.new_observer is not None else None
-        stream = ResponseRelay(request, NULL_OBSERVER, stripper, relay.streams, on_sent)
+        if self.upgrade:
+            stream: ResponseRelay = Handshake(request, relay.streams, self._refused)
+        else:
+            stream = ResponseRelay(request, NULL_OBSERVER, stripper, relay.streams, on_sent)
         self.stream = stream
         return request.method, raw_head, body or b"", stream
 
@@ -335,6 +384,10 @@ class _Exchange:
         request.on_gone(None)
         stream = self.stream
         conn = stream.conn if stream is not None else None
+        if self.switched:  # a WebSocket session: its own record (``upgrade``), no request's
+            if conn is not None:
+                relay.upstream.discard(conn)
+            return
         if conn is not None:
             relay.streams.discard(conn)
             relay.aborted.discard(conn)

@@ -29,6 +29,8 @@ from llmobs.sim.dialects import BadRequest, Context, Endpoint, Exchange, endpoin
 from llmobs.sim.dialects.base import Chunk, Plan
 from llmobs.sim.engine import SimEngine
 from llmobs.sim.faults import Faulted, Out, fault_of, serve_fault
+from llmobs.sim.realtime import PATH as REALTIME_PATH
+from llmobs.sim.realtime import realtime_handler
 from llmobs.sim.request import EngineStopped, SimRequest
 from llmobs.wire.listen import listening
 from llmobs.wire.tls import (
@@ -295,6 +297,7 @@ def build_sim_app(settings: SimSettings) -> web.Application:
     app.cleanup_ctx.append(_engine_lifecycle)
     for endpoint in endpoints_for(settings.dialect):
         app.router.add_post(endpoint.path, _handler(endpoint))
+    app.router.add_get(REALTIME_PATH, realtime_handler(ENGINE_KEY))
     app.router.add_get("/v1/models", _models)
     app.router.add_get("/health", _health)
     app.router.add_get("/metrics", _metrics)

@@ -70,6 +70,11 @@ class Carrier:
             self.state = _CLOSING
         self.transport.abort()
 
+    def switched(self) -> bytes:
+        """The response was 101: the connection is no longer HTTP's (its transport is the
+        handler's); returns what was read after the request."""
+        raise NotImplementedError
+
     def close(self) -> None:
         """Close now (an idle timeout, the handler's abort, a shutdown)."""
         self.transport.close()

@@ -107,6 +107,7 @@ class Connection(asyncio.Protocol):
         "last_read",
         "state",
         "streamed",
+        "switched",
         "transport",
     )
 
@@ -136,6 +137,7 @@ class Connection(asyncio.Protocol):
         self._frames = frames  # the pool's: what chunked responses learnt of their framing
         self._habits = habits or Habits()
         self.streamed = False  # its last response was chunked (``habits``)
+        self.switched = b""  # after a 101: what the engine sent after its head
 
     @property
     def relaying(self) -> bool:
@@ -273,7 +275,31 @@ class Connection(asyncio.Protocol):
                 continue
             break
         self._head_buf = b""
+        if head.status == 101:
+            self._switch(head, buf)
+            return
         self._start_body(head, buf)
+
+    def _switch(self, head: ResponseHead, rest: bytes) -> None:
+        """101 Switching Protocols: the connection is no longer HTTP's. Spent (never pooled
+        again), its transport the handler's from ``on_head`` on, with what came after the
+        head (``switched``); the exchange ends here."""
+        on_head, self._on_head = self._on_head, None
+        assert on_head is not None
+        self._retire()
+        self._stop_timer()
+        self.switched = rest
+        if self.transport is not None:  # nothing more read until the handler takes it over
+            self.transport.pause_reading()
+        try:
+            on_head(self, head)
+        except Exception as exc:  # the handler's failure: it gets it back from wait()
+            self._end(exc)
+            if self.transport is not None:
+                self.transport.abort()
+            return
+        if self._done is not None and not self._done.done():
+            self._done.set_result(None)
 
     def _start_body(self, head: ResponseHead, buf: bytes) -> None:
         """The response head came: its body is relayed from ``buf`` (what came after it) on."""

@@ -398,6 +398,15 @@ class Request(Hooks):
             body = openai_error_body(status, message)
         self.respond(status, body, close=close)
 
+    def switch(self, head: bytes) -> tuple[asyncio.Transport, bytes]:
+        """The engine switched protocols (101, a WebSocket): its ``head`` is written as it
+        came, and the connection carries no more HTTP. Returns its transport, which the
+        handler takes over, and what the client sent after its request."""
+        self.started = True
+        self._conn.began(False)
+        self.transport.write(head)
+        return self.transport, self._conn.switched()
+
     def _held(self) -> bool:
         return self._conn.writing is _PAUSED
 

@@ -108,6 +108,7 @@ class ServerConnection(Carrier, asyncio.Protocol):
         # a share per loop turn
         self._reading = Reading(loop)
         self._sending = SendTimeout(loop, server.client_timeout)
+        self._switched = False  # a 101: the transport is the handler's (``switched``)
 
     # -- asyncio.Protocol -------------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -273,6 +274,21 @@ class ServerConnection(Carrier, asyncio.Protocol):
         self.transport.set_protocol(h2conn)
         h2conn.connection_made(self.transport)
 
+    def switched(self) -> bytes:
+        """The handler's response was 101: from here its transport is the handler's (a
+        tunnel's), this connection reads no more; what came after the request goes with it.
+        It stays among the server's connections until its handler returns (a shutdown waits
+        for it, then cancels it)."""
+        if self._idle is not None:
+            self._idle.cancel()
+            self._idle = None
+        self._reading.stop()
+        self._sending.stop()
+        self._switched = True
+        rest = self._buf[self._at :]
+        self._buf, self._at = b"", 0
+        return rest
+
     def _start(self, request: Request, buf: bytes, at: int) -> None:
         """Run the handler for ``request``, whose head ends at ``at`` in ``buf``; what follows
         is its body, then the next requests."""
@@ -355,6 +371,8 @@ class ServerConnection(Carrier, asyncio.Protocol):
         the close, or a lingering close."""
         self._request = None
         self._task = None
+        if self._switched:  # its connection_lost is the tunnel's
+            self._server.connections.discard(self)
         if self.transport.is_closing():
             self._go(_CLOSE)
             return

@@ -45,6 +45,7 @@ from tests.support.prom import (
     streaming_load,
 )
 from tests.support.promql import metric_names, unknown_metrics
+from tests.support.realtime import realtime_load
 from tests.support.servers import SidecarFactory, SimFactory
 
 GENERATOR = ROOT / "dashboards" / "generate.py"
@@ -383,6 +384,7 @@ async def test_every_panel_returns_data(
     async with (
         Prometheus(tmp_path, targets) as prom,
         streaming_load(side.url, MODEL, 6, dialect="mixed", tls=served.trusting()),
+        realtime_load(side.url, MODEL, served.trusting()),  # WebSocket sessions, over TLS too
     ):
         loop = asyncio.get_running_loop()
         deadline = loop.time() + DATA_TIMEOUT

@@ -220,10 +220,11 @@ async def test_the_fleet_answers_equal_the_truth(
         series = await central.query('count by (pod) ({__name__=~".+", pod=~"llm-.+"})')
         figures["series per pod"] = {s["pod"]: v for s, v in series}
     # a pod none of whose requests was bad has no misses to show, nor a bad request's cost;
-    # the TLS panels have data only where TLS is on (tests/deploy/test_dashboards.py: there)
+    # the TLS panels have data only where TLS is on, the WebSocket ones where sessions run
+    # (tests/deploy/test_dashboards.py: both there)
     missing = [(where, pod, expr) for where, pod, expr in missing
                if (pod in (".*", *truth.bad_by_pod) or not about_bad_requests(expr))
-               and not about_tls(expr)]  # fmt: skip
+               and not about_tls(expr) and not about_sessions(expr)]  # fmt: skip
     assert not missing, "no data (or not finite) from:\n" + "\n".join(map(str, missing))
     # the table points at the pod to open: the queue-bound one's TTFT, the stuttering one's
     # stalls, the failing one's budget
@@ -340,6 +341,13 @@ async def worst_pods(central: Prometheus) -> dict[str, dict[str, float]]:
 
 def about_tls(expr: str) -> bool:
     return bool({m.prometheus for m in c.TRANSPORT_METRICS} & metric_names(expr))
+
+
+def about_sessions(expr: str) -> bool:
+    """A WebSocket panel's query (its histograms' series by their suffixes too)."""
+    names = {m.prometheus for m in c.SESSION_METRICS}
+    return bool({f"{n}{s}" for n in names for s in ("", "_bucket", "_sum", "_count")}
+                & metric_names(expr))  # fmt: skip
 
 
 def about_bad_requests(expr: str) -> bool:

@@ -20,6 +20,7 @@ import subprocess
 import sys
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import aiohttp
 import h2.errors
@@ -27,12 +28,14 @@ import h2.events
 import h2.exceptions
 import hyperframe.frame
 import pytest
+from aiohttp import web
 
 from llmobs.wire.h2.connection import MAX_CONTROL, MAX_RESETS, MAX_STREAMS
 from tests.support.h2client import SETTINGS, RawH2
 from tests.support.ports import SERVE, listening, port_of, refused_port
 from tests.support.rawhttp import status_of
 from tests.support.servers import (
+    AppFactory,
     SidecarFactory,
     SidecarHandle,
     SimFactory,
@@ -456,3 +459,83 @@ async def test_an_http2_stream_that_sends_nothing_gets_a_408(
     await client.close()
     await _victim_served(port)
     await eventually(lambda: side.value("llmobs_requests_total", outcome="rejected") == 1)
+
+
+# -- WebSocket -------------------------------------------------------------------------------
+_UPGRADE = (
+    "GET {path} HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+    "Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n"
+)
+
+
+async def _upgraded(url: str, path: str) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    """A raw client's WebSocket through the sidecar at ``url``: its handshake, the 101 read."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", urlsplit(url).port)
+    writer.write(_UPGRADE.format(path=path).encode())
+    head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 10)
+    assert head.startswith(b"HTTP/1.1 101 "), head
+    return reader, writer
+
+
+async def test_an_upgrade_to_a_route_that_is_not_one_is_the_engines_404(
+    start_sim: SimFactory, start_sidecar: SidecarFactory
+) -> None:
+    sim = await start_sim()
+    side = await start_sidecar(sim.url, **QUIET)
+    reader, writer = await asyncio.open_connection("127.0.0.1", urlsplit(side.url).port)
+    writer.write(_UPGRADE.format(path="/v1/chat/completions").encode())
+    head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 10)
+    writer.close()
+    assert head.startswith(b"HTTP/1.1 405 ")  # aiohttp's answer to a GET on a POST route
+    side.sidecar.flush_records()
+    assert side.value("llmobs_requests_total", status_class="4xx") == 1
+    assert side.value("llmobs_websocket_sessions_total") == 0
+
+
+async def test_a_frame_declaring_a_gibibyte_is_refused_at_its_header(
+    start_sim: SimFactory, start_sidecar: SidecarFactory
+) -> None:
+    sim = await start_sim()
+    side = await start_sidecar(sim.url, websocket_max_message_bytes=65536, **QUIET)
+    reader, writer = await _upgraded(side.url, "/v1/realtime")
+    header = await reader.readexactly(2)  # session.created: unmasked, under 126 bytes
+    await reader.readexactly(header[1] & 0x7F)
+    # a masked binary frame whose header says 1 GiB, and a few bytes of it
+    huge = bytes((0x82, 0x80 | 127)) + (1 << 30).to_bytes(8, "big") + bytes(4)
+    writer.write(huge + b"x" * 64)
+    close = await asyncio.wait_for(reader.readexactly(4), 10)
+    assert close[0] == 0x88 and int.from_bytes(close[2:4], "big") == 1009
+    assert await reader.readexactly(close[1] - 2) == b"message too big"
+    assert await asyncio.wait_for(reader.read(), 10) == b""  # then the connection closes
+    writer.close()
+    await eventually(
+        lambda: side.value("llmobs_websocket_sessions_total", outcome="too_large") == 1
+    )
+
+
+async def test_a_websocket_client_that_never_reads_is_cut_off_and_its_engine_held(
+    start_sidecar: SidecarFactory, start_app: AppFactory
+) -> None:
+    sent = [0]
+
+    async def flood(request: web.Request) -> web.WebSocketResponse:
+        ws = web.WebSocketResponse()
+        await ws.prepare(request)
+        with contextlib.suppress(ConnectionResetError, RuntimeError):
+            while not ws.closed:
+                await ws.send_bytes(bytes(65536))
+                sent[0] += 65536
+        return ws
+
+    app = web.Application()
+    app.router.add_get("/flood", flood)
+    engine = await start_app(app, None)
+    side = await start_sidecar(engine, client_timeout=1.0, **QUIET)
+    _, writer = await _upgraded(side.url, "/flood")  # and never reads again
+    await eventually(
+        lambda: side.value("llmobs_websocket_sessions_total", outcome="client_timeout") == 1,
+        within=20,
+    )
+    writer.close()
+    # the engine was held back: what it could send is the buffers' worth, not a flood
+    assert 0 < sent[0] < 64 * 1024**2

@@ -20,7 +20,8 @@ def test_the_defaults() -> None:
         "tenants: off (--tenant-header, --tenant-keys)",
         "prices: off (--price-file)",
         "collectors: GPU every 1s; the engine's http://127.0.0.1:8000/metrics every 5s",
-        "transports: clients HTTP/1.1 and HTTP/2 (h2c); metrics port plain HTTP; engine plain HTTP",
+        "transports: clients HTTP/1.1 and HTTP/2 (h2c), WebSocket (messages to 16777216 "
+        "bytes, idle 300 s); metrics port plain HTTP; engine plain HTTP",
     ]
 
 
@@ -32,7 +33,7 @@ def test_what_was_set_and_where_it_came_from(tmp_path: Path) -> None:
         slo_ttft=0.5, slo_no_stalls=True, slo_target=0.99, slo_file=str(slo),
         tenant_header="X-Team", price_file=str(prices), gpu_sample_interval=0,
         engine_scrape_interval=0, http2=False, upstream="https://engine:8443",
-        upstream_insecure_skip_verify=True,
+        upstream_insecure_skip_verify=True, websocket=False,
     )  # fmt: skip
     assert _lines(settings) == [
         "objectives: TTFT <= 500ms, no stalls; target 99.00% over 28d (flags); 2 overrides "

@@ -317,6 +317,56 @@ TLS_EXPIRY = MetricDef(
     "seconds left.",
     (CERTIFICATE,),
 )  # fmt: skip
+
+# WebSocket sessions (llmobs/relay/upgrade.py) and realtime turns (llmobs/observe/realtime.py):
+# families of their own, not the requests' (a session is no request: its duration is minutes,
+# its first delta follows a commit, not the request's arrival). See docs/metrics.md.
+API = "api"  # realtime (a /realtime path) or websocket (any other)
+SOURCE = "source"  # who sent a message: client or engine
+SESSION_BUCKETS = (0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1800.0, 3600.0)
+
+WS_SESSIONS = MetricDef(
+    "llmobs.websocket.sessions", Kind.COUNTER, "{session}",
+    "WebSocket sessions relayed, by how they ended: ok, client_disconnect, upstream_error, "
+    "idle_timeout, too_large, client_timeout, shutdown.",
+    (API, MODEL, OUTCOME),
+)  # fmt: skip
+WS_ACTIVE = MetricDef(
+    "llmobs.websocket.sessions.active", Kind.UPDOWN, "{session}",
+    "WebSocket sessions open now.",
+    (API,),
+)  # fmt: skip
+WS_DURATION = MetricDef(
+    "llmobs.websocket.session.duration", Kind.HISTOGRAM, "s",
+    "From the engine's 101 to the session's end.",
+    (API, MODEL, OUTCOME), SESSION_BUCKETS,
+)  # fmt: skip
+WS_MESSAGES = MetricDef(
+    "llmobs.websocket.messages", Kind.COUNTER, "{message}",
+    "WebSocket messages relayed (control frames included), by who sent them.",
+    (API, SOURCE),
+)  # fmt: skip
+REALTIME_FIRST_DELTA = MetricDef(
+    "llmobs.realtime.time_to_first_delta", Kind.HISTOGRAM, "s",
+    "From a committed input (input_audio_buffer.commit, response.create) to the first delta "
+    "of its answer: a realtime turn's time to first token.",
+    (MODEL,), TTFT_BUCKETS,
+)  # fmt: skip
+REALTIME_DELTA_GAP = MetricDef(
+    "llmobs.realtime.delta_gap", Kind.HISTOGRAM, "s",
+    "Time between consecutive deltas of one realtime turn: its inter-token latency.",
+    (MODEL,), LATENCY_BUCKETS,
+)  # fmt: skip
+REALTIME_TURNS = MetricDef(
+    "llmobs.realtime.turns", Kind.COUNTER, "{turn}",
+    "Realtime turns (a committed input and its answer), by how they ended: done, error, cut "
+    "(the session ended first).",
+    (MODEL, OUTCOME),
+)  # fmt: skip
+SESSION_METRICS: tuple[MetricDef, ...] = (
+    WS_SESSIONS, WS_ACTIVE, WS_DURATION, WS_MESSAGES, REALTIME_FIRST_DELTA, REALTIME_DELTA_GAP,
+    REALTIME_TURNS,
+)  # fmt: skip
 TRANSPORT_METRICS: tuple[MetricDef, ...] = (TLS_HANDSHAKES, TLS_RELOADS, TLS_EXPIRY)
 
 # Collectors (llmobs/collectors): polled in the background, exported as observable
@@ -518,7 +568,7 @@ CATALOGUE: tuple[MetricDef, ...] = (
     TTFT, TTFT_PHASE, TPOT, DURATION, TOKEN_USAGE, *LATEST_USAGE, ITL, ITL_SQUARES, STALLS,
     SMOOTHNESS, REQUESTS, TOKENS, ENGINE_PROMPT_EVAL, ENGINE_LOAD, ACTIVE, QUEUE_DEPTH, MALFORMED,
     OBSERVER_ERRORS, SPANS_DROPPED, SLO_REQUESTS, SLO_MISSES, SLO_OUTPUT_TOKENS, SLO_TARGET,
-    SLO_WINDOW, COST, *TRANSPORT_METRICS, *COLLECTOR_METRICS, *PROCESS_METRICS,
+    SLO_WINDOW, COST, *TRANSPORT_METRICS, *SESSION_METRICS, *COLLECTOR_METRICS, *PROCESS_METRICS,
 )  # fmt: skip
 
 
