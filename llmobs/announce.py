@@ -93,6 +93,8 @@ def transports_line(settings: Settings) -> str:
         proxy += f", WebSocket (messages to {limit} bytes, idle {idle:g} s)"
     metrics = "TLS" if settings.metrics_tls else "plain HTTP"
     engine = "https" if settings.upstream.lower().startswith("https://") else "plain HTTP"
+    if settings.upstream_http2:
+        engine += " over HTTP/2" if engine == "https" else " over HTTP/2 (h2c)"
     if settings.upstream_insecure_skip_verify:
         engine += ", its certificate NOT checked"
     return f"transports: clients {proxy}; metrics port {metrics}; engine {engine}"

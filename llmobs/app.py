@@ -45,8 +45,10 @@ from llmobs.observe.timing import unparsed
 from llmobs.relay.observing import ObserverFactory
 from llmobs.relay.proxy import Relay
 from llmobs.wire.accept import RESULTS
+from llmobs.wire.h2.client import H2Upstream
 from llmobs.wire.listen import ListenError, listening
 from llmobs.wire.server import ProxyServer
+from llmobs.wire.tls import EngineTls
 from llmobs.wire.upstream import Upstream
 
 log = logging.getLogger("llmobs")
@@ -111,6 +113,16 @@ def observer_factory(
     )
     tenancy = tenancy if tenancy is not None and tenancy.on else None
     return _Observers(recorder, config, tracing, timeline, tenancy)
+
+
+def engine_pool(settings: Settings, h1: Upstream, tls: EngineTls | None) -> H2Upstream | None:
+    """The engine over HTTP/2 (``--upstream-http2``), addressed as HTTP/1.1's pool is; None:
+    requests go on HTTP/1.1's."""
+    if not settings.upstream_http2:
+        return None
+    h2 = tls.h2 if tls is not None and h1.https else None  # (https: always a context)
+    server_name = tls.server_name if tls is not None else ""
+    return H2Upstream(h1.host, h1.port, h1.host_header, settings.connect_timeout, h2, server_name)
 
 
 class _Observers:
@@ -219,6 +231,7 @@ class Proxy:
         self.tracing: Tracing | None = None
         self.relay: Relay | None = None
         self._upstream: Upstream | None = None
+        self._pool: H2Upstream | None = None
         self._server: ProxyServer | None = None
 
     async def start(self, host: str, port: int) -> int:
@@ -241,7 +254,8 @@ class Proxy:
         if settings.instrument:  # WebSocket sessions: their metrics, and spans with tracing
             traced = SessionTracing(self.tracing) if self.tracing is not None else None
             sessions = SessionExport(self.session_metrics, traced)
-        self.relay = Relay(settings, self._upstream, factory, sessions)
+        self._pool = engine_pool(settings, self._upstream, tls.engine())
+        self.relay = Relay(settings, self._upstream, factory, sessions, self._pool)
         self._server = ProxyServer(
             self.relay,
             client_timeout=settings.client_timeout,
@@ -277,6 +291,9 @@ class Proxy:
         if self._upstream is not None:
             self._upstream.close()
             self._upstream = None
+        if self._pool is not None:
+            self._pool.close()
+            self._pool = None
         if self.relay is not None:
             self.relay.flush()
         tracing, self.tracing = self.tracing, None

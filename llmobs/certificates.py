@@ -63,7 +63,7 @@ class Certificates:
             alpn = (ALPN_H2, ALPN_HTTP1) if settings.http2 else (ALPN_HTTP1,)
             self.serving = Watched(files.paths(), lambda: server_tls(files, alpn))
             metrics.expires(SERVING, self.serving.current.expiry)
-        self.client: Watched[ssl.SSLContext] | None = None
+        self.client: Watched[tuple[ssl.SSLContext, ssl.SSLContext]] | None = None
         self._client_cert_file = settings.upstream_cert_file
         self._host = urlsplit(settings.upstream).hostname or ""
         self._server_name = settings.upstream_server_name
@@ -89,7 +89,10 @@ class Certificates:
         client = self.client
         if client is None:
             return None
-        return EngineTls(lambda: client.current, self._host, self._server_name)
+        return EngineTls(
+            lambda: client.current[0], self._host, self._server_name,
+            lambda: client.current[1],
+        )  # fmt: skip
 
     def start(self) -> None:
         """Check the files every ``check_every`` seconds from now on."""
@@ -128,7 +131,10 @@ def _expiry(cert_file: str) -> float:
     return not_after(certificates("upstream_cert_file", cert_file)[0])
 
 
-def _client(settings: Settings, metrics: TransportMetrics) -> Watched[ssl.SSLContext]:
+def _client(
+    settings: Settings, metrics: TransportMetrics
+) -> Watched[tuple[ssl.SSLContext, ssl.SSLContext]]:
+    """The engine leg's contexts from its files: HTTP/1.1's, and HTTP/2's (h2 by ALPN)."""
     files = ClientFiles(
         settings.upstream_ca_file,
         settings.upstream_cert_file,
@@ -142,7 +148,9 @@ def _client(settings: Settings, metrics: TransportMetrics) -> Watched[ssl.SSLCon
             source("upstream_insecure_skip_verify"),
             settings.upstream,
         )
-    watched = Watched(files.paths(), lambda: client_context(files))
+    watched = Watched(
+        files.paths(), lambda: (client_context(files), client_context(files, (ALPN_H2,)))
+    )
     if files.cert_file:
         metrics.expires(CLIENT, _expiry(files.cert_file))
     return watched

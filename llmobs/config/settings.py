@@ -128,6 +128,11 @@ class Settings:
         False, parse_bool, "do not check an https engine's certificate at all (a pod's "
         "self-signed one); logged as a warning at start", "BOOL",
     )  # fmt: skip
+    upstream_http2: bool = option(
+        False, parse_bool, "speak HTTP/2 to the engine: h2c with prior knowledge to an http "
+        "--upstream, h2 by ALPN to an https one; each request a stream (WebSocket upgrades "
+        "and the engine collector stay on HTTP/1.1)", "BOOL",
+    )  # fmt: skip
     connect_timeout: float = option(
         10.0, float, "seconds to wait for a connection to the upstream (then 504)", "SECONDS",
         check=positive,

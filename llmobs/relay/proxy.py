@@ -53,7 +53,7 @@ from llmobs.relay.upgrade import (
     upgrade_headers,
 )
 from llmobs.wire.server import Request
-from llmobs.wire.upstream import Connection, Upstream, UpstreamClosed
+from llmobs.wire.upstream import Connection, Exchange, Pool, Upstream, UpstreamClosed
 
 log = logging.getLogger("llmobs.proxy")
 
@@ -71,10 +71,14 @@ class Relay:
         upstream: Upstream,
         new_observer: ObserverFactory | None,
         sessions: SessionSink | None = None,
+        pool: Pool | None = None,
     ) -> None:
-        """``sessions``: where WebSocket sessions are told (None: relayed, not observed)."""
+        """``sessions``: where WebSocket sessions are told (None: relayed, not observed);
+        ``pool``: the engine's connections requests go on (HTTP/2's, ``--upstream-http2``),
+        else ``upstream``, HTTP/1.1's, which WebSocket upgrades take either way."""
         self.settings = settings
         self.upstream = upstream
+        self.pool: Pool = pool if pool is not None else upstream
         self.websocket = settings.websocket  # upgrades relayed (else refused by the engine)
         self.sessions = sessions
         self.limits = Limits(
@@ -85,11 +89,11 @@ class Relay:
         parts = urlsplit(settings.upstream)
         self.where = parts._replace(netloc=parts.netloc.rpartition("@")[2]).geturl()
         self.new_observer = new_observer
-        self.streams: set[Connection] = set()  # connections whose response is being relayed
-        self.aborted: set[Connection] = set()  # ended by a shutdown's grace
+        self.streams: set[Exchange] = set()  # exchanges whose response is being relayed
+        self.aborted: set[Exchange] = set()  # ended by a shutdown's grace
         # sent, until their exchange ends (the head awaited, then the body relayed): a
         # shutdown's grace ends them; ``streams`` is those whose head came (``active``)
-        self._pending: set[Connection] = set()
+        self._pending: set[Exchange] = set()
         self._ending = False  # a shutdown's grace is over: nothing more goes upstream
         self._deferred = Deferred()  # each request's bookkeeping, once the pending I/O is served
 
@@ -97,7 +101,9 @@ class Relay:
         # the exchange's own coroutine, not one more awaiting it: a frame fewer per request
         return _Exchange(self, request).run()
 
-    async def send(self, method: str, raw_head: bytes, body: bytes, stream: ResponseRelay) -> None:
+    async def send(
+        self, method: str, raw_head: bytes, body: bytes, stream: ResponseRelay, pool: Pool
+    ) -> None:
         """Send the request and relay its response through ``stream``, to its end.
 
         A pooled connection the engine closed while it sat idle fails before any byte of a
@@ -108,9 +114,9 @@ class Relay:
         this method's to discard; after, the exchange's (``stream.conn``).
         """
         for attempt in (0, 1):
-            conn, reused = await self.upstream.acquire()
+            conn, reused = await pool.acquire()
             if self._ending:  # the grace ran out while it connected (or before it was sent)
-                self.upstream.discard(conn)
+                pool.discard(conn)
                 raise ShutDown()
             self._pending.add(conn)
             try:
@@ -121,7 +127,7 @@ class Relay:
             except UpstreamClosed:
                 if stream.conn is not None:
                     raise
-                self.upstream.discard(conn)
+                pool.discard(conn)
                 if conn in self.aborted:  # no head by the end of a shutdown's grace
                     self.aborted.discard(conn)
                     raise ShutDown() from None
@@ -129,7 +135,7 @@ class Relay:
                     raise
             except BaseException:
                 if stream.conn is None:
-                    self.upstream.discard(conn)
+                    pool.discard(conn)
                 raise
             finally:
                 self._pending.discard(conn)
@@ -232,7 +238,9 @@ class _Exchange:
                 body = await request.read_body(self.relay.settings.client_timeout)
             method, raw_head, body, stream = self._prepare(body)
             try:
-                await self.relay.send(method, raw_head, body, stream)
+                relay = self.relay
+                pool: Pool = relay.upstream if self.upgrade else relay.pool
+                await relay.send(method, raw_head, body, stream, pool)
             except ConnectionError:
                 if not stream.gone:
                     raise
@@ -250,10 +258,11 @@ class _Exchange:
 
     async def _session(self, handshake: Handshake) -> None:
         """The engine switched to a WebSocket: relay the session to its end."""
-        assert handshake.head is not None and handshake.conn is not None
+        conn = handshake.conn
+        assert handshake.head is not None and isinstance(conn, Connection)
         self.switched = True
         relay = self.relay
-        session = WebSocketSession(self.request, handshake.head, handshake.conn, relay.sessions)
+        session = WebSocketSession(self.request, handshake.head, conn, relay.sessions)
         await session.run(relay.limits)
 
     def _refused(self) -> RequestObserver:
@@ -386,15 +395,17 @@ class _Exchange:
         conn = stream.conn if stream is not None else None
         if self.switched:  # a WebSocket session: its own record (``upgrade``), no request's
             if conn is not None:
-                relay.upstream.discard(conn)
+                tunnels: Pool = relay.upstream  # (an upgrade's: HTTP/1.1's)
+                tunnels.discard(conn)
             return
         if conn is not None:
             relay.streams.discard(conn)
             relay.aborted.discard(conn)
+            pool: Pool = relay.upstream if self.upgrade else relay.pool
             if self.outcome is Outcome.OK:
-                relay.upstream.release(conn)
+                pool.release(conn)
             else:
-                relay.upstream.discard(conn)
+                pool.discard(conn)
         if self.observed is not None and stream is not None and stream.unsent:
             # never sent (no connection to the engine, say): the body is read now, so the
             # failure is counted under its model, as every other outcome is

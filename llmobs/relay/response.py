@@ -16,7 +16,7 @@ from llmobs.relay.inject import UsageStripper
 from llmobs.relay.observing import RequestObserver
 from llmobs.wire.http1 import ResponseHead, content_length
 from llmobs.wire.server import Request
-from llmobs.wire.upstream import Connection, OnBody
+from llmobs.wire.upstream import Exchange, OnBody
 
 
 class ResponseRelay:
@@ -52,7 +52,7 @@ class ResponseRelay:
         request: Request,
         obs: RequestObserver,
         stripper: UsageStripper | None,
-        relayed: set[Connection],
+        relayed: set[Exchange],
         on_sent: Callable[[], None] | None = None,
     ) -> None:
         self._request = request
@@ -60,7 +60,7 @@ class ResponseRelay:
         self._obs = obs
         self._relayed = relayed
         self.stripper = stripper
-        self.conn: Connection | None = None  # the connection whose response this is
+        self.conn: Exchange | None = None  # the connection whose response this is
         self.gone = False  # the client went away mid-stream
         # called once, when the request is first handed to a connection (observation starts)
         self._on_sent = on_sent
@@ -81,7 +81,7 @@ class ResponseRelay:
         """Observe the response with ``obs`` (made once the request went upstream)."""
         self._obs = obs
 
-    def on_head(self, conn: Connection, head: ResponseHead) -> OnBody:
+    def on_head(self, conn: Exchange, head: ResponseHead) -> OnBody:
         """The response head came on ``conn``: pass it on; the body goes to ``feed``. A
         client gone before it (the handler's cancellation not yet delivered) gets nothing:
         the exchange fails at once, and no byte goes to a closed transport."""

@@ -34,7 +34,7 @@ from llmobs.relay.response import ResponseRelay
 from llmobs.wire.http1 import ResponseHead
 from llmobs.wire.server import Request
 from llmobs.wire.tunnel import Ending, Tunnel
-from llmobs.wire.upstream import Connection, OnBody
+from llmobs.wire.upstream import Connection, Exchange, OnBody
 from llmobs.wire.websocket import FrameReader, Message, deflated
 
 log = logging.getLogger("llmobs.websocket")
@@ -73,14 +73,14 @@ class Handshake(ResponseRelay):
     def __init__(
         self,
         request: Request,
-        relayed: set[Connection],
+        relayed: set[Exchange],
         on_refused: Callable[[], RequestObserver],
     ) -> None:
         super().__init__(request, NULL_OBSERVER, None, relayed)
         self._on_refused = on_refused
         self.head: ResponseHead | None = None
 
-    def on_head(self, conn: Connection, head: ResponseHead) -> OnBody:
+    def on_head(self, conn: Exchange, head: ResponseHead) -> OnBody:
         if head.status != 101:
             self.observe(self._on_refused())
             return super().on_head(conn, head)

@@ -204,6 +204,12 @@ class SimSettings:
         "", str, "the certificate's PEM private key (as vLLM's --ssl-keyfile)", "PATH"
     )
 
+    http2: bool = option(
+        False, parse_bool, "serve HTTP/2 too, on the same port: h2c with prior knowledge, and "
+        "h2 by ALPN over TLS (an engine behind a gateway's h2c pool; the sidecar's "
+        "--upstream-http2)", "BOOL",
+    )  # fmt: skip
+
     def __post_init__(self) -> None:
         check_fields(self, SIM_OPTIONS)  # each option's own bounds, then what binds two
         _check_lengths(self)

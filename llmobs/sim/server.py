@@ -29,11 +29,14 @@ from llmobs.sim.dialects import BadRequest, Context, Endpoint, Exchange, endpoin
 from llmobs.sim.dialects.base import Chunk, Plan
 from llmobs.sim.engine import SimEngine
 from llmobs.sim.faults import Faulted, Out, fault_of, serve_fault
+from llmobs.sim.front import serve_front
 from llmobs.sim.realtime import PATH as REALTIME_PATH
 from llmobs.sim.realtime import realtime_handler
 from llmobs.sim.request import EngineStopped, SimRequest
 from llmobs.wire.listen import listening
+from llmobs.wire.server import ProxyServer
 from llmobs.wire.tls import (
+    ALPN_H2,
     ALPN_HTTP1,
     ServerFiles,
     ServerTls,
@@ -308,19 +311,27 @@ async def run_sim(settings: SimSettings) -> None:
     """Serve the sim until cancelled (``llmobs sim``).
 
     The runner is created with ``handler_cancellation=True`` so that a client disconnect
-    cancels its handler and frees the request's place in the batch.
+    cancels its handler and frees the request's place in the batch. With ``http2`` the
+    application listens on a loopback port of its own, behind the HTTP/2 front (``front``).
     """
     runner = web.AppRunner(build_sim_app(settings), handler_cancellation=True)
     watched = sim_tls(settings)
     await runner.setup()
+    front = None
     try:
         with listening(settings.host, settings.port):
-            context = following(lambda: watched.current.admin) if watched else None
-            await web.TCPSite(runner, settings.host, settings.port, ssl_context=context).start()
-        port = runner.addresses[0][1] if runner.addresses else settings.port
+            if settings.http2:
+                front, port = await _front(runner, settings, watched)
+            else:
+                context = following(lambda: watched.current.admin) if watched else None
+                site = web.TCPSite(runner, settings.host, settings.port, ssl_context=context)
+                await site.start()
+                port = runner.addresses[0][1] if runner.addresses else settings.port
         scheme = "https" if watched else "http"
+        served = ", HTTP/2 too" if settings.http2 else ""
         print(
-            f"llmobs sim: listening on {scheme}://{settings.host}:{port} (model {settings.model})",
+            f"llmobs sim: listening on {scheme}://{settings.host}:{port} "
+            f"(model {settings.model}{served})",
             flush=True,
         )
         if watched is None:
@@ -328,7 +339,19 @@ async def run_sim(settings: SimSettings) -> None:
         else:  # as vLLM's --enable-ssl-refresh: a rotated certificate for new connections
             await keep_current(watched, TLS_CHECK_EVERY, _told)
     finally:
+        if front is not None:
+            await front.shutdown(1.0)
         await runner.cleanup()
+
+
+async def _front(
+    runner: web.AppRunner, settings: SimSettings, watched: Watched[ServerTls] | None
+) -> tuple[ProxyServer, int]:
+    """The application on a loopback port, the HTTP/2 front on the sim's (``front``)."""
+    await web.TCPSite(runner, "127.0.0.1", 0).start()
+    inner = f"http://127.0.0.1:{runner.addresses[0][1]}"
+    tls = (lambda: watched.current.proxy) if watched is not None else None
+    return await serve_front(inner, settings.host, settings.port, tls)
 
 
 TLS_CHECK_EVERY = 1.0  # seconds between checks of the certificate's files
@@ -340,7 +363,8 @@ def sim_tls(settings: SimSettings) -> Watched[ServerTls] | None:
     if not settings.tls_cert_file:
         return None
     files = ServerFiles(settings.tls_cert_file, settings.tls_key_file)
-    return Watched(files.paths(), lambda: server_tls(files, (ALPN_HTTP1,)))
+    alpn = (ALPN_H2, ALPN_HTTP1) if settings.http2 else (ALPN_HTTP1,)
+    return Watched(files.paths(), lambda: server_tls(files, alpn))
 
 
 def _told(took: bool, error: TlsError | None) -> None:

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol
 
 from llmobs.wire.flow import Reading
 from llmobs.wire.habits import Habits
@@ -42,9 +42,25 @@ from llmobs.wire.states import ENGINE, EngineEvent, EngineState, compiled, illeg
 # ``http1.BodyDecoder.whole``), else None; and whether the read ended the body (a whole read
 # then holds the last chunk too).
 OnBody = Callable[[bytes, bytes | None, bool], None]
-# Called with the connection and the response head as soon as the head has come (inside
+# Called with the exchange and the response head as soon as the head has come (inside
 # ``data_received``); returns the body's callback.
-OnHead = Callable[["Connection", ResponseHead], OnBody]
+OnHead = Callable[["Exchange", ResponseHead], OnBody]
+
+
+class Exchange(Protocol):
+    """What the relay uses of an exchange with the engine, whichever its protocol: HTTP/1.1
+    (``Connection``) or HTTP/2 (``h2.client.H2Exchange``)."""
+
+    @property
+    def relaying(self) -> bool: ...
+    @property
+    def unanswered(self) -> bool: ...
+    def send(self, method: str, head: bytes, body: bytes, on_head: OnHead) -> None: ...
+    async def wait(self, read_timeout: float) -> None: ...
+    def pause_reading(self) -> None: ...
+    def resume_reading(self) -> None: ...
+    def close(self) -> None: ...
+
 
 # A read this large ends the connection's share of a loop turn (``flow.Reading.defer``): the
 # observer's work grows with the payload, and uvloop reads a busy socket up to 32 times (of up

@@ -208,6 +208,9 @@ class EngineTls:
     context: Callable[[], ssl.SSLContext]
     host: str = ""
     server_name: str = ""
+    # the context offering h2 alone by ALPN (``--upstream-http2``): HTTP/1.1's connections
+    # (a WebSocket's, the collectors') keep theirs, which offers http/1.1 alone
+    h2: Callable[[], ssl.SSLContext] | None = None
 
     def request_args(self, url: str) -> dict[str, Any]:
         """aiohttp's TLS arguments for a request to ``url`` (none for plain http): the

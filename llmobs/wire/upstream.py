@@ -14,10 +14,12 @@ from __future__ import annotations
 import asyncio
 import ssl
 from collections.abc import Callable, Iterable
+from typing import Any, Protocol
 from urllib.parse import urlsplit
 
 from llmobs.wire.connection import (
     Connection,
+    Exchange,
     OnBody,
     OnHead,
     UpstreamClosed,
@@ -29,7 +31,10 @@ from llmobs.wire.states import EngineState
 from llmobs.wire.tls import EngineTls
 
 # the connection and its exchange's types are re-exported: the relay takes them from here
-__all__ = ["Connection", "OnBody", "OnHead", "Upstream", "UpstreamClosed", "UpstreamTimeout"]
+__all__ = [
+    "Connection", "Exchange", "OnBody", "OnHead", "Pool", "Upstream", "UpstreamClosed",
+    "UpstreamTimeout",
+]  # fmt: skip
 
 _IDLE = EngineState.IDLE  # a connection's state in which the pool keeps it
 
@@ -38,6 +43,16 @@ _IDLE = EngineState.IDLE  # a connection's state in which the pool keeps it
 # connections in one burst (512 streams against a 256 pool: a SYN backlog overflow at the
 # engine, 1 s added to TTFT at p99). An idle connection costs an fd and ~3 KiB.
 MAX_IDLE = 4096
+
+
+class Pool(Protocol):
+    """What the relay uses of the engine's connections, whichever the protocol: HTTP/1.1's
+    pool (``Upstream``) or HTTP/2's streams (``h2.client.H2Upstream``)."""
+
+    async def acquire(self) -> tuple[Exchange, bool]: ...
+    def release(self, conn: Any) -> None: ...
+    def discard(self, conn: Any) -> None: ...
+    def close(self) -> None: ...
 
 
 class _Fixed:

@@ -33,7 +33,7 @@ def test_what_was_set_and_where_it_came_from(tmp_path: Path) -> None:
         slo_ttft=0.5, slo_no_stalls=True, slo_target=0.99, slo_file=str(slo),
         tenant_header="X-Team", price_file=str(prices), gpu_sample_interval=0,
         engine_scrape_interval=0, http2=False, upstream="https://engine:8443",
-        upstream_insecure_skip_verify=True, websocket=False,
+        upstream_insecure_skip_verify=True, websocket=False, upstream_http2=True,
     )  # fmt: skip
     assert _lines(settings) == [
         "objectives: TTFT <= 500ms, no stalls; target 99.00% over 28d (flags); 2 overrides "
@@ -42,8 +42,8 @@ def test_what_was_set_and_where_it_came_from(tmp_path: Path) -> None:
         f"prices: 1 model from --price-file {prices}, in EUR",
         "collectors: GPU off (--gpu-sample-interval 0); the engine's metrics off "
         "(--engine-scrape-interval 0)",
-        "transports: clients HTTP/1.1; metrics port plain HTTP; engine https, its certificate "
-        "NOT checked",
+        "transports: clients HTTP/1.1; metrics port plain HTTP; engine https over HTTP/2, its "
+        "certificate NOT checked",
     ]
 
 

@@ -21,6 +21,9 @@ from llmobs.wire.connection import (
     UpstreamClosed,
     UpstreamTimeout,
 )
+from llmobs.wire.connection import (
+    Exchange as EngineExchange,
+)
 from llmobs.wire.habits import Habits
 from llmobs.wire.http1 import MAX_HEAD_BYTES, ProtocolError, ResponseHead
 from llmobs.wire.states import EngineState
@@ -69,8 +72,10 @@ class Exchange:
         self.body = b""
         self.states: list[EngineState] = []
 
-    def on_head(self, conn: Connection, head: ResponseHead) -> OnBody:
+    def on_head(self, conn: EngineExchange, head: ResponseHead) -> OnBody:
         self.heads.append(head.status)
+
+        assert isinstance(conn, Connection)
 
         def on_body(payload: bytes, frame: bytes | None, last: bool) -> None:
             self.body += payload
@@ -160,7 +165,7 @@ async def test_a_handler_that_fails_on_the_head_gets_its_error_back() -> None:
     """``on_head`` raising (the relay's bug, or a client gone): ``wait`` raises it, and the
     connection, its response part read, is closed."""
 
-    def on_head(conn: Connection, head: ResponseHead) -> OnBody:
+    def on_head(conn: EngineExchange, head: ResponseHead) -> OnBody:
         raise ConnectionResetError("the client went away")
 
     async with engine(answer(OK)) as connect:
@@ -281,7 +286,7 @@ async def test_a_connection_closed_unanswered_is_told_apart(reply: bytes, unansw
     the state says whether any of a response came (``unanswered``: what lets the relay send
     an idempotent request again), read from the table, not a flag."""
 
-    def on_head(c: Connection, response: ResponseHead) -> OnBody:
+    def on_head(c: EngineExchange, response: ResponseHead) -> OnBody:
         raise AssertionError("no head comes")
 
     async with engine(answer(reply, close=True)) as connect:
@@ -312,7 +317,7 @@ async def test_closing_a_connection_mid_body_ends_it_at_once() -> None:
 
     heads: list[int] = []
 
-    def on_head(c: Connection, response: ResponseHead) -> OnBody:
+    def on_head(c: EngineExchange, response: ResponseHead) -> OnBody:
         heads.append(response.status)
         return lambda payload, frame, last: c.close()  # the client went away
 

@@ -32,7 +32,7 @@ from llmobs.wire.states import (
     compiled,
 )
 from llmobs.wire.states import illegal as report
-from llmobs.wire.upstream import Connection, OnBody, Upstream, UpstreamClosed
+from llmobs.wire.upstream import Exchange, OnBody, Upstream, UpstreamClosed
 from tests.support.protocol_server import Seen, echo, serving
 from tests.support.rawhttp import WAIT, get, read_response, read_to_eof
 
@@ -267,7 +267,7 @@ async def test_an_illegal_engine_transition_fails_that_exchange_only(
     upstream = Upstream(f"http://127.0.0.1:{port}", 1.0, 4.0)
     bodies: list[bytes] = []
 
-    def on_head(conn: Connection, head: ResponseHead) -> OnBody:
+    def on_head(conn: Exchange, head: ResponseHead) -> OnBody:
         return lambda payload, frame, last: bodies.append(payload)
 
     try:

@@ -12,7 +12,7 @@ import aiohttp
 import pytest
 
 from llmobs.wire.http1 import ResponseHead
-from llmobs.wire.upstream import Connection, OnBody, Upstream
+from llmobs.wire.upstream import Exchange, OnBody, Upstream
 from tests.support.ports import port_of, refused_port
 from tests.support.rawhttp import WAIT
 from tests.support.servers import SidecarFactory
@@ -54,7 +54,7 @@ def test_the_framing_is_the_bodys_own() -> None:
     assert empty == b"POST / HTTP/1.1\r\nHost: engine\r\nContent-Length: 0\r\n\r\n"
 
 
-def ignore(conn: Connection, head: ResponseHead) -> OnBody:
+def ignore(conn: Exchange, head: ResponseHead) -> OnBody:
     return lambda payload, frame, last: None
 
 
