@@ -139,8 +139,13 @@ async def test_counts_and_times_agree_with_usage_and_timings(traced: Traced) -> 
     assert prefill <= ttft < prefill + 0.5, (prefill, ttft)
     # TTFT in phases: the prefill phase is the engine's timings.prompt_ms, and the phases sum
     # to the TTFT measured (llama.cpp reports no queue: a free slot, its wait is in other)
+    # (capped at what the sidecar measured after forwarding: the engine's clock may count a
+    # millisecond more than fits, and the phases must still sum to the TTFT)
     phase = "llmobs_ttft_phase_duration_seconds_sum"
-    assert side.value(phase, phase="prefill") == pytest.approx(prefill, abs=1e-6)
+    before = side.value(phase, phase="before_engine")
+    assert side.value(phase, phase="prefill") == pytest.approx(
+        min(prefill, ttft - before), abs=1e-6
+    )
     assert side.value(phase, phase="queue") == 0
     phases = sum(side.value(phase, phase=p) for p in ("before_engine", "prefill", "other"))
     assert phases == pytest.approx(ttft, abs=1e-6)
