@@ -129,7 +129,6 @@ class WebSocketSession:
         self.sink = sink
         self.start_ns = perf_counter_ns()
         self.wall = time.time_ns()
-        self.tunnel: Tunnel | None = None
         query = parse_qs(urlsplit(request.target).query)
         model = query.get("model", [""])[0] or None
         self.session = Session(api_of(request.path), self.start_ns, model)
@@ -147,7 +146,7 @@ class WebSocketSession:
         client, rest = request.switch("\r\n".join(lines).encode("latin-1"))
         engine = conn.transport
         assert engine is not None
-        tunnel = self.tunnel = Tunnel(
+        tunnel = Tunnel(
             asyncio.get_running_loop(), (client, engine), readers, idle_timeout=limits.idle_timeout,
             client_timeout=limits.client_timeout,
             on_messages=self._messages if self.sink is not None else None,

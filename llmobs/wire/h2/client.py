@@ -49,7 +49,7 @@ class H2Exchange:
 
     __slots__ = (
         "_conn", "_done", "_last", "_on_body", "_on_head", "_owed", "_paused", "_timer",
-        "answered", "ended", "stream_id", "switched", "transport", "unsent",
+        "answered", "ended", "stream_id", "transport", "unsent",
     )  # fmt: skip
 
     def __init__(self, conn: H2EngineConnection) -> None:
@@ -66,7 +66,6 @@ class H2Exchange:
         self._timer: asyncio.TimerHandle | None = None
         self.answered = False  # its response head came
         self.ended = False
-        self.switched = b""  # (an HTTP/1.1 connection's, after a 101: never here)
 
     @property
     def relaying(self) -> bool:
@@ -77,10 +76,6 @@ class H2Exchange:
     def unanswered(self) -> bool:
         """The engine ended it before any of its response: refused, never processed."""
         return not self.answered
-
-    @property
-    def closed(self) -> bool:
-        return self.ended
 
     def send(self, method: str, head: bytes, body: bytes, on_head: OnHead) -> None:
         """Send the request: ``head`` as the HTTP/1.1 writer made it, then ``body``."""

@@ -20,6 +20,7 @@ from h2.errors import ErrorCodes
 from llmobs.wire.connection import UpstreamClosed, UpstreamTimeout
 from llmobs.wire.h2.client import STREAM_WINDOW, H2Exchange, H2Upstream
 from llmobs.wire.http1 import ResponseHead
+from tests.support.servers import eventually
 
 HEAD = b"POST /v1/chat/completions HTTP/1.1\r\nHost: engine:8000\r\nX-Request-Id: r1\r\n"
 HEAD += b"Connection: keep-alive\r\nContent-Length: %d\r\n\r\n"
@@ -167,19 +168,19 @@ async def test_a_paused_stream_is_not_credited_until_resumed(engine: Any) -> Non
     scripted, upstream = await engine(lambda e, sid: None)
     paused, seen = await _exchange(upstream)
     flowing, _ = await _exchange(upstream)
-    await asyncio.sleep(0.05)
+    await eventually(lambda: len(scripted.headers) == 2)
     paused.pause_reading()
     first, second = scripted.headers
     much = STREAM_WINDOW * 3 // 5
     for sid in (first, second):
         scripted.respond(sid, bytes(much), end=False)
-    await asyncio.sleep(0.2)
+    window = scripted.conn.local_flow_control_window
+    await eventually(lambda: len(seen.body) == much and window(second) > STREAM_WINDOW - much)
     assert len(seen.body) == much  # relayed, but its window stays shut
     assert scripted.conn.local_flow_control_window(first) == STREAM_WINDOW - much
     assert scripted.conn.local_flow_control_window(second) > STREAM_WINDOW - much  # it flows
     paused.resume_reading()
-    await asyncio.sleep(0.1)
-    assert scripted.conn.local_flow_control_window(first) > STREAM_WINDOW - much
+    await eventually(lambda: window(first) > STREAM_WINDOW - much)
     for exchange in (paused, flowing):
         exchange.close()
     upstream.close()
@@ -218,9 +219,10 @@ async def test_silence_is_a_read_timeout_and_cancels_the_stream(engine: Any) -> 
     exchange, _ = await _exchange(upstream)
     with pytest.raises(UpstreamTimeout):
         await exchange.wait(0.2)
-    await asyncio.sleep(0.05)
     (sid,) = scripted.headers
-    assert scripted.conn.streams.get(sid) is None or scripted.conn.streams[sid].closed
+    await eventually(
+        lambda: scripted.conn.streams.get(sid) is None or scripted.conn.streams[sid].closed
+    )
     upstream.close()
 
 
