@@ -10,8 +10,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import gc
 import logging
+import os
+import random
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -26,6 +29,7 @@ from llmobs.config.settings import ConfigError, Settings
 from llmobs.config.tenants import Tenancy
 from llmobs.export.metrics.mapping import RequestMapping
 from llmobs.export.metrics.otel import OtelMetrics
+from llmobs.export.metrics.pd import PdMetrics
 from llmobs.export.metrics.sessions import SessionMetrics
 from llmobs.export.metrics.sink import MetricsSink
 from llmobs.export.metrics.transport import TransportMetrics
@@ -35,6 +39,7 @@ from llmobs.export.tracing import RequestMeta, Tracing
 from llmobs.export.ui import LivePage
 from llmobs.observe.causes import EngineTimeline
 from llmobs.observe.dialects import Route
+from llmobs.observe.disagg import PdJoin, PdSettings, Position, has_prefiller
 from llmobs.observe.labels import LabelAdmission
 from llmobs.observe.observer import Observer, ObserveSettings
 from llmobs.observe.provider import Provider
@@ -99,17 +104,22 @@ def observer_factory(
     timeline: EngineTimeline | None = None,
     tenancy: Tenancy | None = None,
     provider: Provider | None = None,
+    pd: PdSettings | None = None,
 ) -> ObserverFactory:
     """New ``Observer`` per request, sharing the recorder (where each request's record is
     made and delivered: the sink, then the consumers), the tracer, the engine's timeline
     (stall causes), the tenants' rules and the settings' knobs; the provider name learns from
-    answered requests' dialects until settled."""
+    answered requests' dialects until settled; ``pd``: the listener's part in P/D (default:
+    at the entry, roles read unless ``--pd-roles off``)."""
+    if pd is None:
+        pd = PdSettings(on=settings.pd_roles != "off")
     config = ObserveSettings(
         stall_factor=settings.stall_factor,
         stall_min_gap=settings.stall_min_gap,
         max_line_bytes=settings.max_line_bytes,
         capture_content=settings.capture_content and tracing is not None,
         provider=provider if provider is not None and not provider.settled else None,
+        pd=pd if pd.on else None,
     )
     tenancy = tenancy if tenancy is not None and tenancy.on else None
     return _Observers(recorder, config, tracing, timeline, tenancy)
@@ -129,7 +139,7 @@ class _Observers:
     """``observer_factory``'s factory: ``traces`` says whether its observers add a trace
     context to the upstream request (the relay then makes them before sending it)."""
 
-    __slots__ = ("_config", "_recorder", "_tenancy", "_timeline", "_tracing", "traces")
+    __slots__ = ("_config", "_pd", "_recorder", "_tenancy", "_timeline", "_tracing", "traces")
 
     def __init__(
         self,
@@ -144,7 +154,10 @@ class _Observers:
         self._tenancy = tenancy
         self._config = config
         self._tracing = tracing
-        self.traces = tracing is not None
+        pd = self._pd = config.pd
+        # observers made before the request goes upstream when they add a trace context:
+        # tracing's, or the one a disaggregated request's legs are joined by
+        self.traces = tracing is not None or (pd is not None and pd.join is not None)
 
     def __call__(self, route: Route, start_ns: int, arrival: Arrival) -> Observer:
         tracing = self._tracing
@@ -154,9 +167,15 @@ class _Observers:
             trace = tracing.start(route, start_ns, meta)
         tenancy = self._tenancy  # whose request: read off its headers, the key not kept
         tenant = tenant_of(tenancy, arrival.headers) if tenancy is not None else None
+        if self._pd is None:
+            return Observer(
+                self._recorder, self._config, route, start_ns, trace, self._timeline, tenant
+            )
+        headers = arrival.headers  # its part in P/D: read off its headers, not kept
         return Observer(
-            self._recorder, self._config, route, start_ns, trace, self._timeline, tenant
-        )
+            self._recorder, self._config, route, start_ns, trace, self._timeline, tenant,
+            has_prefiller(headers), headers.get("traceparent"),
+        )  # fmt: skip
 
 
 def tracing_for(
@@ -223,8 +242,13 @@ class Proxy:
         if push is not None:  # request metrics pushed over OTLP too
             consumers.append(OtelMetrics(push, mapping, self.sink.live, self.provider))
         admission = LabelAdmission(settings.max_models, self.tenancy, settings.max_tenants)
+        # disaggregated requests' legs, joined across this process's listeners when it has
+        # more than one (``observe.disagg``); legs go to their own families alone
+        extra = settings.pd_decode_upstream or settings.pd_prefill_upstream
+        self.join = PdJoin() if extra and settings.pd_roles != "off" else None
+        legs = [PdMetrics(telemetry.meter, self.join)]
         # where every request's record is made and delivered (refused ones' too)
-        self.recorder = Recorder(self.sink, admission, objectives, self.prices, consumers)
+        self.recorder = Recorder(self.sink, admission, objectives, self.prices, consumers, legs)
         self.session_metrics = SessionMetrics(telemetry.meter, settings.max_models)
         # the engine's streams and preemptions, against which each stall is judged
         self.timeline = EngineTimeline()
@@ -233,6 +257,9 @@ class Proxy:
         self._upstream: Upstream | None = None
         self._pool: H2Upstream | None = None
         self._server: ProxyServer | None = None
+        # the P/D listeners (``--pd-decode-port``, ``--pd-prefill-port``): position, port bound
+        self.pd_ports: dict[str, int] = {}
+        self._extra: list[tuple[Upstream, Relay, ProxyServer]] = []
 
     async def start(self, host: str, port: int) -> int:
         """Listen; returns the port bound."""
@@ -243,13 +270,7 @@ class Proxy:
             tls.engine(),
         )  # fmt: skip
         self.tracing = tracing_for(settings, self.telemetry, self.provider)
-        factory = (
-            observer_factory(
-                settings, self.recorder, self.tracing, self.timeline, self.tenancy, self.provider
-            )
-            if settings.instrument
-            else None
-        )
+        factory = self._factory(Position.ENTRY, self.timeline)
         sessions = None
         if settings.instrument:  # WebSocket sessions: their metrics, and spans with tracing
             traced = SessionTracing(self.tracing) if self.tracing is not None else None
@@ -264,7 +285,45 @@ class Proxy:
             on_handshake=tls.metrics.handshake,
             http2=settings.http2,
         )
-        return await self._server.listen(host, port, tls.proxy())
+        bound = await self._server.listen(host, port, tls.proxy())
+        await self._start_pd(host)
+        return bound
+
+    def _factory(self, position: Position, timeline: EngineTimeline) -> ObserverFactory | None:
+        """The observers of one listener (None: ``--no-instrument``)."""
+        settings = self.settings
+        if not settings.instrument:
+            return None
+        ids = random.Random(os.urandom(16)).getrandbits
+        pd = PdSettings(position, settings.pd_roles != "off", self.join, lambda: ids(64))
+        return observer_factory(
+            settings, self.recorder, self.tracing, timeline, self.tenancy, self.provider, pd
+        )
+
+    async def _start_pd(self, host: str) -> None:
+        """The P/D listeners, each to its engine: the decode engine behind the routing
+        sidecar (its requests legs), a prefill engine in this pod (measured as at the port).
+        Plain HTTP: the pod's own traffic, on its loopback or network."""
+        settings = self.settings
+        for url, port, position, name in (
+            (settings.pd_decode_upstream, settings.pd_decode_port, Position.DECODE, "decode"),
+            (settings.pd_prefill_upstream, settings.pd_prefill_port, Position.ENTRY, "prefill"),
+        ):
+            if not url:
+                continue
+            upstream = Upstream(
+                url.rstrip("/"), settings.connect_timeout, settings.upstream_idle_timeout,
+                self.certificates.engine(),
+            )  # fmt: skip
+            # its own timeline: a stall is judged against the streams of its own engine
+            factory = self._factory(position, EngineTimeline())
+            relay = Relay(dataclasses.replace(settings, upstream=url), upstream, factory)
+            server = ProxyServer(
+                relay, client_timeout=settings.client_timeout, max_body=settings.max_body_bytes,
+                http2=settings.http2,
+            )  # fmt: skip
+            self._extra.append((upstream, relay, server))
+            self.pd_ports[name] = await server.listen(host, port, None)
 
     def _rejected(self, status: int, duration_s: float) -> None:
         """A request the server refused unparsed still ends in an outcome (``rejected``),
@@ -288,6 +347,11 @@ class Proxy:
         if self._server is not None:
             await self._server.shutdown(grace)
             self._server = None
+        extra, self._extra = self._extra, []
+        for upstream, relay, server in extra:
+            await server.shutdown(grace)
+            upstream.close()
+            relay.flush()
         if self._upstream is not None:
             self._upstream.close()
             self._upstream = None

@@ -12,6 +12,7 @@ from grafana_foundation_sdk.builders import dashboard as dashboard_builders
 from grafana_foundation_sdk.models import dashboard as dashboard_models
 
 from panels.builders import Json, built
+from panels.disagg import disagg_row
 from panels.errors import errors_row
 from panels.experience import distribution_row, experience_row
 from panels.gpu import gpu_row
@@ -59,6 +60,7 @@ def rows() -> list[tuple[str, list[Json]]]:
         ("Service-level objectives", slo_row()),
         ("User experience", experience_row()),
         ("Why it was slow", why_row()),
+        ("One request, two pods (disaggregated prefill and decode)", disagg_row()),
         ("Who it was slow for, and what it cost", tenants_row()),
         ("Load", load_row()),
         ("Errors and outcomes", errors_row()),

@@ -73,6 +73,11 @@ _PROVIDER = matches(
 )
 
 
+def _optional_url(value: str) -> str | None:
+    """An http(s) URL, or nothing."""
+    return http_url(value) if value else None
+
+
 @dataclass(frozen=True)
 class Settings:
     """The sidecar's whole configuration. Build with ``from_sources``; never mutate. Every
@@ -175,6 +180,31 @@ class Settings:
         300.0, float,
         "seconds a WebSocket session may pass nothing either way (pings count) before it is "
         "closed with 1001", "SECONDS", check=positive,
+    )  # fmt: skip
+    # Disaggregated prefill and decode (docs/deploy.md, "One request, two pods")
+    pd_roles: str = option(
+        "auto", str.lower, "read each request's role in disaggregated prefill and decode "
+        "(llm-d's x-prefiller-host-port header, vLLM's kv_transfer_params): auto, or off for a "
+        "pod with no P/D, where a client could claim a leg's role", "MODE",
+        check=one_of(("auto", "off")),
+    )  # fmt: skip
+    pd_decode_upstream: str = option(
+        "", str, "the decode engine behind llm-d's routing sidecar: requests to "
+        "--pd-decode-port go there, each a leg of a request counted at --port (point the "
+        "sidecar's decoder at that port); empty: no such listener", "URL", check=_optional_url,
+    )  # fmt: skip
+    pd_decode_port: int = option(
+        8201, int, "port of the decode engine's listener (with --pd-decode-upstream)", "PORT",
+        check=tcp_port,
+    )  # fmt: skip
+    pd_prefill_upstream: str = option(
+        "", str, "a prefill engine in this pod (one node serving both): requests to "
+        "--pd-prefill-port go there, measured as at --port; empty: no such listener", "URL",
+        check=_optional_url,
+    )  # fmt: skip
+    pd_prefill_port: int = option(
+        8202, int, "port of the prefill engine's listener (with --pd-prefill-upstream)",
+        "PORT", check=tcp_port,
     )  # fmt: skip
     max_models: int = option(
         32, int, "distinct model label values before new ones are reported as 'other'", "N",

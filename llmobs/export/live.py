@@ -7,9 +7,9 @@ seconds, output tokens per second split by the gap before each token (the stutte
 visible), stalls per second, requests, the queue, SLO attainment and goodput, the engine's and
 the GPU's gauges. Pure: the clock and the totals are passed in.
 
-Bounded memory: one ``array('d')`` of ``len(GLOBAL) + MODEL_SLOTS * len(PER_MODEL)`` = 214
-numbers per second (1,712 bytes, ~1.8 KB with the array's header), ``seconds`` of them (600
-by default: ~1 MB); the first ``MODEL_SLOTS - 1`` models seen get a slot of their own, and all
+Bounded memory: one ``array('d')`` of ``len(GLOBAL) + MODEL_SLOTS * len(PER_MODEL)`` = 241
+numbers per second (1,928 bytes, ~2 KB with the array's header), ``seconds`` of them (600
+by default: ~1.2 MB); the first ``MODEL_SLOTS - 1`` models seen get a slot of their own, and all
 of them are in ``all``.
 """
 

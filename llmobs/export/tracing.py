@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 import queue
+import re
 import threading
 from collections.abc import Callable, Mapping, MutableMapping, Sequence
 from typing import NamedTuple
@@ -28,6 +29,7 @@ from opentelemetry.trace import Span, SpanKind, Status, StatusCode, Tracer
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 from llmobs.observe.dialects import Route
+from llmobs.observe.disagg import PdRole
 from llmobs.observe.provider import Provider
 from llmobs.observe.record import RequestRecord, SpanTimes
 from llmobs.observe.timing import Outcome
@@ -76,6 +78,14 @@ EVENTS_CAP = "llmobs.token_events.cap"
 EVENTS_DROPPED = "llmobs.token_events.dropped"
 PREFILL_SPAN = "queue+prefill"
 DECODE_SPAN = "decode"
+# disaggregated prefill and decode (``observe.disagg``): the request's role, and a decode leg's
+# wait for the KV cache as a span of its own under the leg's queue+prefill span
+PD_ROLE = "llmobs.pd.role"
+KV_TRANSFER_SPAN = "kv_transfer"
+# the id a P/D router gives both legs of one request (llm-d, vLLM's toy proxy): the one
+# request header a span carries, as the HTTP conventions name it, when it is a plain token
+REQUEST_ID = "http.request.header.x-request-id"
+_REQUEST_ID = re.compile(r"[A-Za-z0-9._:-]{1,128}")
 TOKEN_EVENT = "token"
 STALL_EVENT = "llmobs.stall"  # one per stall on the decode span: its cause and gap
 STALL_CAUSE = "llmobs.stall.cause"
@@ -155,6 +165,9 @@ class Tracing:
                 "server.port": self._server[1],
             },
         )
+        request_id = meta.headers.get("x-request-id")
+        if request_id is not None and _REQUEST_ID.fullmatch(request_id):
+            span.set_attribute(REQUEST_ID, [request_id])
         context = span.get_span_context()
         # kept whatever its verdict: a trace the client sampled, or every trace (ratio 1)
         keep = self._keep_below >= _TRACE_ID_SPACE or (
@@ -256,7 +269,8 @@ class RequestTrace:
         if not self.keep and (verdict is None or verdict.good):
             return  # sampled out: never ended, so no processor sees it
         decoded = times[1] is not None and times[2] is not None
-        spans = 3 if decoded else 2  # the request span, queue+prefill, and decode if any
+        spans = (3 if decoded else 2) + (record.pd is PdRole.DECODE_LEG)  # request, queue+prefill,
+        # decode if any, a decode leg's kv_transfer
         self._tracing.defer(lambda: self._write(record, times, completion), spans)
 
     def _write(self, record: RequestRecord, times: SpanTimes, completion: str | None) -> None:
@@ -280,6 +294,13 @@ class RequestTrace:
         prefill = tracer.start_span(
             PREFILL_SPAN, context=context, start_time=self.wall(prefill_start)
         )
+        phases = record.phases
+        if record.pd is PdRole.DECODE_LEG and phases is not None and phases.kv_transfer_ns:
+            transfer = tracer.start_span(
+                KV_TRANSFER_SPAN, context=trace.set_span_in_context(prefill),
+                start_time=self.wall(prefill_start),
+            )  # fmt: skip
+            transfer.end(end_time=self.wall(prefill_start + phases.kv_transfer_ns))
         prefill.end(end_time=self.wall(first if first is not None else end))
         if first is not None and last is not None:
             decode = tracer.start_span(DECODE_SPAN, context=context, start_time=self.wall(first))
@@ -355,6 +376,8 @@ def _attributes(
         OUTPUT_MESSAGES: completion,
     }
     attrs.update({k: v for k, v in optional.items() if v is not None})
+    if record.pd is not PdRole.WHOLE:
+        attrs[PD_ROLE] = record.pd._value_
     if stats.stream or not latest:
         attrs[REQUEST_STREAM] = stats.stream
     if stats.stream and stats.ttft_s is not None:

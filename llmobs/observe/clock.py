@@ -141,6 +141,11 @@ class RequestClock:
             stats.engine_prompt_eval_s,
         )
 
+    @property
+    def start_ns(self) -> int:
+        """When the request arrived."""
+        return self._first.start_ns
+
     def _timers(self) -> list[StreamTimer]:
         choices = self._choices
         return [self._first] if choices is None else [self._first, *choices.values()]

@@ -20,6 +20,7 @@ from llmobs.observe.clock import RequestClock
 from llmobs.observe.dialects import OTHER_ROUTE, Route
 from llmobs.observe.dialects.base import ABORTED, ERROR, NONE
 from llmobs.observe.dialects.request import NO_BODY, parse_request, truncate
+from llmobs.observe.disagg import Claim, PdRequest, PdRole, PdSettings, Position, pd_request
 from llmobs.observe.phases import TtftPhases
 from llmobs.observe.provider import Provider
 from llmobs.observe.reader import StreamReader
@@ -45,6 +46,8 @@ class ObserveSettings:
     # the gen_ai.provider.name, told the dialect of each request the engine answered with a
     # 2xx until it is settled (an engine's own API names the engine: observe.provider)
     provider: Provider | None = None
+    # the listener's part in disaggregated prefill and decode (None: roles not read)
+    pd: PdSettings | None = None
 
 
 class Observer:
@@ -55,6 +58,7 @@ class Observer:
         "_config",
         "_finished",
         "_labels",
+        "_live",
         "_reader",
         "_recorder",
         "_sink",
@@ -62,9 +66,11 @@ class Observer:
         "_tenant",
         "_timeline",
         "_trace",
+        "_traceparent",
         "chunk",
         "info",
         "operation",
+        "pd",
         "route",
         "status",
     )
@@ -78,11 +84,14 @@ class Observer:
         trace: TraceHandle | None = None,
         timeline: EngineTimeline | None = None,
         tenant: str | None = None,
+        prefiller: bool = False,
+        traceparent: str | None = None,
     ) -> None:
         """``recorder``: where the request's record is made and delivered (its sink counts
         the request live); ``timeline``: the engine's streams, shared by every request,
         against which a stall is judged (``causes``); ``tenant``: whose request it is
-        (``tenants.tenant_of``), labelled at its end if tenants are."""
+        (``tenants.tenant_of``), labelled at its end if tenants are; ``prefiller``,
+        ``traceparent``: what its headers say of its part in P/D (``disagg``)."""
         self._recorder = recorder
         sink = self._sink = recorder.sink
         self._tenant = tenant
@@ -94,6 +103,14 @@ class Observer:
         self._labels: tuple[str, str] | None = None
         self.status = 0
         self._finished = False
+        # its part in P/D (None: none, as a plain pod's requests; ``disagg``)
+        pd = config.pd
+        self.pd: PdRequest | None = None
+        self._live = True  # counted live (in flight), unless a leg behind the routing sidecar
+        if pd is not None and (prefiller or pd.position is Position.DECODE):
+            self.pd = pd_request(pd, prefiller, traceparent, start_ns)
+            self._live = self.pd is None or not self.pd.leg  # (its user's counted at the entry)
+        self._traceparent = traceparent
         # positional arguments: a class called with keywords builds a dict of them
         clock = self._clock = RequestClock(
             start_ns, self._window_full, config.stall_factor, config.stall_min_gap
@@ -106,7 +123,8 @@ class Observer:
             self._reader.dialect.captured = []
         # each read of the body goes straight to the reader (``RequestObserver.chunk``)
         self.chunk: Callable[[int, bytes], None] = self._reader.chunk
-        sink.request_started()
+        if self._live:
+            sink.request_started()
 
     def _use(self, route: Route) -> None:
         """Measure the request as ``route`` after all: its operation and a new dialect."""
@@ -128,19 +146,40 @@ class Observer:
             if confirm is not None and confirm not in body:  # not the route's API after all
                 self._use(OTHER_ROUTE)
             self.info = parse_request(body, self.route, self._config.capture_content)
+            if self.info.claim is not Claim.NONE or self.pd is not None:
+                self._claimed(self.info.claim)
         except Exception:
             self._fail("request_body")
 
+    def _claimed(self, claim: Claim) -> None:
+        """The body claims a role in P/D (or the request already has a part): its role."""
+        if self.pd is None:
+            config = self._config
+            self.pd = pd_request(config.pd, False, self._traceparent, self._clock.start_ns, claim)
+        elif claim is not Claim.NONE:
+            self.pd.claimed(claim)
+
     def inject(self, headers: MutableMapping[str, str]) -> None:
-        """Add this request's trace context to the upstream request, when tracing."""
+        """Add this request's trace context to the upstream request, when tracing (or a
+        context of its own, for a disaggregated request's legs to be joined by)."""
         if self._trace is not None:
             self._guard("inject", self._trace.inject, headers)
+        if self.pd is not None:
+            self._guard("inject", self.pd.inject, headers)
+
+    @property
+    def leg(self) -> bool:
+        """A leg of a disaggregated request: never counted as a user's request."""
+        return self.pd is not None and self.pd.leg
 
     def forwarded(self, t_ns: int) -> None:
         """The request went upstream: a streaming request now waits for its first token."""
         self._clock.forwarded_ns = t_ns
         try:
-            if self.info.stream:
+            pd = self.pd
+            if pd is not None:
+                pd.forwarded(t_ns)
+            if self.info.stream and (pd is None or not pd.leg):  # a user's wait, not a leg's
                 self._reader.wait()
             if self._timeline is not None:
                 self._timeline.started(id(self), self._clock)
@@ -160,7 +199,8 @@ class Observer:
         self.status = status
         try:
             self._reader.response(content_type)
-            if 200 <= status < 400:  # its series appear now, before it is counted
+            pd = self.pd  # its series appear now, before it ends (a leg's never)
+            if 200 <= status < 400 and (pd is None or not pd.leg):
                 provider = self._config.provider
                 if provider is not None and not provider.settled and status < 300:
                     provider.dialect(self.route.name)  # (its series then bound under it)
@@ -172,7 +212,10 @@ class Observer:
             self._fail("response")
 
     def _window_full(self, window: TokenWindow) -> None:
-        """A window of a long stream filled: its ITLs go to the sink now."""
+        """A window of a long stream filled: its ITLs go to the sink now (a leg's nowhere:
+        its user's request's stream is the one users feel)."""
+        if self.pd is not None and self.pd.leg:
+            return
         # a long stream of a 2xx/3xx response: its model gets its label now, as its request
         # will at the end, so that its first window is not counted under "other"
         labels = self._labels
@@ -236,12 +279,13 @@ class Observer:
         except Exception:
             failed()
             stats, windows, malformed = self._counted(t_ns, outcome), [], 0
-        finished = self._record(stats, windows, failed)  # made and delivered
+        finished = self._record(stats, windows, failed, t_ns)  # made and delivered
         sink = self._sink
         if malformed:
             self._guard("finish", sink.malformed, malformed)
         try:
-            sink.request_ended()
+            if self._live:
+                sink.request_ended()
         except Exception:
             failed()
         if self._trace is not None:
@@ -261,16 +305,20 @@ class Observer:
         )  # fmt: skip
 
     def _record(
-        self, stats: RequestStats, windows: list[TokenWindow], failed: Callable[[], None]
-    ) -> RequestRecord:
+        self, stats: RequestStats, windows: list[TokenWindow], failed: Callable[[], None],
+        t_ns: int,
+    ) -> RequestRecord:  # fmt: skip
         """The request's record, made and delivered (``Recorder.record``) with what
-        observation alone knows: its TTFT in phases, its stalls' causes, its trace. What
-        fails here is counted, and the record goes on with what was made."""
+        observation alone knows: its TTFT in phases, its stalls' causes, its trace, its role
+        in P/D. What fails here is counted, and the record goes on with what was made."""
         phases: TtftPhases | None = None
         stalls: tuple[Stall, ...] = ()
         trace_ref: TraceRef | None = None
+        role = PdRole.WHOLE
         try:  # the guards of _guard, inline: once per request
-            if stats.ttft_s is not None:
+            if self.pd is not None:
+                phases, role = self._pd_finished(stats, t_ns)
+            elif stats.ttft_s is not None:
                 phases = self._clock.ttft_phases(stats)
             if stats.stalls:
                 stalls = self._all_stalls(windows)
@@ -280,8 +328,22 @@ class Observer:
             failed()
         return self._recorder.record(
             stats, failed, windows, self._tenant, phases, stalls, trace_ref, self.info,
-            self._labels,
+            self._labels, role,
         )  # fmt: skip
+
+    def _pd_finished(self, stats: RequestStats, t_ns: int) -> tuple[TtftPhases | None, PdRole]:
+        """A request with a part in P/D ended: its role, held against its answer, and its
+        phases across the pods (``disagg``)."""
+        pd = self.pd
+        assert pd is not None
+        queue, prefill = stats.engine_queue_s, stats.engine_prompt_eval_s
+        pd.finished(t_ns, stats.status, self._reader.dialect.kv_transfer, queue, prefill)
+        if pd.role is PdRole.WHOLE:
+            return (self._clock.ttft_phases(stats) if stats.ttft_s is not None else None), pd.role
+        clock = self._clock
+        forwarded, first, _, end = clock.phases(t_ns)
+        times = (clock.start_ns, forwarded, first, end)
+        return pd.phases(times, t_ns, queue, prefill), pd.role
 
     @staticmethod
     def _trace_ref(trace: TraceHandle) -> TraceRef | None:

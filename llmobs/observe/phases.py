@@ -11,6 +11,16 @@ TTFT as the sidecar measures it (the request's arrival to its first token's) is 
 - ``other``: the rest (the network both ways, tokenising, the engine's HTTP layer; all of the
   engine's time when it reports nothing): measured here as what is left.
 
+A request whose prefill ran on another pod (disaggregated prefill and decode, ``disagg``) has
+three more, each from a measurement at one of our listeners or an engine's report:
+
+- ``remote_prefill``: from its forwarding at the pod's entry to its decode leg's arrival at
+  the decode engine's listener (the routing sidecar, the prefill leg's round trip), less the
+  prefill engine's own ``queue`` and ``prefill`` when this process saw the prefill leg too;
+- ``kv_transfer``: the decode engine's wait before it scheduled the decode leg (the KV
+  cache's transfer, then a place in the batch: vLLM's ``queue_time_ms`` of the leg);
+- ``first_decode``: the decode engine's first step (its ``time_to_first_token_ms``).
+
 Nothing is guessed: an engine that reports no phase leaves its time in ``other``. Phases are
 whole nanoseconds, so their sum is TTFT to the nanosecond; a reported phase longer than what is
 left of TTFT (clocks on two machines, rounding to milliseconds) is cut to what is left, in the
@@ -31,22 +41,33 @@ class Phase(enum.StrEnum):
     QUEUE = "queue"
     PREFILL = "prefill"
     OTHER = "other"
+    REMOTE_PREFILL = "remote_prefill"
+    KV_TRANSFER = "kv_transfer"
+    FIRST_DECODE = "first_decode"
 
 
 class TtftPhases(NamedTuple):
-    """A request's TTFT in phases, nanoseconds; None: the engine did not report that one."""
+    """A request's TTFT in phases, nanoseconds; None: not measured or reported. The phases of
+    disaggregated prefill come last, after ``other``, so that a record of a whole request
+    keeps its shape (made with ``tuple.__new__``: every field given)."""
 
     before_engine_ns: int
     load_ns: int | None
     queue_ns: int | None
     prefill_ns: int | None
     other_ns: int
+    remote_prefill_ns: int | None = None
+    kv_transfer_ns: int | None = None
+    first_decode_ns: int | None = None
 
     def present(self) -> list[tuple[Phase, int]]:
         """Each phase measured or reported, with its nanoseconds, in the order they happen."""
         found = [(Phase.BEFORE_ENGINE, self.before_engine_ns)]
         for phase, ns in ((Phase.LOAD, self.load_ns), (Phase.QUEUE, self.queue_ns),
-                          (Phase.PREFILL, self.prefill_ns)):  # fmt: skip
+                          (Phase.PREFILL, self.prefill_ns),
+                          (Phase.REMOTE_PREFILL, self.remote_prefill_ns),
+                          (Phase.KV_TRANSFER, self.kv_transfer_ns),
+                          (Phase.FIRST_DECODE, self.first_decode_ns)):  # fmt: skip
             if ns is not None:
                 found.append((phase, ns))
         found.append((Phase.OTHER, self.other_ns))
@@ -63,8 +84,8 @@ class TtftPhases(NamedTuple):
 
     @property
     def reported(self) -> tuple[Phase, ...]:
-        """The phases the engine reported (the others the sidecar measured)."""
-        return tuple(p for p, _ in self.present() if p not in (Phase.BEFORE_ENGINE, Phase.OTHER))
+        """The phases an engine reported (the others the sidecar measured)."""
+        return tuple(p for p, _ in self.present() if p not in _MEASURED)
 
 
 def split_ttft(
@@ -85,7 +106,7 @@ def split_ttft(
         before = ttft_ns
     left = ttft_ns - before
     if load_s is None and queue_s is None and prefill_s is None:  # most engines
-        return _new(TtftPhases, (before, None, None, None, left))
+        return _new(TtftPhases, (before, None, None, None, left, None, None, None))
     reported: list[int | None] = []
     for seconds in (load_s, queue_s, prefill_s):
         if seconds is None:
@@ -95,7 +116,8 @@ def split_ttft(
         reported.append(ns)
         left -= ns
     load, queue, prefill = reported
-    return _new(TtftPhases, (before, load, queue, prefill, left))
+    return _new(TtftPhases, (before, load, queue, prefill, left, None, None, None))
 
 
 _new = tuple.__new__
+_MEASURED = (Phase.BEFORE_ENGINE, Phase.OTHER, Phase.REMOTE_PREFILL)

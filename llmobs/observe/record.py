@@ -25,6 +25,7 @@ from typing import NamedTuple, Protocol
 
 from llmobs.observe.causes import Stall
 from llmobs.observe.dialects.request import NO_BODY, RequestInfo
+from llmobs.observe.disagg import PdRole
 from llmobs.observe.phases import TtftPhases
 from llmobs.observe.slo import Verdict
 from llmobs.observe.timing import RequestStats
@@ -61,6 +62,8 @@ class RequestRecord(NamedTuple):
     cost: float | None = None  # what its tokens cost (``observe.cost``; None: no price)
     # what its body said (the sampling settings spans show; the prompt only when captured)
     request: RequestInfo = NO_BODY[False]
+    # its part in disaggregated prefill and decode (``disagg``): a leg is no user's request
+    pd: PdRole = PdRole.WHOLE
 
 
 class RequestConsumer(Protocol):

@@ -19,6 +19,7 @@ from llmobs.config.prices import Prices
 from llmobs.observe.causes import Stall
 from llmobs.observe.cost import request_cost
 from llmobs.observe.dialects.request import NO_BODY, RequestInfo
+from llmobs.observe.disagg import LEGS, PdRole
 from llmobs.observe.labels import OTHER, LabelAdmission
 from llmobs.observe.phases import TtftPhases
 from llmobs.observe.record import RequestConsumer, RequestRecord, RequestSink, TraceRef
@@ -39,7 +40,7 @@ class Recorder:
     ``objectives``: what each request is judged by; ``prices``: what its tokens cost (None:
     no cost); ``consumers``: who takes the record after the sink, in order."""
 
-    __slots__ = ("admission", "consumers", "objectives", "prices", "sink")
+    __slots__ = ("admission", "consumers", "legs", "objectives", "prices", "sink")
 
     def __init__(
         self,
@@ -48,7 +49,11 @@ class Recorder:
         objectives: Objectives | None = None,
         prices: Prices | None = None,
         consumers: Sequence[RequestConsumer] = (),
+        legs: Sequence[RequestConsumer] = (),
     ) -> None:
+        """``legs``: who takes the records of disaggregated requests' legs (never the sink
+        nor the consumers of users' requests), and of the disaggregated requests too."""
+        self.legs = tuple(legs)
         self.sink = sink
         self.admission = admission or LabelAdmission()
         self.objectives = objectives or Objectives(ObjectiveSet())
@@ -66,12 +71,17 @@ class Recorder:
         trace: TraceRef | None = None,
         request: RequestInfo = NO_BODY[False],
         labels: tuple[str, str] | None = None,
+        pd: PdRole = PdRole.WHOLE,
     ) -> RequestRecord:
         """Make the request's record and deliver it: its labels (a new model or tenant
         admitted only by a successful request; ``labels``: as admitted already, at its
         answer's head), its verdict against its objectives, its cost; then to the sink and to
         each consumer, each call guarded on its own: whatever else fails, the request is
-        counted once, with its outcome. Returns the record (its trace's spans take it)."""
+        counted once, with its outcome. Returns the record (its trace's spans take it). A
+        leg of a disaggregated request is neither labelled nor judged: it goes to ``legs``
+        alone."""
+        if pd is not PdRole.WHOLE and pd in LEGS:  # (``is`` first: an enum's hash is Python's)
+            return self._leg(stats, on_error, phases, trace, request, pd)
         verdict: Verdict | None = None
         cost: float | None = None
         label, tenant_label = OTHER, ""
@@ -91,17 +101,29 @@ class Recorder:
                 tenant_label = self._no_tenant()
         record = _new(RequestRecord, (
             stats, tuple(windows), verdict, trace, label, phases, stalls, tenant_label, cost,
-            request,
+            request, pd,
         ))  # fmt: skip
         try:
             self.sink.consume(record)
         except Exception:
             on_error()
-        for consumer in self.consumers:
+        consumers = self.consumers if pd is PdRole.WHOLE else self.consumers + self.legs
+        for consumer in consumers:  # (inline: once per request)
             try:
                 consumer.consume(record)
             except Exception:
                 on_error()
+        return record
+
+    def _leg(
+        self, stats: RequestStats, on_error: OnError, phases: TtftPhases | None,
+        trace: TraceRef | None, request: RequestInfo, pd: PdRole,
+    ) -> RequestRecord:  # fmt: skip
+        """A leg's record: no verdict, no cost, no model label (its families are by role)."""
+        record = _new(RequestRecord, (
+            stats, (), None, trace, OTHER, phases, (), "", None, request, pd,
+        ))  # fmt: skip
+        _deliver(record, self.legs, on_error)
         return record
 
     def _no_tenant(self) -> str:
@@ -109,3 +131,14 @@ class Recorder:
             return self.admission.labels(None, None, False)[1]
         except Exception:
             return ""
+
+
+def _deliver(
+    record: RequestRecord, consumers: Sequence[RequestConsumer], on_error: OnError
+) -> None:
+    """``record`` to each of ``consumers`` in order, each call guarded on its own."""
+    for consumer in consumers:
+        try:
+            consumer.consume(record)
+        except Exception:
+            on_error()

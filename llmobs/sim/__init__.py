@@ -3,8 +3,9 @@
 It is the default upstream of the demo, the tests and the benchmarks: continuous batching with
 prefill and decode steps whose durations come from ``SimSettings``, optional stalls and
 injected errors, all deterministic from a seed. See ``engine`` for the timing model,
-``dialects`` for the APIs it speaks (OpenAI, Ollama, TGI, Anthropic, OpenAI Responses) and
-``faults`` for the broken-engine mode (resets, stalls, truncated or odd bodies).
+``dialects`` for the APIs it speaks (OpenAI, Ollama, TGI, Anthropic, OpenAI Responses),
+``faults`` for the broken-engine mode (resets, stalls, truncated or odd bodies) and ``pd`` for
+either side of disaggregated prefill/decode (vLLM's NixlConnector over HTTP).
 """
 
 from llmobs.sim.config import SimSettings, add_sim_arguments, sim_settings_from_args

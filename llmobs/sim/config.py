@@ -35,6 +35,7 @@ from llmobs.config.options import (
 )
 from llmobs.sim.dialects import ALL, DIALECTS, dialect_name
 from llmobs.sim.faults import FAULT_MODES
+from llmobs.sim.pd import NONE, PD_ROLES
 
 SIM_DIALECTS = (ALL, *DIALECTS)  # what --dialect takes
 
@@ -194,6 +195,31 @@ class SimSettings:
         "--enable-per-request-metrics: queue_time_ms, time_to_first_token_ms from scheduling, "
         "generation_time_ms), its final chunk's when streaming: the schedule's own times",
         "BOOL",
+    )
+
+    pd_role: str = option(
+        NONE,
+        _lower,
+        "disaggregated prefill/decode, as vLLM's NixlConnector: 'prefill' answers a request "
+        "whose kv_transfer_params ask do_remote_decode with the params a decode engine pulls "
+        "its KV cache by; 'decode' makes a request carrying them wait the KV transfer, then "
+        "prefill its last token only; 'none': kv_transfer_params ignored",
+        "ROLE",
+        check=one_of(PD_ROLES),
+    )
+    kv_transfer_base: float = option(
+        0.002,
+        float,
+        "seconds a decode leg waits for its KV cache (--pd-role decode), out of the batch ...",
+        "SECONDS",
+        check=non_negative,
+    )
+    kv_transfer_per_token: float = option(
+        0.00001,
+        float,
+        "... plus these seconds per prompt token",
+        "SECONDS",
+        check=non_negative,
     )
 
     tls_cert_file: str = option(

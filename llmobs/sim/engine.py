@@ -13,6 +13,11 @@ chunked prefill:
   len(running)`` (plus ``stall_ms`` on every ``stall_every``-th decode step, counted over all
   requests); at its end every running request emits one token.
 
+A decode leg of disaggregated prefill/decode (``SimSettings.pd_role``, ``pd``) first waits
+``kv_transfer_base + kv_transfer_per_token * prompt_tokens`` out of the queue for its KV cache
+(vLLM's WAITING_FOR_REMOTE_KVS), joins the queue when it has it, and its prefill computes only
+its last prompt token.
+
 Prefill blocks decode, so arrivals make running streams stutter: a realistic source of
 inter-token variance whose size the tests can predict. The engine keeps the truth of every
 such pause (``SimEngine.pauses``: when, how long, why, and which requests it held up), for
@@ -73,6 +78,7 @@ class SimCounters:
     errors: int = 0
     waiting: int = 0
     running: int = 0
+    transferring: int = 0  # decode legs pulling their KV cache, neither waiting nor running
     prompt_tokens: int = 0
     generation_tokens: int = 0
     prefill_steps: int = 0
@@ -83,6 +89,9 @@ class SimCounters:
     prefix_hits: int = 0
     spec_drafted: int = 0
     spec_accepted: int = 0
+    # disaggregated prefill/decode: sequences that pulled their KV cache, prefill legs answered
+    kv_transfers: int = 0
+    prefill_legs: int = 0
     # Headers of the last completion request, keys lower-cased (trace-context tests read it).
     last_headers: dict[str, str] = field(default_factory=dict)
 
@@ -128,6 +137,8 @@ class SimEngine:
         self._waiting: collections.deque[SimRequest] = collections.deque()
         # Keyed by the request itself: the choices of an ``n > 1`` request share one ``seq``.
         self._running: dict[SimRequest, None] = {}
+        # decode legs pulling their KV cache, each with the timer that queues it when done
+        self._transferring: dict[SimRequest, asyncio.TimerHandle] = {}
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._seq = 0
@@ -172,6 +183,10 @@ class SimEngine:
         """Count a request answered with an error status."""
         self.counters.errors += 1
 
+    def record_prefill_leg(self) -> None:
+        """Count a prefill leg answered with the params a decode engine pulls its KV by."""
+        self.counters.prefill_legs += 1
+
     def submit(
         self,
         seq: int,
@@ -181,26 +196,55 @@ class SimEngine:
         ignore_eos: bool = False,
         choice: int = 0,
         eos: bool = False,
+        decode_leg: bool = False,
     ) -> SimRequest:
         """Queue a sequence for prefill; its tokens arrive through ``next_token``.
 
         An ``n > 1`` request submits one sequence per choice, each taking its own place in the
-        batch and its own prefill, as vLLM fans such a request out into child requests.
+        batch and its own prefill, as vLLM fans such a request out into child requests. A
+        ``decode_leg`` first pulls its KV cache from the prefill engine, out of the queue.
         """
         tokens, finish_reason = plan_output(
             self.settings, seq, max_tokens, seed, ignore_eos, choice, eos
         )
         request = SimRequest(seq, prompt_tokens, tokens, finish_reason)
-        request.submitted_at = asyncio.get_running_loop().time()
-        self._waiting.append(request)
+        loop = asyncio.get_running_loop()
+        request.submitted_at = loop.time()  # its arrival, before any transfer
         self.counters.prompt_tokens += prompt_tokens
+        if decode_leg:
+            self._transfer(loop, request)
+        else:
+            self._queue(request, request.submitted_at)
+        return request
+
+    def _queue(self, request: SimRequest, at: float) -> None:
+        request.state = RequestState.WAITING
+        request.queued_at = at
+        self._waiting.append(request)
         self._sync_counts()
         self._wake.set()
-        return request
+
+    def _transfer(self, loop: asyncio.AbstractEventLoop, request: SimRequest) -> None:
+        """Start a decode leg's KV pull; it joins the queue when the pull is done (on the
+        schedule's clock, however late the timer), holding no place in the batch meanwhile."""
+        s = self.settings
+        request.decode_leg = True
+        request.state = RequestState.TRANSFERRING
+        request.transfer_s = s.kv_transfer_base + s.kv_transfer_per_token * request.prompt_tokens
+        done = request.submitted_at + request.transfer_s
+        self._transferring[request] = loop.call_at(done, self._pulled, request, done)
+        self._sync_counts()
+
+    def _pulled(self, request: SimRequest, done: float) -> None:
+        del self._transferring[request]
+        self.counters.kv_transfers += 1
+        self._queue(request, done)
 
     def cancel(self, request: SimRequest) -> None:
         """Drop an unfinished request at once (its client is gone); no-op once finished."""
-        if request.state is RequestState.WAITING:
+        if request.state is RequestState.TRANSFERRING:
+            self._transferring.pop(request).cancel()
+        elif request.state is RequestState.WAITING:
             self._waiting.remove(request)
         elif request.state is RequestState.RUNNING:
             del self._running[request]
@@ -258,6 +302,7 @@ class SimEngine:
         if task is not None:
             task.cancel()
             await asyncio.gather(task, return_exceptions=True)
+        self._abort_all()  # also when the loop never ran (a task cancelled before its start)
 
     async def _run(self) -> None:
         loop = asyncio.get_running_loop()
@@ -278,26 +323,34 @@ class SimEngine:
         finally:
             self._abort_all()
 
-    async def _prefill(self, loop: asyncio.AbstractEventLoop, clock: float) -> float:
-        s = self.settings
-        started = clock
-        held = tuple(r.seq for r in self._running)  # decoding, and waiting for this prefill
+    def _admit(self) -> list[SimRequest]:
+        """Move the requests the batch has room for from the queue into it."""
         admitted: list[SimRequest] = []
         tokens = self._held_tokens()
         while self._waiting and self._admits(self._waiting[0], tokens):
             request = self._waiting.popleft()
             request.state = RequestState.RUNNING
-            if request.preempted_at is None:
-                request.prefill_started_at = clock
             self._running[request] = None
             admitted.append(request)
             tokens += request.prompt_tokens + request.generated
         self._sync_counts()
+        return admitted
+
+    async def _prefill(self, loop: asyncio.AbstractEventLoop, clock: float) -> float:
+        s = self.settings
+        held = tuple(r.seq for r in self._running)  # decoding, and waiting for this prefill
+        admitted = self._admit()
+        # not before its requests joined the queue (a transfer's end may be later than the
+        # step that let the engine see it)
+        clock = max([clock, *(r.queued_at for r in admitted)])
+        started = clock
+        for request in admitted:
+            if request.preempted_at is None:
+                request.prefill_started_at = clock
         self.counters.prefill_steps += 1
-        # a preempted request is recomputed: its prompt and what it had generated
-        clock += sum(
-            s.prefill_base + s.prefill_per_token * (r.prompt_tokens + r.generated) for r in admitted
-        )
+        # a preempted request is recomputed (its prompt and what it had generated), a decode
+        # leg's first prefill is its last prompt token
+        clock += sum(s.prefill_base + s.prefill_per_token * r.prefill_tokens for r in admitted)
         if held:
             self.pauses.append(SimPause(started, clock, PauseCause.PREFILL, held))
         await asyncio.sleep(max(0.0, clock - loop.time()))
@@ -345,9 +398,12 @@ class SimEngine:
             self._sync_counts()
 
     def _abort_all(self) -> None:
-        for request in [*self._waiting, *self._running]:
+        for timer in self._transferring.values():
+            timer.cancel()
+        for request in [*self._transferring, *self._waiting, *self._running]:
             request.state = RequestState.CANCELLED
             request.stop()
+        self._transferring.clear()
         self._waiting.clear()
         self._running.clear()
         self._sync_counts()
@@ -355,3 +411,4 @@ class SimEngine:
     def _sync_counts(self) -> None:
         self.counters.waiting = len(self._waiting)
         self.counters.running = len(self._running)
+        self.counters.transferring = len(self._transferring)

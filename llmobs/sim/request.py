@@ -30,8 +30,10 @@ class EngineStopped(Exception):
 
 
 class RequestState(enum.Enum):
-    """Where a sequence is: queued, in the batch, finished, or dropped (its client gone)."""
+    """Where a sequence is: pulling its KV cache (a decode leg, out of the queue: vLLM's
+    WAITING_FOR_REMOTE_KVS), queued, in the batch, finished, or dropped (its client gone)."""
 
+    TRANSFERRING = "transferring"
     WAITING = "waiting"
     RUNNING = "running"
     DONE = "done"
@@ -57,7 +59,10 @@ class SimRequest:
     finish_reason: str
     generated: int = 0
     state: RequestState = RequestState.WAITING
-    submitted_at: float = 0.0  # when it joined the queue (the loop's clock)
+    submitted_at: float = 0.0  # when it reached the engine (the loop's clock)
+    queued_at: float = 0.0  # when it joined the queue: a decode leg's transfer after arrival
+    decode_leg: bool = False  # its prompt's KV cache was pulled from a prefill engine
+    transfer_s: float = 0.0  # how long that pull took (0 for a request prefilled here)
     prefill_started_at: float = 0.0
     first_token_at: float = 0.0
     last_token_at: float = 0.0
@@ -68,6 +73,14 @@ class SimRequest:
     def completion_tokens(self) -> int:
         """How many tokens the request will produce in all."""
         return len(self.tokens)
+
+    @property
+    def prefill_tokens(self) -> int:
+        """Tokens its next prefill computes: the last prompt token alone at a decode leg's
+        first (the rest was pulled); else its prompt and output (a preemption frees all)."""
+        if self.decode_leg and self.generated == 0:
+            return 1
+        return self.prompt_tokens + self.generated
 
     def emit(self, text: str) -> None:
         """The engine's step produced ``text`` for this sequence (called by the engine)."""

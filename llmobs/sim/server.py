@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
+from dataclasses import dataclass
 
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
@@ -30,6 +31,7 @@ from llmobs.sim.dialects.base import Chunk, Plan
 from llmobs.sim.engine import SimEngine
 from llmobs.sim.faults import Faulted, Out, fault_of, serve_fault
 from llmobs.sim.front import serve_front
+from llmobs.sim.pd import PREFILL, KvSource, Leg, engine_id
 from llmobs.sim.realtime import PATH as REALTIME_PATH
 from llmobs.sim.realtime import realtime_handler
 from llmobs.sim.request import EngineStopped, SimRequest
@@ -50,6 +52,17 @@ from llmobs.wire.tls import (
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 ENGINE_KEY = web.AppKey("sim_engine", SimEngine)
 _REGISTRY_KEY = web.AppKey("sim_registry", CollectorRegistry)
+
+
+@dataclass
+class _Served:
+    """Where clients reach the sim when that is not where its application listens (the
+    HTTP/2 front's port): what a prefill leg's answer names. None: the connection's own."""
+
+    address: tuple[str, int] | None = None
+
+
+_SERVED_KEY = web.AppKey("sim_served", _Served)
 
 
 class _EngineCollector(Collector):
@@ -195,16 +208,37 @@ def _handler(endpoint: Endpoint) -> Handler:
 def _context(request: web.Request, settings: SimSettings) -> Context:
     """What a dialect needs of the request and the settings to parse and render it."""
     received = time.monotonic_ns() if settings.stamp else None  # it has the whole request
+    source = _kv_source(request, settings) if settings.pd_role == PREFILL else None
     return Context(settings.model, received_ns=received, params=dict(request.match_info),
                    per_request_metrics=settings.per_request_metrics,
-                   request_id=request.headers.get("X-Request-Id"))  # fmt: skip
+                   request_id=request.headers.get("X-Request-Id"), pd_role=settings.pd_role,
+                   kv_source=source)  # fmt: skip
+
+
+def _kv_source(request: web.Request, settings: SimSettings) -> KvSource:
+    """This engine as a prefill leg's answer names it: the address the request reached it
+    on (the public one behind the HTTP/2 front), and an id stable for the sim."""
+    address = request.app[_SERVED_KEY].address
+    if address is None:
+        sockname = request.transport.get_extra_info("sockname") if request.transport else None
+        address = sockname[:2] if sockname else (settings.host, settings.port)
+    host, port = address
+    return KvSource(engine_id(settings.seed, port), host, port)
 
 
 def _submit(engine: SimEngine, seq: int, plan: Plan) -> list[SimRequest]:
     """Put a request in the engine: one sequence per choice, as vLLM fans ``n`` out."""
+    decode_leg = plan.leg is Leg.DECODE
     return [
         engine.submit(
-            seq, plan.prompt_tokens, plan.max_tokens, plan.seed, plan.ignore_eos, i, plan.eos
+            seq,
+            plan.prompt_tokens,
+            plan.max_tokens,
+            plan.seed,
+            plan.ignore_eos,
+            i,
+            plan.eos,
+            decode_leg,
         )
         for i in range(plan.n)
     ]
@@ -232,6 +266,8 @@ async def _answer(
         for job in jobs:
             engine.cancel(job)
         raise
+    if exchange.plan.leg is Leg.PREFILL:
+        engine.record_prefill_leg()
     return _json(exchange.full(jobs))
 
 
@@ -297,6 +333,7 @@ def build_sim_app(settings: SimSettings) -> web.Application:
     registry.register(_EngineCollector(engine))
     app[ENGINE_KEY] = engine
     app[_REGISTRY_KEY] = registry
+    app[_SERVED_KEY] = _Served()
     app.cleanup_ctx.append(_engine_lifecycle)
     for endpoint in endpoints_for(settings.dialect):
         app.router.add_post(endpoint.path, _handler(endpoint))
@@ -314,7 +351,8 @@ async def run_sim(settings: SimSettings) -> None:
     cancels its handler and frees the request's place in the batch. With ``http2`` the
     application listens on a loopback port of its own, behind the HTTP/2 front (``front``).
     """
-    runner = web.AppRunner(build_sim_app(settings), handler_cancellation=True)
+    app = build_sim_app(settings)
+    runner = web.AppRunner(app, handler_cancellation=True)
     watched = sim_tls(settings)
     await runner.setup()
     front = None
@@ -322,6 +360,7 @@ async def run_sim(settings: SimSettings) -> None:
         with listening(settings.host, settings.port):
             if settings.http2:
                 front, port = await _front(runner, settings, watched)
+                app[_SERVED_KEY].address = (settings.host, port)
             else:
                 context = following(lambda: watched.current.admin) if watched else None
                 site = web.TCPSite(runner, settings.host, settings.port, ssl_context=context)

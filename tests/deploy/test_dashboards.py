@@ -35,6 +35,7 @@ from tests.support.dashboards import (
     substitute,
 )
 from tests.support.fake_nvml import FakeNvml
+from tests.support.pd_router import pd_load, start_pair
 from tests.support.prom import (
     ROOT,
     RULES,
@@ -46,7 +47,7 @@ from tests.support.prom import (
 )
 from tests.support.promql import metric_names, unknown_metrics
 from tests.support.realtime import realtime_load
-from tests.support.servers import SidecarFactory, SimFactory
+from tests.support.servers import AppFactory, SidecarFactory, SimFactory
 
 GENERATOR = ROOT / "dashboards" / "generate.py"
 PROVISIONING = ROOT / "dashboards" / "provisioning"
@@ -54,6 +55,7 @@ PROVISIONING = ROOT / "dashboards" / "provisioning"
 DATASOURCE = {"type": "prometheus", "uid": "${datasource}"}
 ROWS = (
     "Overview", "Service-level objectives", "User experience", "Why it was slow",
+    "One request, two pods (disaggregated prefill and decode)",
     "Who it was slow for, and what it cost", "Load",
     "Errors and outcomes",
     "Distributions", "GPU", "Sidecar health",
@@ -347,7 +349,7 @@ COLLECTORS = {"gpu_sample_interval": 0.2, "engine_scrape_interval": 0.2}
 
 @needs_prometheus
 async def test_every_panel_returns_data(
-    start_sim: SimFactory, start_sidecar: SidecarFactory, tmp_path: Path
+    start_sim: SimFactory, start_sidecar: SidecarFactory, start_app: AppFactory, tmp_path: Path
 ) -> None:
     # Stalls every 10 steps and 10 % injected 500s, so that no panel is trivially zero.
     # The model requested is a LoRA adapter of the sim's base model (its /v1/models says so).
@@ -365,8 +367,12 @@ async def test_every_panel_returns_data(
     tls = {"tls_cert_file": str(served.cert), "tls_key_file": str(served.key)}
     side = await start_sidecar(sim.url, telemetry, nvml=FakeNvml(GPUS), **COLLECTORS,
                                **MODEL_SHAPE, price_file=str(prices), **tls)  # fmt: skip
-    # Only the sidecar is scraped: the engine's queue and KV cache come through its collector.
-    targets = [Target("llmobs", side.metrics_url, LABELS)]
+    # A second sidecar at a P/D pair's decode pod (the same pod's labels: its listeners are
+    # the pod's), so that the P/D row's panels have legs to show
+    pair = await start_pair(start_sim, start_sidecar, start_app)
+    # Only the sidecars are scraped: the engine's queue and KV cache come through a collector.
+    targets = [Target("llmobs", side.metrics_url, LABELS),
+               Target("llmobs", pair.side.metrics_url, LABELS)]  # fmt: skip
     d = load()
     pending = {
         (where, substitute(expr, values))
@@ -385,6 +391,7 @@ async def test_every_panel_returns_data(
         Prometheus(tmp_path, targets) as prom,
         streaming_load(side.url, MODEL, 6, dialect="mixed", tls=served.trusting()),
         realtime_load(side.url, MODEL, served.trusting()),  # WebSocket sessions, over TLS too
+        pd_load(pair),
     ):
         loop = asyncio.get_running_loop()
         deadline = loop.time() + DATA_TIMEOUT

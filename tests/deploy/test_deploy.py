@@ -36,7 +36,11 @@ from tests.support.servers import SidecarFactory, SimFactory
 SCHEMAS = ROOT / "deploy" / "schemas"
 COMPOSE = ROOT / "docker-compose.yml"
 KUBERNETES = ROOT / "deploy" / "kubernetes"
-KUSTOMIZATIONS = ("base", "overlays/cpu-sim", "overlays/gpu-vllm", "overlays/cpu-sim-tls")
+# disaggregated prefill and decode: each role's overlay, and the suffix of its objects' names
+PD_OVERLAYS = {"overlays/pd-decode": "-decode", "overlays/pd-prefill": "-prefill"}
+KUSTOMIZATIONS = (
+    "base", "overlays/cpu-sim", "overlays/gpu-vllm", "overlays/cpu-sim-tls", *PD_OVERLAYS,
+)  # fmt: skip
 CRD_SCHEMAS = {
     "PodMonitor": "podmonitor.schema.json",
     "PrometheusRule": "prometheusrule.schema.json",
@@ -424,7 +428,10 @@ def manifest_problems(doc: Doc) -> list[str]:
 @pytest.mark.parametrize("kustomization", KUSTOMIZATIONS)
 def test_manifests_validate(kustomization: str) -> None:
     docs = build(KUBERNETES / kustomization)
-    assert {d["kind"] for d in docs} >= {"Deployment", "Service", "PodMonitor", "PrometheusRule"}
+    kinds = {"Deployment", "Service", "PodMonitor", "PrometheusRule"}
+    if kustomization == "overlays/pd-prefill":  # one copy of the rules: pd-decode's
+        kinds.remove("PrometheusRule")
+    assert {d["kind"] for d in docs} == kinds
     assert {f"{d['kind']}/{d['metadata']['name']}": manifest_problems(d) for d in docs} == {
         f"{d['kind']}/{d['metadata']['name']}": [] for d in docs
     }
@@ -491,19 +498,23 @@ def probe(container: Doc, kind: str) -> tuple[str, str]:
 @needs_kubectl
 @pytest.mark.parametrize("kustomization", KUSTOMIZATIONS)
 def test_the_sidecar_pattern(kustomization: str) -> None:
+    name = "llmobs" + PD_OVERLAYS.get(kustomization, "")
     docs = {
-        d["kind"]: d for d in build(KUBERNETES / kustomization) if d["metadata"]["name"] == "llmobs"
+        d["kind"]: d for d in build(KUBERNETES / kustomization) if d["metadata"]["name"] == name
     }
     pod = docs["Deployment"]["spec"]["template"]
     containers = {c["name"]: c for c in pod["spec"]["containers"]}
     assert set(containers) == {"engine", "llmobs"}
     engine, side = containers["engine"], containers["llmobs"]
-    ports = {p["name"]: p["containerPort"] for c in containers.values() for p in c["ports"]}
+    every = [*pod["spec"]["containers"], *pod["spec"].get("initContainers", [])]
+    ports = {p["name"]: p["containerPort"] for c in every for p in c["ports"]}
     env = {e["name"]: e.get("value") for e in side["env"]}
-    # llmobs relays to the engine over localhost and owns the Service's client port
+    # llmobs relays to the engine over localhost (on the decode pod of disaggregated serving,
+    # to llm-d's routing sidecar: tests/deploy/test_pd_pods.py) and owns the Service's port
     tls = kustomization.endswith("-tls")
     scheme = "https" if tls else "http"
-    assert env["LLMOBS_UPSTREAM"] == f"{scheme}://127.0.0.1:{ports['engine']}"
+    relay = "routing" if kustomization == "overlays/pd-decode" else "engine"
+    assert env["LLMOBS_UPSTREAM"] == f"{scheme}://127.0.0.1:{ports[relay]}"
     assert (
         int(env["LLMOBS_PORT"]) == ports["http"]
         and int(env["LLMOBS_METRICS_PORT"]) == ports["metrics"]
@@ -529,9 +540,9 @@ def test_the_sidecar_pattern(kustomization: str) -> None:
     assert {e["port"] for e in monitor["podMetricsEndpoints"]} == {"metrics", "engine"}
     assert pod["metadata"]["labels"][monitor["jobLabel"]] == "llmobs"  # job="llmobs", as alerted
     if kustomization != "base":
-        images = [c["image"] for c in pod["spec"]["containers"]]
+        images = [c["image"] for c in every]
         assert all(PINNED_IMAGE.match(i) for i in images), images
-    if kustomization.endswith("gpu-vllm"):
+    if kustomization.endswith("gpu-vllm") or kustomization in PD_OVERLAYS:
         assert engine["image"].startswith("vllm/vllm-openai:")
         assert engine["resources"]["limits"]["nvidia.com/gpu"] == "1"
         assert engine["startupProbe"]["httpGet"]["path"] == "/health"

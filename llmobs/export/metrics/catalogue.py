@@ -363,6 +363,41 @@ REALTIME_TURNS = MetricDef(
     "(the session ended first).",
     (MODEL, OUTCOME),
 )  # fmt: skip
+# Disaggregated prefill and decode (llmobs/observe/disagg.py): a leg is no user's request, so
+# legs have families of their own; the users' disaggregated requests are in the request
+# families (their TTFT phases: remote_prefill, kv_transfer, first_decode) and counted here by
+# role too. See docs/metrics.md.
+PD_ROLE = "pd_role"  # whole, disaggregated, prefill_leg, decode_leg, local_leg
+RESULT = "result"  # how a disaggregated request's join with its decode leg ended
+PD_REQUESTS = MetricDef(
+    "llmobs.pd.requests", Kind.COUNTER, "{request}",
+    "Requests with a part in disaggregated prefill and decode, by role (disaggregated: a "
+    "user's request whose prefill is remote; prefill_leg, decode_leg, local_leg: legs, "
+    "never counted as users' requests) and outcome.",
+    (PD_ROLE, OUTCOME),
+)  # fmt: skip
+PD_LEG_DURATION = MetricDef(
+    "llmobs.pd.leg.duration", Kind.HISTOGRAM, "s",
+    "A leg's whole time, arrival to its answer's end (a prefill leg: its prefill's round "
+    "trip as the prefill pod sees it).",
+    (PD_ROLE, OUTCOME), TTFT_BUCKETS,
+)  # fmt: skip
+PD_LEG_PHASE = MetricDef(
+    "llmobs.pd.leg.phase.duration", Kind.HISTOGRAM, "s",
+    "A leg's time in phases that sum to it: a prefill leg's answer (before_engine, queue, "
+    "prefill, other), a decode leg's time to its first token (before_engine, kv_transfer: the "
+    "wait for the KV cache and a place in the batch, first_decode, other); reported phases "
+    "only when the engine reports them.",
+    (PD_ROLE, PHASE), TTFT_BUCKETS,
+)  # fmt: skip
+PD_JOINS = MetricDef(
+    "llmobs.pd.joins", Kind.COUNTER, "{join}",
+    "Disaggregated requests and their decode legs in one process: joined (the request found "
+    "its leg), no_decode_leg (it ended without one), orphan_leg (a leg no request took).",
+    (RESULT,),
+)  # fmt: skip
+PD_METRICS: tuple[MetricDef, ...] = (PD_REQUESTS, PD_LEG_DURATION, PD_LEG_PHASE, PD_JOINS)
+
 SESSION_METRICS: tuple[MetricDef, ...] = (
     WS_SESSIONS, WS_ACTIVE, WS_DURATION, WS_MESSAGES, REALTIME_FIRST_DELTA, REALTIME_DELTA_GAP,
     REALTIME_TURNS,
@@ -568,7 +603,8 @@ CATALOGUE: tuple[MetricDef, ...] = (
     TTFT, TTFT_PHASE, TPOT, DURATION, TOKEN_USAGE, *LATEST_USAGE, ITL, ITL_SQUARES, STALLS,
     SMOOTHNESS, REQUESTS, TOKENS, ENGINE_PROMPT_EVAL, ENGINE_LOAD, ACTIVE, QUEUE_DEPTH, MALFORMED,
     OBSERVER_ERRORS, SPANS_DROPPED, SLO_REQUESTS, SLO_MISSES, SLO_OUTPUT_TOKENS, SLO_TARGET,
-    SLO_WINDOW, COST, *TRANSPORT_METRICS, *SESSION_METRICS, *COLLECTOR_METRICS, *PROCESS_METRICS,
+    SLO_WINDOW, COST, *TRANSPORT_METRICS, *SESSION_METRICS, *PD_METRICS, *COLLECTOR_METRICS,
+    *PROCESS_METRICS,
 )  # fmt: skip
 
 

@@ -73,7 +73,7 @@ _USAGE = TokenSource.USAGE.value
 # conventions' histogram of each direction), then the TTFT phases' histogram once per phase
 _OBSERVED = (DURATION, TTFT, TPOT, SMOOTHNESS, ENGINE_PROMPT_EVAL, ENGINE_LOAD)
 _USAGE_TYPES = ("input", "output")  # the token types of v1.41's usage histogram, in order
-_PHASES = (Phase.BEFORE_ENGINE, Phase.LOAD, Phase.QUEUE, Phase.PREFILL, Phase.OTHER)
+_PHASES = tuple(Phase)  # in ``TtftPhases``' order (``phases`` keeps the two the same)
 _NO_PHASES = (None,) * len(_PHASES)
 _VERDICTS = ("good", "bad")
 
@@ -261,7 +261,8 @@ def _verdict(verdict: Verdict, output_tokens: int, labels: LabelSet, counts: lis
 
 def _seconds(phases: TtftPhases) -> Sequence[float | None]:
     """A request's TTFT phases in seconds, in ``_PHASES``' order (None: not reported)."""
-    before, load, queue, prefill, other = phases
-    if load is None and queue is None and prefill is None:  # most engines: no generator
-        return before / 1e9, None, None, None, other / 1e9
+    before, load, queue, prefill, other, remote, transfer, first = phases
+    if (load is None and queue is None and prefill is None
+            and remote is None and transfer is None and first is None):  # fmt: skip
+        return before / 1e9, None, None, None, other / 1e9, None, None, None  # no generator
     return tuple(None if ns is None else ns / 1e9 for ns in phases)

@@ -96,6 +96,7 @@ class Dialect:
         "error",
         "finish_reasons",
         "input_tokens",
+        "kv_transfer",
         "malformed",
         "output_tokens",
         "pending",
@@ -125,6 +126,8 @@ class Dialect:
         self.pending: dict[int, int] = {}  # output tokens per choice > 0 since the last drain
         self.captured: list[str] | None = None  # output text, only with --capture-content
         self._captured_chars = 0
+        # a whole answer carried ``kv_transfer_params``: a prefill leg's engine did P/D
+        self.kv_transfer = False
 
     def on_data(self, data: bytes) -> int:
         """Read one event's payload; return the number of output tokens it carried."""
@@ -144,6 +147,7 @@ class Dialect:
 
     def on_body(self, obj: dict[str, Any]) -> None:
         """Read the whole body of a non-streaming response (usage, finish reason)."""
+        self.kv_transfer = isinstance(obj.get("kv_transfer_params"), dict)
         self.on_object(obj)
 
     def output(self, tokens: int, choice: int = 0, reasoning: bool = False) -> int:

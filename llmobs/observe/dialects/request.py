@@ -11,6 +11,7 @@ from typing import Any, NamedTuple
 
 from llmobs.observe.dialects import OTHER_ROUTE, Route
 from llmobs.observe.dialects.base import MAX_MODEL_LENGTH, loads
+from llmobs.observe.disagg import Claim, claim_of
 
 CONTENT_LIMIT = 1024  # characters of prompt / completion kept with --capture-content
 
@@ -30,12 +31,19 @@ class RequestInfo(NamedTuple):
     max_tokens: int | None = None
     temperature: float | None = None
     prompt: str | None = None  # only with --capture-content, truncated
+    claim: Claim = Claim.NONE  # the P/D role its ``kv_transfer_params`` claim (``disagg``)
 
 
 _PARSE_LIMIT = 1 << 20
 _SCAN = 64 * 1024
 _MODEL_RE = re.compile(rb'"model"\s*:\s*"((?:[^"\\]|\\.){1,%d})"' % MAX_MODEL_LENGTH)
 _STREAM_RE = re.compile(rb'"stream"\s*:\s*(true|false)\b')
+_PREFILL_LEG_RE = re.compile(rb'"do_remote_decode"\s*:\s*true\b')
+_DECODE_LEG_RES = (
+    re.compile(rb'"do_remote_prefill"\s*:\s*true\b'),
+    re.compile(rb'"remote_engine_id"\s*:\s*"'),
+    re.compile(rb'"remote_block_ids"\s*:\s*\['),
+)
 
 
 def parse_request(body: bytes, route: Route = OTHER_ROUTE, capture: bool = False) -> RequestInfo:
@@ -52,7 +60,7 @@ def parse_request(body: bytes, route: Route = OTHER_ROUTE, capture: bool = False
         model = found.group(1).decode("utf-8", "replace") if found else route.model
         stream = _STREAM_RE.search(ends)
         flag = stream.group(1) == b"true" if stream else None
-        return RequestInfo(model, route.streams(flag))
+        return RequestInfo(model, route.streams(flag), claim=_scanned_claim(ends))
     try:
         obj: Any = loads(body)
     except ValueError:
@@ -70,6 +78,8 @@ def parse_request(body: bytes, route: Route = OTHER_ROUTE, capture: bool = False
         nested.get("num_predict"), nested.get("max_new_tokens"), nested.get("max_tokens"),
     )  # fmt: skip
     temperature = get("temperature", nested.get("temperature"))
+    params = get("kv_transfer_params")  # (no call for the usual body, which has none)
+    claim = Claim.NONE if params is None else claim_of(params)
     prompt = None
     if capture:
         text = next((obj[k] for k in _PROMPT_KEYS if k in obj), None)
@@ -81,7 +91,18 @@ def parse_request(body: bytes, route: Route = OTHER_ROUTE, capture: bool = False
         max_tokens,
         float(temperature) if isinstance(temperature, int | float) else None,
         prompt,
+        claim,
     )
+
+
+def _scanned_claim(ends: bytes) -> Claim:
+    """The P/D role a body too large to parse claims, as its scanned ends show it (the
+    parameters are small, and a proxy writes them first or last)."""
+    if _PREFILL_LEG_RE.search(ends):
+        return Claim.PREFILL
+    if all(pattern.search(ends) for pattern in _DECODE_LEG_RES):
+        return Claim.DECODE
+    return Claim.NONE
 
 
 _PROMPT_KEYS = ("messages", "prompt", "input", "inputs")

@@ -17,6 +17,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
+from llmobs.sim.pd import NONE, KvSource, Leg
 from llmobs.sim.request import SimRequest
 
 
@@ -107,6 +108,8 @@ class Context:
     request_id: str | None = None  # the client's X-Request-Id: vLLM makes it the response's id
     params: Mapping[str, str] = field(default_factory=dict)  # the path's (Triton's model)
     per_request_metrics: bool = False  # vLLM's per-request ``metrics`` in OpenAI answers
+    pd_role: str = NONE  # how OpenAI requests' ``kv_transfer_params`` are read (``pd``)
+    kv_source: KvSource | None = None  # this engine, as a prefill leg's answer names it
 
 
 # Stamps ride in the token text itself, the one thing every OpenAI-compatible proxy passes on
@@ -142,6 +145,7 @@ class Plan:
     ignore_eos: bool = False
     n: int = 1
     eos: bool = False
+    leg: Leg = Leg.LOCAL  # one side of disaggregated prefill/decode, or served whole here
 
 
 @dataclass(frozen=True)

@@ -37,6 +37,7 @@ from llmobs.sim.dialects.base import (
     optional_object,
     stamp_event,
 )
+from llmobs.sim.pd import Leg, kv_transfer_params, leg_of
 from llmobs.sim.request import SimRequest
 
 MAX_N = 128  # bounds the sequences one request may put in the engine
@@ -66,13 +67,17 @@ def usage(
 
 def request_metrics(jobs: Sequence[SimRequest]) -> dict[str, float]:
     """vLLM's per-request ``metrics`` of the first choice, from the schedule's own times: the
-    truth the sidecar's TTFT phases are checked against."""
+    truth the sidecar's TTFT phases are checked against. A decode leg's queue time includes
+    its KV transfer, as vLLM's does; ``kv_transfer_ms``, that part, is the sim's alone."""
     job = jobs[0]
-    return {
+    metrics = {
         "queue_time_ms": (job.prefill_started_at - job.submitted_at) * 1000,
         "time_to_first_token_ms": (job.first_token_at - job.prefill_started_at) * 1000,
         "generation_time_ms": (job.last_token_at - job.first_token_at) * 1000,
     }
+    if job.decode_leg:
+        metrics["kv_transfer_ms"] = job.transfer_s * 1000
+    return metrics
 
 
 def reasoning_tokens(job: SimRequest) -> int:
@@ -91,6 +96,13 @@ def _prompt_text(body: dict[str, Any], chat: bool) -> str:
     raise BadRequest("'prompt' is required and must be a string or a list of strings")
 
 
+def _leg(body: dict[str, Any], ctx: Context, stream: bool) -> Leg:
+    """What the request's ``kv_transfer_params`` make it here; a prefill leg needs this
+    engine's address to answer with."""
+    leg = leg_of(body.get("kv_transfer_params"), ctx.pd_role, stream)
+    return Leg.LOCAL if leg is Leg.PREFILL and ctx.kv_source is None else leg
+
+
 class Completion(Exchange):
     """A /v1/chat/completions or /v1/completions request and its answer."""
 
@@ -103,14 +115,22 @@ class Completion(Exchange):
         n = optional_int(body, "n", 1) or 1
         if n > MAX_N:
             raise BadRequest(f"'n' must be <= {MAX_N}")
+        stream = bool(body.get("stream"))
         plan = Plan(
             prompt_tokens=count_prompt_tokens(_prompt_text(body, chat)),
             max_tokens=max_tokens,
             seed=optional_int(body, "seed"),
             ignore_eos=bool(body.get("ignore_eos")),
             n=n,
+            leg=_leg(body, ctx, stream),
         )
-        super().__init__(plan, bool(body.get("stream")))
+        super().__init__(plan, stream)
+        # a prefill leg's answer: where the decode engine is to pull the prompt's KV cache
+        self._kv_params = (
+            kv_transfer_params(ctx.kv_source, plan.prompt_tokens, ctx.request_id)
+            if plan.leg is Leg.PREFILL and ctx.kv_source is not None
+            else None
+        )
         self.chat = chat
         self.include_usage = bool(options.get("include_usage"))
         self.continuous_usage = bool(options.get("continuous_usage_stats"))
@@ -234,6 +254,7 @@ class Completion(Exchange):
                 "choices": choices,
                 "usage": self._usage(jobs),
                 **({"metrics": request_metrics(jobs)} if self._metrics else {}),
+                **({"kv_transfer_params": self._kv_params} if self._kv_params else {}),
             }
         )
 

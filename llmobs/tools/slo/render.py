@@ -18,7 +18,9 @@ from llmobs.tools.slo.reasons import Key as WhyKey
 PHASE_WORDS = {
     Phase.BEFORE_ENGINE.value: "before the engine", Phase.LOAD.value: "model load",
     Phase.QUEUE.value: "queue", Phase.PREFILL.value: "prefill", Phase.OTHER.value: "other",
-    "none": "no phase known",
+    Phase.REMOTE_PREFILL.value: "remote prefill (another pod)",
+    Phase.KV_TRANSFER.value: "KV transfer and the decode engine's wait",
+    Phase.FIRST_DECODE.value: "first decode step", "none": "no phase known",
 }  # fmt: skip
 STALL_WORDS = {
     "prefill": "prefill interference", "preemption": "preemptions",

@@ -168,8 +168,8 @@ def test_ttft_phases_start_at_arrival_and_split_at_forwarding() -> None:
     )
     phases = clock.ttft_phases(stats)
     assert phases is not None
-    assert tuple(phases) == (4 * MS, 7_812_500, 250 * MS, 31_250_000, 6_937_500)
+    assert tuple(phases) == (4 * MS, 7_812_500, 250 * MS, 31_250_000, 6_937_500, None, None, None)
     alone = RequestClock(1_000 * MS, Windows())  # never forwarded (a test's observer)
     alone.output(1_100 * MS, 1)
     only = alone.ttft_phases(record([StreamTimer(0)], 0))
-    assert only is not None and tuple(only) == (0, None, None, None, 100 * MS)
+    assert only is not None and tuple(only) == (0, None, None, None, 100 * MS, None, None, None)

@@ -90,7 +90,8 @@ def test_each_miss_is_counted_under_its_cause() -> None:
 
 def test_every_cause_a_miss_can_have_is_a_closed_set() -> None:
     assert miss_causes(Objective.TTFT) == (
-        "before_engine", "load", "queue", "prefill", "other", NONE)  # fmt: skip
+        "before_engine", "load", "queue", "prefill", "other", "remote_prefill", "kv_transfer",
+        "first_decode", NONE)  # fmt: skip
     assert miss_causes(Objective.STALL) == (
         "prefill", "preemption", "engine_pause", "client", "unknown")  # fmt: skip
     assert miss_causes(Objective.MAX_GAP) == (*miss_causes(Objective.STALL), NONE)

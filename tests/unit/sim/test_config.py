@@ -50,6 +50,9 @@ def test_settings_from_flags_and_environment() -> None:
         ("error_rate", -0.5, "must be within [0, 1], got -0.5"),
         ("dialect", "grpc", "expected one of all, openai, "),
         ("fault", "bogus", "expected one of none, header, reset-before-headers"),
+        ("pd_role", "both", "expected one of none, prefill, decode, got 'both'"),
+        ("kv_transfer_base", -0.001, "must be >= 0, got -0.001"),
+        ("kv_transfer_per_token", float("nan"), "must be >= 0, got nan"),
     ],
 )
 def test_a_bad_value_names_its_flag_and_variable(field: str, bad: object, problem: str) -> None:
@@ -98,3 +101,18 @@ def test_a_certificate_needs_its_key_and_a_bad_file_is_named(tmp_path: Path) -> 
         "(-----BEGIN CERTIFICATE-----)"
     )
     assert sim_tls(SimSettings()) is None
+
+
+def test_the_pd_role_and_transfer_from_flags_and_environment() -> None:
+    parser = argparse.ArgumentParser()
+    add_sim_arguments(parser)
+    args = parser.parse_args(["--pd-role", "Decode", "--kv-transfer-per-token", "0.001"])
+    environ = {"LLMOBS_SIM_PD_ROLE": "prefill", "LLMOBS_SIM_KV_TRANSFER_BASE": "0.5"}
+    settings = sim_settings_from_args(args, environ)
+    assert (settings.pd_role, settings.kv_transfer_base, settings.kv_transfer_per_token) == (
+        "decode", 0.5, 0.001)  # fmt: skip
+    defaults = SimSettings()
+    assert (defaults.pd_role, defaults.kv_transfer_base, defaults.kv_transfer_per_token) == (
+        "none", 0.002, 0.00001)  # fmt: skip
+    with pytest.raises(ConfigError, match="LLMOBS_SIM_PD_ROLE"):
+        SimSettings.from_sources({"LLMOBS_SIM_PD_ROLE": "kv_both"})

@@ -15,6 +15,8 @@ const CHARTS = {
   phases: { scope: "model", series: [
     ["ttft_before_engine", "before engine", "#0891b2"], ["ttft_load", "load", "#6b7280"],
     ["ttft_queue", "queue", "#7c3aed"], ["ttft_prefill", "prefill", "#ea580c"],
+    ["ttft_remote_prefill", "remote prefill", "#be185d"],
+    ["ttft_kv_transfer", "KV transfer", "#ca8a04"], ["ttft_first_decode", "first decode", "#16a34a"],
     ["ttft_other", "other", "#2563eb"]] },
   queue: { scope: "global", series: [
     ["queue", "prefill queue", "#7c3aed"], ["active", "active", "#0891b2"]] },

@@ -97,10 +97,13 @@ def test_each_model_s_totals_are_what_was_recorded() -> None:
         ttft=buckets(ttft, {8: 1}), itl=[0.0] * itl,  # 0.35 s in (0.3, 0.4]
         stalls=3, tokens=30, requests=2, good=1, bad=1, good_tokens=30,
         causes=[1, 0, 0, 1, 1],  # prefill, client, and the third unjudged: unknown
-        phases=[0.05, 0, 0, 0, 0.3],  # before the engine, other
+        phases=[0.05, 0, 0, 0, 0.3, 0, 0, 0],  # before the engine, other
     )  # fmt: skip
     assert CAUSES == ("prefill", "preemption", "engine_pause", "client", "unknown")
-    assert PHASES == ("before_engine", "load", "queue", "prefill", "other")
+    assert PHASES == (
+        "before_engine", "load", "queue", "prefill", "other", "remote_prefill", "kv_transfer",
+        "first_decode",
+    )
     assert set(models) == {"llama", "qwen", OTHER, UNKNOWN}  # the closed values' from the start
     # the cost apart: a float summed in another order
     costs = {"llama": (100 + 2 * 10 + 50 + 2 * 5 + 10 + 2 * 3) / 1e6, "qwen": (20 + 2 * 30) / 1e6}

@@ -1,0 +1,365 @@
+"""One request, two pods: the roles of disaggregated prefill and decode, and the join of a
+user's request with the legs it became.
+
+Under disaggregated serving (vLLM's NixlConnector as llm-d's routing sidecar, vLLM's toy
+proxy, Dynamo drive it) a user's request reaches the decode pod's routing sidecar with the
+prefill pod's address in a header (``x-prefiller-host-port``, or ``x-prefiller-url``); the
+sidecar sends a *prefill leg* to that pod (``kv_transfer_params.do_remote_decode: true``,
+one token, not streamed), then a *decode leg* to its own engine with the parameters the
+prefill answered (``do_remote_prefill: true``, the remote engine's id, its block ids). Each
+request's role is read from what it carries (``role_of``: pure); a leg is never a user's
+request (it is counted in families of its own) and a claim is believed only in the shape
+vLLM gives it (a prefill leg's also only when its engine answered with the parameters).
+
+The join: the routing sidecar copies the user's request's headers onto both legs, so the
+``traceparent`` the pod's entry forwarded comes back on them. Legs that pass through this
+process post what they know under that context (``PdJoin.post``) and the user's request
+takes it at its end (``PdJoin.take``): when its decode leg arrived (the end of
+``remote_prefill``), what the prefill engine reported. Bounded in count and age; what no one
+takes is counted (``orphaned``). Pure: times are arguments.
+"""
+
+from __future__ import annotations
+
+import enum
+import re
+from collections import OrderedDict
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from llmobs.observe.phases import TtftPhases
+
+PREFILLER_HEADERS = ("x-prefiller-host-port", "x-prefiller-url")  # llm-d's, old and new
+MAX_LEGS = 4096  # legs waiting for their user's request to end
+MAX_AGE_NS = 120 * 10**9  # a leg no user's request took after this long is an orphan
+_TRACEPARENT = re.compile(r"[0-9a-f]{2}-([0-9a-f]{32})-([0-9a-f]{16})-[0-9a-f]{2}")
+_ZERO_TRACE, _ZERO_SPAN = "0" * 32, "0" * 16
+
+
+class PdRole(enum.StrEnum):
+    """What a request is in disaggregated serving (a label value: a closed set)."""
+
+    WHOLE = "whole"  # served whole by one engine (no P/D, or a plain pod)
+    DISAGGREGATED = "disaggregated"  # a user's request whose prefill is remote
+    PREFILL_LEG = "prefill_leg"  # the prefill pod's part of one
+    DECODE_LEG = "decode_leg"  # the decode engine's part, behind the routing sidecar
+    LOCAL_LEG = "local_leg"  # a request the routing sidecar handed its engine whole
+
+
+LEGS = frozenset({PdRole.PREFILL_LEG, PdRole.DECODE_LEG, PdRole.LOCAL_LEG})
+
+
+class Claim(enum.IntEnum):
+    """What a body's ``kv_transfer_params`` claim, in vLLM's shape or not at all."""
+
+    NONE = 0
+    PREFILL = 1  # do_remote_decode: true
+    DECODE = 2  # do_remote_prefill: true, the remote engine's id and block ids
+
+
+class Position(enum.StrEnum):
+    """Where a listener stands: at the pod's entry (or in front of any engine: each request
+    a user's or a leg by what it carries), or behind the routing sidecar in front of the
+    decode engine (every request there a leg: its user's was counted at the entry)."""
+
+    ENTRY = "entry"
+    DECODE = "decode"
+
+
+def claim_of(params: Any) -> Claim:
+    """The role a body's ``kv_transfer_params`` claims; anything else than vLLM's shape
+    (wrong types, a string, a list) claims nothing. Never walks the block ids: a huge list
+    costs nothing here."""
+    if not isinstance(params, dict):
+        return Claim.NONE
+    if params.get("do_remote_decode") is True:
+        return Claim.PREFILL
+    if (
+        params.get("do_remote_prefill") is True
+        and isinstance(params.get("remote_engine_id"), str)
+        and isinstance(params.get("remote_block_ids"), list)
+    ):
+        return Claim.DECODE
+    return Claim.NONE
+
+
+def has_prefiller(headers: Mapping[str, str]) -> bool:
+    """Whether the scheduler sent this request's prefill to another pod (llm-d's header)."""
+    get = headers.get  # on every request's path: two lookups, no generator
+    found = get("x-prefiller-host-port") or get("x-prefiller-url")
+    return bool(found and found.strip())
+
+
+def role_of(position: Position, prefiller: bool, claim: Claim) -> PdRole:
+    """A request's role from where it arrived and what it carries."""
+    if position is Position.DECODE:
+        return PdRole.DECODE_LEG if claim is Claim.DECODE else PdRole.LOCAL_LEG
+    if claim is Claim.PREFILL:
+        return PdRole.PREFILL_LEG
+    if claim is Claim.DECODE:
+        return PdRole.DECODE_LEG
+    return PdRole.DISAGGREGATED if prefiller else PdRole.WHOLE
+
+
+def confirmed(role: PdRole, status: int, answered_params: bool) -> PdRole:
+    """A prefill leg's claim, held against its answer: an engine that answered 2xx without
+    ``kv_transfer_params`` does no P/D (a client claimed it): the request was a user's."""
+    if role is PdRole.PREFILL_LEG and 200 <= status < 300 and not answered_params:
+        return PdRole.WHOLE
+    return role
+
+
+def context_key(traceparent: str | None) -> tuple[str, str] | None:
+    """(trace id, parent span id) of a W3C ``traceparent``; None when absent or malformed
+    (what a hostile header gives: no join, never an error)."""
+    if traceparent is None or len(traceparent) != 55:
+        return None
+    found = _TRACEPARENT.fullmatch(traceparent.strip().lower())
+    if found is None or found.group(1) == _ZERO_TRACE or found.group(2) == _ZERO_SPAN:
+        return None
+    return found.group(1), found.group(2)
+
+
+class Leg:
+    """What a leg tells its user's request: when it arrived here, and what its engine
+    reported of its queue and prefill (a prefill leg's; filled at its end)."""
+
+    __slots__ = ("arrived_ns", "posted_ns", "prefill_s", "queue_s", "role")
+
+    def __init__(self, role: PdRole, arrived_ns: int, posted_ns: int) -> None:
+        self.role = role
+        self.arrived_ns = arrived_ns
+        self.posted_ns = posted_ns
+        self.queue_s: float | None = None
+        self.prefill_s: float | None = None
+
+
+class PdJoin:
+    """The legs this process saw, under their user's request's trace context, until it
+    takes them; bounded by ``capacity`` and ``max_age_ns``."""
+
+    __slots__ = ("_legs", "capacity", "joined", "max_age_ns", "missing", "orphaned")
+
+    def __init__(self, capacity: int = MAX_LEGS, max_age_ns: int = MAX_AGE_NS) -> None:
+        self._legs: OrderedDict[tuple[str, str, PdRole], Leg] = OrderedDict()
+        self.capacity = capacity
+        self.max_age_ns = max_age_ns
+        self.joined = 0  # user's requests that found their decode leg
+        self.missing = 0  # user's requests that ended with none (the leg never came)
+        self.orphaned = 0  # legs no user's request took (it ended first, or was elsewhere)
+
+    def __len__(self) -> int:
+        return len(self._legs)
+
+    def post(self, key: tuple[str, str], role: PdRole, arrived_ns: int, now_ns: int) -> Leg:
+        """A leg under ``key``; returns it, for its end to fill in."""
+        self._expire(now_ns)
+        leg = Leg(role, arrived_ns, now_ns)
+        slot = (*key, role)
+        if self._legs.pop(slot, None) is not None:  # the same context twice: the later counts
+            self.orphaned += 1
+        self._legs[slot] = leg
+        while len(self._legs) > self.capacity:
+            self._legs.popitem(last=False)
+            self.orphaned += 1
+        return leg
+
+    def take(self, key: tuple[str, str], now_ns: int) -> tuple[Leg | None, Leg | None]:
+        """The prefill and decode legs posted under ``key`` (None: not seen here)."""
+        self._expire(now_ns)
+        legs = self._legs
+        prefill = legs.pop((*key, PdRole.PREFILL_LEG), None)
+        decode = legs.pop((*key, PdRole.DECODE_LEG), None)
+        if decode is None:
+            self.missing += 1
+        else:
+            self.joined += 1
+        return prefill, decode
+
+    def _expire(self, now_ns: int) -> None:
+        legs, oldest = self._legs, now_ns - self.max_age_ns
+        while legs:
+            first = next(iter(legs.values()))
+            if first.posted_ns >= oldest:
+                return
+            legs.popitem(last=False)
+            self.orphaned += 1
+
+
+def split_disaggregated(
+    ttft_ns: int,
+    before_ns: int,
+    remote_ns: int | None,
+    prefill: Leg | None = None,
+    transfer_s: float | None = None,
+    first_decode_s: float | None = None,
+) -> TtftPhases:
+    """A disaggregated request's TTFT in phases that sum to it exactly: ``before_ns``
+    measured at the entry; ``remote_ns`` measured from its forwarding to its decode leg's
+    arrival (None: the leg passed elsewhere), within which the prefill engine's own queue
+    and prefill (``prefill``: its leg, if seen here and reported) are cut out; the decode
+    engine's reported wait (``transfer_s``) and first step (``first_decode_s``); ``other``
+    the rest. Each part is cut to what is left, in that order, so none is ever negative."""
+    left = max(ttft_ns, 0)
+    before = min(max(before_ns, 0), left)
+    left -= before
+    queue = prefill_ns = remote = None
+    if remote_ns is not None:
+        gap = min(max(remote_ns, 0), left)
+        left -= gap
+        if prefill is not None:
+            queue, gap = _cut(prefill.queue_s, gap)
+            prefill_ns, gap = _cut(prefill.prefill_s, gap)
+        remote = gap
+    transfer, left = _cut(transfer_s, left)
+    first, left = _cut(first_decode_s, left)
+    return TtftPhases(before, None, queue, prefill_ns, left, remote, transfer, first)
+
+
+def leg_phases(
+    total_ns: int, before_ns: int, role: PdRole, queue_s: float | None, prefill_s: float | None
+) -> TtftPhases:
+    """A leg's own phases over ``total_ns`` (a decode leg's time to its first token, a
+    prefill leg's whole answer): its engine's queue and prefill as reported; for a decode
+    leg they are the wait for the KV cache and the first decode step."""
+    left = max(total_ns, 0)
+    before = min(max(before_ns, 0), left)
+    left -= before
+    queue, left = _cut(queue_s, left)
+    prefill, left = _cut(prefill_s, left)
+    if role is PdRole.DECODE_LEG:
+        return TtftPhases(before, None, None, None, left, None, queue, prefill)
+    return TtftPhases(before, None, queue, prefill, left)
+
+
+def _cut(seconds: float | None, left: int) -> tuple[int | None, int]:
+    """A reported phase in whole nanoseconds, no longer than what is ``left``; and what is
+    left after it."""
+    if seconds is None:
+        return None, left
+    ns = min(max(round(seconds * 1e9), 0), left)
+    return ns, left - ns
+
+
+class PdSettings:
+    """A listener's part in P/D: where it stands, whether roles are read at all
+    (``--pd-roles``), the join its requests share (None: no other listener of this process
+    sees their legs), and the source of the trace contexts an untraced request is given so
+    that its legs can be joined (``ids``: 64 random bits per call)."""
+
+    __slots__ = ("ids", "join", "on", "position")
+
+    def __init__(
+        self,
+        position: Position = Position.ENTRY,
+        on: bool = True,
+        join: PdJoin | None = None,
+        ids: Callable[[], int] | None = None,
+    ) -> None:
+        self.position = position
+        self.on = on
+        self.join = join
+        self.ids = ids
+
+
+class PdRequest:
+    """One request's part in P/D: its role (from where it arrived, its headers, its body,
+    its answer), its trace context as the join knows it, and its TTFT in the phases of two
+    pods. Made only for a request that has a part (``pd_request``): a plain pod's requests
+    pay nothing."""
+
+    __slots__ = ("_arrived_ns", "_client", "_flags", "_settings", "key", "prefiller", "role")
+
+    def __init__(
+        self, settings: PdSettings, prefiller: bool, traceparent: str | None, arrived_ns: int
+    ) -> None:
+        self._settings = settings
+        self.prefiller = prefiller
+        self._arrived_ns = arrived_ns
+        # a leg's key is the context it arrived with; a user's request's, the one it forwards
+        self._client = context_key(traceparent)
+        # its client's trace flags, kept on a context made for it (sampled or not)
+        self._flags = traceparent.strip()[-2:].lower() if self._client and traceparent else "00"
+        self.key = self._client if settings.position is Position.DECODE else None
+        self.role = role_of(settings.position, prefiller, Claim.NONE)
+
+    def claimed(self, claim: Claim) -> None:
+        """The body's ``kv_transfer_params`` say what it is."""
+        self.role = role_of(self._settings.position, self.prefiller, claim)
+        if self.role is PdRole.PREFILL_LEG and self._settings.position is Position.ENTRY:
+            self.key = self._client
+
+    @property
+    def leg(self) -> bool:
+        return self.role in LEGS
+
+    def inject(self, carrier: dict[str, str] | Any) -> None:
+        """The user's request goes upstream: its key is the context it carries (its span's,
+        when traced), else one made for it, continuing the client's trace when it sent one."""
+        if self.role is not PdRole.DISAGGREGATED or self._settings.join is None:
+            return
+        key = context_key(carrier.get("traceparent"))
+        ids = self._settings.ids
+        if key is None and ids is not None:
+            client, flags = self._client, self._flags
+            trace_id = client[0] if client else format(ids() << 64 | ids(), "032x")
+            key = (trace_id, format(ids() or 1, "016x"))
+            carrier["traceparent"] = f"00-{key[0]}-{key[1]}-{flags}"
+        self.key = key
+
+    def forwarded(self, now_ns: int) -> None:
+        """A decode leg is on its way to its engine: its user's request may take it now."""
+        join = self._settings.join
+        if self.role is PdRole.DECODE_LEG and self.key is not None and join is not None:
+            join.post(self.key, self.role, self._arrived_ns, now_ns)
+
+    def finished(
+        self, now_ns: int, status: int, answered: bool, queue_s: float | None,
+        prefill_s: float | None,
+    ) -> None:  # fmt: skip
+        """The request ended: a prefill leg's claim held against its answer, and a prefill
+        leg's report posted for its user's request (which ends after it)."""
+        self.role = confirmed(self.role, status, answered)
+        join = self._settings.join
+        if self.role is PdRole.PREFILL_LEG and self.key is not None and join is not None:
+            leg = join.post(self.key, self.role, self._arrived_ns, now_ns)
+            leg.queue_s, leg.prefill_s = queue_s, prefill_s
+
+    def phases(
+        self, times: tuple[int, int | None, int | None, int], now_ns: int,
+        queue_s: float | None, prefill_s: float | None,
+    ) -> TtftPhases | None:  # fmt: skip
+        """Its TTFT in phases (a leg's: its own time to first token, or its whole answer's);
+        ``times``: (arrival, forwarded, first token, end) on the relay's clock."""
+        start, forwarded, first, end = times
+        before = forwarded - start if forwarded is not None else 0
+        if self.leg:
+            total = (first if first is not None else end) - start
+            return leg_phases(total, before, self.role, queue_s, prefill_s)
+        prefill = decode = None
+        join = self._settings.join  # taken whatever the end: the join keeps nothing of it
+        if self.role is PdRole.DISAGGREGATED and self.key is not None and join is not None:
+            prefill, decode = join.take(self.key, now_ns)
+        if first is None:
+            return None
+        remote = None
+        if decode is not None and forwarded is not None:
+            remote = decode.arrived_ns - forwarded
+        return split_disaggregated(first - start, before, remote, prefill, queue_s, prefill_s)
+
+
+def pd_request(
+    settings: PdSettings | None, prefiller: bool, traceparent: str | None, arrived_ns: int,
+    claim: Claim = Claim.NONE,
+) -> PdRequest | None:  # fmt: skip
+    """A request's part in P/D, if it has one from what it showed so far: behind the routing
+    sidecar, sent with a prefiller, or claiming a leg's role in its body; None: none (a
+    plain pod's request, or ``--pd-roles off``)."""
+    if settings is None or not settings.on:
+        return None
+    if settings.position is Position.ENTRY and not prefiller and claim is Claim.NONE:
+        return None
+    request = PdRequest(settings, prefiller, traceparent, arrived_ns)
+    if claim is not Claim.NONE:
+        request.claimed(claim)
+    return request
