@@ -32,6 +32,9 @@ from llmobs.observe.window import TokenWindow
 # the stalls of one request judged, and kept on its record (the rest count as unknown):
 # a pathological stream's judging stays bounded
 MAX_STALLS = 256
+# enum members as module constants: reading one off its class costs a lookup through the
+# enum's metaclass, ~0.1 µs, and these are read on every request's path
+_NO_CLAIM, _WHOLE, _DECODE = Claim.NONE, PdRole.WHOLE, Position.DECODE
 TRAIL_TIMES = 4096  # the chunk times an ended request leaves on the engine's timeline
 
 
@@ -107,7 +110,7 @@ class Observer:
         pd = config.pd
         self.pd: PdRequest | None = None
         self._live = True  # counted live (in flight), unless a leg behind the routing sidecar
-        if pd is not None and (prefiller or pd.position is Position.DECODE):
+        if pd is not None and (prefiller or pd.position is _DECODE):
             self.pd = pd_request(pd, prefiller, traceparent, start_ns)
             self._live = self.pd is None or not self.pd.leg  # (its user's counted at the entry)
         self._traceparent = traceparent
@@ -146,7 +149,7 @@ class Observer:
             if confirm is not None and confirm not in body:  # not the route's API after all
                 self._use(OTHER_ROUTE)
             self.info = parse_request(body, self.route, self._config.capture_content)
-            if self.info.claim is not Claim.NONE or self.pd is not None:
+            if self.info.claim is not _NO_CLAIM or self.pd is not None:
                 self._claimed(self.info.claim)
         except Exception:
             self._fail("request_body")
@@ -314,7 +317,7 @@ class Observer:
         phases: TtftPhases | None = None
         stalls: tuple[Stall, ...] = ()
         trace_ref: TraceRef | None = None
-        role = PdRole.WHOLE
+        role = _WHOLE
         try:  # the guards of _guard, inline: once per request
             if self.pd is not None:
                 phases, role = self._pd_finished(stats, t_ns)

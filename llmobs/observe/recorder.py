@@ -31,6 +31,7 @@ OnError = Callable[[], None]  # called inside the ``except`` of what failed: it 
 # a named tuple made without its ``__new__``, a Python-level call (docs/architecture.md,
 # "Records are named tuples")
 _new = tuple.__new__
+_WHOLE = PdRole.WHOLE  # (an enum member read off its class costs a metaclass lookup)
 
 
 class Recorder:
@@ -80,7 +81,7 @@ class Recorder:
         counted once, with its outcome. Returns the record (its trace's spans take it). A
         leg of a disaggregated request is neither labelled nor judged: it goes to ``legs``
         alone."""
-        if pd is not PdRole.WHOLE and pd in LEGS:  # (``is`` first: an enum's hash is Python's)
+        if pd in LEGS:
             return self._leg(stats, on_error, phases, trace, request, pd)
         verdict: Verdict | None = None
         cost: float | None = None
@@ -107,7 +108,7 @@ class Recorder:
             self.sink.consume(record)
         except Exception:
             on_error()
-        consumers = self.consumers if pd is PdRole.WHOLE else self.consumers + self.legs
+        consumers = self.consumers if pd is _WHOLE else self.consumers + self.legs
         for consumer in consumers:  # (inline: once per request)
             try:
                 consumer.consume(record)

@@ -109,6 +109,23 @@ async def test_each_users_ttft_splits_into_the_phases_of_both_pods(
     assert side.value("llmobs_pd_requests_total", pd_role="disaggregated") == REQUESTS
     assert side.value("llmobs_pd_joins_total", result="joined") == REQUESTS
     assert side.value("llmobs_pd_joins_total", result="no_decode_leg") == 0
+    # the legs' own families: each leg once, its phases summing to what it took
+    for role in ("prefill_leg", "decode_leg"):
+        assert side.value("llmobs_pd_leg_duration_seconds_count", pd_role=role) == REQUESTS
+        for phase in ("before_engine", "other"):
+            count = side.value(
+                "llmobs_pd_leg_phase_duration_seconds_count", pd_role=role, phase=phase
+            )
+            assert count == REQUESTS, (role, phase)
+    reported = {"prefill_leg": ("queue", "prefill"), "decode_leg": ("kv_transfer", "first_decode")}
+    for role, names in reported.items():
+        for phase in names:
+            count = side.value(
+                "llmobs_pd_leg_phase_duration_seconds_count", pd_role=role, phase=phase
+            )
+            assert count == REQUESTS, (role, phase)
+    assert side.value("llmobs_pd_leg_phase_duration_seconds_count", pd_role="decode_leg",
+                      phase="queue") == 0  # fmt: skip
     # the decode engine's report, as the client saw it in the last chunk: its truth
     # the prefill engine's report, as the router got it: its truth, by the id of its leg
     prefill_truth = {log.request_id: log.prefill_answer["metrics"] for log in pair.router.legs}
@@ -180,8 +197,9 @@ async def test_the_openai_sdk_sees_the_ttft_the_entry_measured(
     await eventually(lambda: side.value("llmobs_requests_total") == 2)
     side.sidecar.flush_traces()
     users = by_role(list(exporter.get_finished_spans()), "disaggregated")
-    measured = sorted(float((s.attributes or {})["llmobs.time_to_first_token"]) for s in users)  # type: ignore[arg-type]
-    for client_s, entry_s in zip(sorted(seen), measured, strict=True):
+    users.sort(key=lambda span: span.start_time or 0)  # the requests went one after another
+    measured = [float((s.attributes or {})["llmobs.time_to_first_token"]) for s in users]  # type: ignore[arg-type]
+    for client_s, entry_s in zip(seen, measured, strict=True):
         assert entry_s <= client_s < entry_s + LOOPBACK_S  # the client's, less the loopback
 
 

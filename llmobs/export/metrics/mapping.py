@@ -74,7 +74,9 @@ _USAGE = TokenSource.USAGE.value
 _OBSERVED = (DURATION, TTFT, TPOT, SMOOTHNESS, ENGINE_PROMPT_EVAL, ENGINE_LOAD)
 _USAGE_TYPES = ("input", "output")  # the token types of v1.41's usage histogram, in order
 _PHASES = tuple(Phase)  # in ``TtftPhases``' order (``phases`` keeps the two the same)
-_NO_PHASES = (None,) * len(_PHASES)
+# no TTFT phases: none observed (the row's histograms past the values given are left alone,
+# ``series.Row.observe_all``: a request without a first token costs no loop over them)
+_NO_PHASES: tuple[None, ...] = ()
 _VERDICTS = ("good", "bad")
 
 
@@ -260,9 +262,10 @@ def _verdict(verdict: Verdict, output_tokens: int, labels: LabelSet, counts: lis
 
 
 def _seconds(phases: TtftPhases) -> Sequence[float | None]:
-    """A request's TTFT phases in seconds, in ``_PHASES``' order (None: not reported)."""
+    """A request's TTFT phases in seconds, in ``_PHASES``' order (None: not reported; the
+    phases of disaggregated prefill left off the end when none is known)."""
     before, load, queue, prefill, other, remote, transfer, first = phases
     if (load is None and queue is None and prefill is None
             and remote is None and transfer is None and first is None):  # fmt: skip
-        return before / 1e9, None, None, None, other / 1e9, None, None, None  # no generator
+        return before / 1e9, None, None, None, other / 1e9  # no generator; P/D's left off
     return tuple(None if ns is None else ns / 1e9 for ns in phases)

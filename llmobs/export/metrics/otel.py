@@ -130,7 +130,8 @@ class OtelMetrics:
         """A finished request: its observations (``RequestMapping.observe``)."""
         bound = self._bound(record)
         values, counts = self._mapping.observe(record, bound.labels)
-        for (histogram, attributes), value in zip(bound.histograms, values, strict=True):
+        # (values may stop short of the histograms: those past them observe nothing)
+        for (histogram, attributes), value in zip(bound.histograms, values, strict=False):
             if value is not None:
                 histogram.record(value, attributes)
         for metric, key, amount in counts:

@@ -35,6 +35,7 @@ class RequestInfo(NamedTuple):
 
 
 _PARSE_LIMIT = 1 << 20
+_NO_CLAIM = Claim.NONE  # (an enum member read off its class costs a metaclass lookup)
 _SCAN = 64 * 1024
 _MODEL_RE = re.compile(rb'"model"\s*:\s*"((?:[^"\\]|\\.){1,%d})"' % MAX_MODEL_LENGTH)
 _STREAM_RE = re.compile(rb'"stream"\s*:\s*(true|false)\b')
@@ -79,7 +80,7 @@ def parse_request(body: bytes, route: Route = OTHER_ROUTE, capture: bool = False
     )  # fmt: skip
     temperature = get("temperature", nested.get("temperature"))
     params = get("kv_transfer_params")  # (no call for the usual body, which has none)
-    claim = Claim.NONE if params is None else claim_of(params)
+    claim = _NO_CLAIM if params is None else claim_of(params)
     prompt = None
     if capture:
         text = next((obj[k] for k in _PROMPT_KEYS if k in obj), None)

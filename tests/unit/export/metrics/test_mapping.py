@@ -175,7 +175,7 @@ def test_a_request_observes_each_family_once_under_its_labels() -> None:
     values, counts = mapping.observe(record, labels)
     assert values[:6] == (1.0, 0.1, 0.01, 1.0, None, None)  # duration .. engine load
     assert values[6:8] == (5, 10)  # input and output tokens
-    assert values[8:] == (None,) * 8  # no TTFT phases
+    assert values[8:] == ()  # no TTFT phases: none observed
     assert [(m.name, key, n) for m, key, n in counts] == [
         ("llmobs.requests", ("chat", "m", "team-a", "ok", "2xx", "none"), 1),
         ("llmobs.tokens", ("chat", "m", "input", "usage"), 5),

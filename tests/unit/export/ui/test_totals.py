@@ -101,7 +101,13 @@ def test_each_model_s_totals_are_what_was_recorded() -> None:
     )  # fmt: skip
     assert CAUSES == ("prefill", "preemption", "engine_pause", "client", "unknown")
     assert PHASES == (
-        "before_engine", "load", "queue", "prefill", "other", "remote_prefill", "kv_transfer",
+        "before_engine",
+        "load",
+        "queue",
+        "prefill",
+        "other",
+        "remote_prefill",
+        "kv_transfer",
         "first_decode",
     )
     assert set(models) == {"llama", "qwen", OTHER, UNKNOWN}  # the closed values' from the start
