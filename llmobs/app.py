@@ -248,8 +248,7 @@ class Proxy:
         admission = LabelAdmission(settings.max_models, self.tenancy, settings.max_tenants)
         # disaggregated requests' legs, joined across this process's listeners when it has
         # more than one (``observe.disagg``); legs go to their own families alone
-        extra = settings.pd_decode_upstream or settings.pd_prefill_upstream
-        self.join = PdJoin() if extra and settings.pd_roles != "off" else None
+        self.join = PdJoin() if settings.pd_decode_upstream else None
         legs = [PdMetrics(telemetry.meter, self.join)]
         # where every request's record is made and delivered (refused ones' too)
         self.recorder = Recorder(self.sink, admission, objectives, self.prices, consumers, legs)
@@ -274,7 +273,9 @@ class Proxy:
             tls.engine(),
         )  # fmt: skip
         self.tracing = tracing_for(settings, self.telemetry, self.provider)
-        factory = self._factory(Position.ENTRY, self.timeline)
+        # at a decode pod's entry (the decode engine's listener here too) every request is a
+        # user's: none can hide from the users' families by claiming a leg's role
+        factory = self._factory(Position.ENTRY, self.timeline, not settings.pd_decode_upstream)
         sessions = None
         if settings.instrument:  # WebSocket sessions: their metrics, and spans with tracing
             traced = SessionTracing(self.tracing) if self.tracing is not None else None
@@ -290,28 +291,32 @@ class Proxy:
             http2=settings.http2,
         )
         bound = await self._server.listen(host, port, tls.proxy())
-        await self._start_pd(host)
+        await self._start_pd()
         return bound
 
-    def _factory(self, position: Position, timeline: EngineTimeline) -> ObserverFactory | None:
-        """The observers of one listener (None: ``--no-instrument``)."""
+    def _factory(
+        self, position: Position, timeline: EngineTimeline, claims: bool = True
+    ) -> ObserverFactory | None:
+        """The observers of one listener (None: ``--no-instrument``); ``claims``: whether a
+        body's claim of a leg's role is believed there."""
         settings = self.settings
         if not settings.instrument:
             return None
         ids = random.Random(os.urandom(16)).getrandbits
-        pd = PdSettings(position, settings.pd_roles != "off", self.join, lambda: ids(64))
+        on = settings.pd_roles != "off"
+        pd = PdSettings(position, on, self.join, lambda: ids(64), claims)
         return observer_factory(
             settings, self.recorder, self.tracing, timeline, self.tenancy, self.provider, pd
         )
 
-    async def _start_pd(self, host: str) -> None:
+    async def _start_pd(self) -> None:
         """The P/D listeners, each to its engine: the decode engine behind the routing
         sidecar (its requests legs), a prefill engine in this pod (measured as at the port).
-        Plain HTTP: the pod's own traffic, on its loopback or network."""
+        Plain HTTP on ``--pd-host``: the pod's own traffic."""
         settings = self.settings
-        for url, port, position, name in (
-            (settings.pd_decode_upstream, settings.pd_decode_port, Position.DECODE, "decode"),
-            (settings.pd_prefill_upstream, settings.pd_prefill_port, Position.ENTRY, "prefill"),
+        for url, port_field, position, name in (
+            (settings.pd_decode_upstream, "pd_decode_port", Position.DECODE, "decode"),
+            (settings.pd_prefill_upstream, "pd_prefill_port", Position.ENTRY, "prefill"),
         ):
             if not url:
                 continue
@@ -327,7 +332,9 @@ class Proxy:
                 http2=settings.http2,
             )  # fmt: skip
             self._extra.append((upstream, relay, server))
-            self.pd_ports[name] = await server.listen(host, port, None)
+            port = getattr(settings, port_field)
+            with listening(settings.pd_host, port, "pd_host", port_field):
+                self.pd_ports[name] = await server.listen(settings.pd_host, port, None)
 
     def _rejected(self, status: int, duration_s: float) -> None:
         """A request the server refused unparsed still ends in an outcome (``rejected``),
@@ -340,20 +347,28 @@ class Proxy:
         log.exception("recording a refused request failed")
         self.sink.observer_error()
 
+    def _servers(self) -> list[ProxyServer]:
+        main = [] if self._server is None else [self._server]
+        return main + [server for _, _, server in self._extra]
+
     def in_flight(self) -> int:
-        """Requests being handled now, on every connection."""
-        server = self._server
-        return 0 if server is None else sum(len(c.tasks) for c in server.connections)
+        """Requests being handled now, on every connection of every listener."""
+        return sum(len(c.tasks) for server in self._servers() for c in server.connections)
+
+    def abort_streams(self) -> None:
+        """A shutdown's grace is over: every listener's exchanges end now."""
+        for relay in [self.relay, *(relay for _, relay, _ in self._extra)]:
+            if relay is not None:
+                relay.abort_streams()
 
     async def stop(self, grace: float) -> None:
-        """Stop accepting; wait up to ``grace`` seconds for requests in flight; close the
-        pool; write the last traces before the exporter shuts down."""
-        if self._server is not None:
-            await self._server.shutdown(grace)
-            self._server = None
+        """Stop accepting; wait up to ``grace`` seconds for requests in flight (every
+        listener's at once); close the pools; write the last traces before the exporter
+        shuts down."""
+        await asyncio.gather(*(server.shutdown(grace) for server in self._servers()))
+        self._server = None
         extra, self._extra = self._extra, []
-        for upstream, relay, server in extra:
-            await server.shutdown(grace)
+        for upstream, relay, _ in extra:
             upstream.close()
             relay.flush()
         if self._upstream is not None:
@@ -460,11 +475,8 @@ class Sidecar:
         if self.lifecycle.draining:
             return  # stopped already
         self.lifecycle.draining = True
-        relay = self.proxy.relay
         grace = self.settings.shutdown_grace
-        ending = None
-        if relay is not None:
-            ending = asyncio.get_running_loop().call_later(grace, relay.abort_streams)
+        ending = asyncio.get_running_loop().call_later(grace, self.proxy.abort_streams)
         began, busy = time.monotonic(), self.proxy.in_flight()
         log.info("draining: %d requests in flight, up to %g s for them to end", busy, grace)
         try:
@@ -476,8 +488,7 @@ class Sidecar:
                 await runner.cleanup()
             await self.certificates.stop()
         finally:
-            if ending is not None:
-                ending.cancel()
+            ending.cancel()
             self._runners.clear()
             self.telemetry.shutdown()
 

@@ -206,6 +206,10 @@ class Settings:
         8202, int, "port of the prefill engine's listener (with --pd-prefill-upstream)",
         "PORT", check=tcp_port,
     )  # fmt: skip
+    pd_host: str = option(
+        "127.0.0.1", str, "address the P/D listeners bind (the pod's own traffic: the routing "
+        "sidecar beside it; another address lets other pods past the entry)", "ADDR",
+    )  # fmt: skip
     max_models: int = option(
         32, int, "distinct model label values before new ones are reported as 'other'", "N",
         check=at_least_one,
@@ -401,6 +405,7 @@ class Settings:
     def __post_init__(self) -> None:
         check_fields(self, OPTIONS)  # each option's own bounds, then what binds several
         _check_ports(self)
+        _check_pd(self)
         check_tls(lambda name: getattr(self, name), source)
         _check_objectives(self)
 
@@ -451,6 +456,16 @@ def _check_ports(s: Settings) -> None:
     if s.port == s.metrics_port != 0 and shared:  # the second bind would fail on the first
         raise ConfigError(
             f"{source('metrics_port')}: must differ from {source('port')} (both {s.port})"
+        )
+
+
+def _check_pd(s: Settings) -> None:
+    """The decode engine's listener holds legs of the requests counted at the port: with
+    roles not read, each would be counted twice."""
+    if s.pd_decode_upstream and s.pd_roles == "off":
+        raise ConfigError(
+            f"{source('pd_decode_upstream')}: every request there is a leg of one counted at "
+            f"{source('port')}, which {source('pd_roles')} off would count twice: drop one"
         )
 
 

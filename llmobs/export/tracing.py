@@ -8,7 +8,8 @@ chunk. Names follow the OpenTelemetry GenAI conventions (span ``{operation} {mod
 ``gen_ai.*`` attributes); llmobs' own numbers are ``llmobs.*``.
 
 Never prompt or completion text unless the operator opts in (``--capture-content``, then
-truncated), never a request header: credentials cannot leak into a trace.
+truncated), never a request header but a plain ``X-Request-Id`` (the id a P/D router gives
+both legs of a request): credentials cannot leak into a trace.
 """
 
 from __future__ import annotations
@@ -269,8 +270,10 @@ class RequestTrace:
         if not self.keep and (verdict is None or verdict.good):
             return  # sampled out: never ended, so no processor sees it
         decoded = times[1] is not None and times[2] is not None
-        spans = (3 if decoded else 2) + (record.pd is PdRole.DECODE_LEG)  # request, queue+prefill,
-        # decode if any, a decode leg's kv_transfer
+        phases = record.phases
+        transfer = record.pd is PdRole.DECODE_LEG and phases is not None and phases.kv_transfer_ns
+        spans = (3 if decoded else 2) + bool(transfer)  # the request, queue+prefill, decode if
+        # any, a decode leg's kv_transfer if its engine reported it
         self._tracing.defer(lambda: self._write(record, times, completion), spans)
 
     def _write(self, record: RequestRecord, times: SpanTimes, completion: str | None) -> None:

@@ -12,26 +12,27 @@ request (it is counted in families of its own) and a claim is believed only in t
 vLLM gives it (a prefill leg's also only when its engine answered with the parameters).
 
 The join: the routing sidecar copies the user's request's headers onto both legs, so the
-``traceparent`` the pod's entry forwarded comes back on them. Legs that pass through this
-process post what they know under that context (``PdJoin.post``) and the user's request
-takes it at its end (``PdJoin.take``): when its decode leg arrived (the end of
-``remote_prefill``), what the prefill engine reported. Bounded in count and age; what no one
-takes is counted (``orphaned``). Pure: times are arguments.
+``traceparent`` the pod's entry forwarded comes back on them. A user's request waits under
+that context from the moment it goes upstream (``PdJoin.wait``) to its end (``PdJoin.take``);
+a leg that passes through this process meanwhile attaches what it knows to it
+(``PdJoin.post``): when its decode leg arrived (the end of ``remote_prefill``), what the
+prefill engine reported. A leg finds its request waiting or never will (it cannot come before
+its request went upstream): one that finds none is counted (``orphaned``) and kept nowhere,
+so what the join holds is bounded by the requests in flight, and a client sending legs under
+contexts of its own cannot push a real request's legs out. Pure: times are arguments.
 """
 
 from __future__ import annotations
 
 import enum
 import re
-from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from typing import Any
 
 from llmobs.observe.phases import TtftPhases
 
 PREFILLER_HEADERS = ("x-prefiller-host-port", "x-prefiller-url")  # llm-d's, old and new
-MAX_LEGS = 4096  # legs waiting for their user's request to end
-MAX_AGE_NS = 120 * 10**9  # a leg no user's request took after this long is an orphan
+MAX_WAITING = 65_536  # users' requests in flight whose legs may join them
 _TRACEPARENT = re.compile(r"[0-9a-f]{2}-([0-9a-f]{32})-([0-9a-f]{16})-[0-9a-f]{2}")
 _ZERO_TRACE, _ZERO_SPAN = "0" * 32, "0" * 16
 
@@ -124,66 +125,65 @@ class Leg:
     """What a leg tells its user's request: when it arrived here, and what its engine
     reported of its queue and prefill (a prefill leg's; filled at its end)."""
 
-    __slots__ = ("arrived_ns", "posted_ns", "prefill_s", "queue_s", "role")
+    __slots__ = ("arrived_ns", "prefill_s", "queue_s", "role")
 
-    def __init__(self, role: PdRole, arrived_ns: int, posted_ns: int) -> None:
+    def __init__(self, role: PdRole, arrived_ns: int) -> None:
         self.role = role
         self.arrived_ns = arrived_ns
-        self.posted_ns = posted_ns
         self.queue_s: float | None = None
         self.prefill_s: float | None = None
 
 
 class PdJoin:
-    """The legs this process saw, under their user's request's trace context, until it
-    takes them; bounded by ``capacity`` and ``max_age_ns``."""
+    """The users' requests in flight that their legs may join, by the trace context each
+    forwarded; ``capacity`` of them at most (past it a request waits for none)."""
 
-    __slots__ = ("_legs", "capacity", "joined", "max_age_ns", "missing", "orphaned")
+    __slots__ = ("_waiting", "capacity", "joined", "missing", "orphaned")
 
-    def __init__(self, capacity: int = MAX_LEGS, max_age_ns: int = MAX_AGE_NS) -> None:
-        self._legs: OrderedDict[tuple[str, str, PdRole], Leg] = OrderedDict()
+    def __init__(self, capacity: int = MAX_WAITING) -> None:
+        # each waiting request's legs: [prefill, decode], None until one comes
+        self._waiting: dict[tuple[str, str], list[Leg | None]] = {}
         self.capacity = capacity
-        self.max_age_ns = max_age_ns
-        self.joined = 0  # user's requests that found their decode leg
-        self.missing = 0  # user's requests that ended with none (the leg never came)
-        self.orphaned = 0  # legs no user's request took (it ended first, or was elsewhere)
+        self.joined = 0  # users' requests that found their decode leg
+        self.missing = 0  # users' requests that ended with none (the leg never came)
+        self.orphaned = 0  # legs no waiting request took (it ended first, or was elsewhere)
 
     def __len__(self) -> int:
-        return len(self._legs)
+        return len(self._waiting)
 
-    def post(self, key: tuple[str, str], role: PdRole, arrived_ns: int, now_ns: int) -> Leg:
-        """A leg under ``key``; returns it, for its end to fill in."""
-        self._expire(now_ns)
-        leg = Leg(role, arrived_ns, now_ns)
-        slot = (*key, role)
-        if self._legs.pop(slot, None) is not None:  # the same context twice: the later counts
+    def wait(self, key: tuple[str, str]) -> None:
+        """A user's request went upstream with ``key``: its legs may come."""
+        if len(self._waiting) < self.capacity:
+            self._waiting[key] = [None, None]
+
+    def post(self, key: tuple[str, str], role: PdRole, arrived_ns: int) -> Leg:
+        """A leg under ``key``: attached to its request if it waits (the later of two legs of
+        one role replaces the earlier, an orphan then), counted an orphan if not; returns it,
+        for its end to fill in."""
+        leg = Leg(role, arrived_ns)
+        legs = self._waiting.get(key)
+        if legs is None:
             self.orphaned += 1
-        self._legs[slot] = leg
-        while len(self._legs) > self.capacity:
-            self._legs.popitem(last=False)
+            return leg
+        slot = 1 if role is PdRole.DECODE_LEG else 0
+        if legs[slot] is not None:
             self.orphaned += 1
+        legs[slot] = leg
         return leg
 
-    def take(self, key: tuple[str, str], now_ns: int) -> tuple[Leg | None, Leg | None]:
-        """The prefill and decode legs posted under ``key`` (None: not seen here)."""
-        self._expire(now_ns)
-        legs = self._legs
-        prefill = legs.pop((*key, PdRole.PREFILL_LEG), None)
-        decode = legs.pop((*key, PdRole.DECODE_LEG), None)
+    def take(self, key: tuple[str, str]) -> tuple[Leg | None, Leg | None]:
+        """The user's request under ``key`` ended: its prefill and decode legs (None: not
+        seen here); it waits no longer."""
+        prefill, decode = self._waiting.pop(key, None) or (None, None)
         if decode is None:
             self.missing += 1
         else:
             self.joined += 1
         return prefill, decode
 
-    def _expire(self, now_ns: int) -> None:
-        legs, oldest = self._legs, now_ns - self.max_age_ns
-        while legs:
-            first = next(iter(legs.values()))
-            if first.posted_ns >= oldest:
-                return
-            legs.popitem(last=False)
-            self.orphaned += 1
+    def discard(self, key: tuple[str, str]) -> None:
+        """The request waits no longer, whatever happened (counted by ``take`` only)."""
+        self._waiting.pop(key, None)
 
 
 def split_disaggregated(
@@ -243,11 +243,13 @@ def _cut(seconds: float | None, left: int) -> tuple[int | None, int]:
 
 class PdSettings:
     """A listener's part in P/D: where it stands, whether roles are read at all
-    (``--pd-roles``), the join its requests share (None: no other listener of this process
-    sees their legs), and the source of the trace contexts an untraced request is given so
-    that its legs can be joined (``ids``: 64 random bits per call)."""
+    (``--pd-roles``), whether a body's claim of a leg's role is believed (not at a decode
+    pod's entry: every request there is a user's, so none can hide as a leg), the join its
+    requests share (None: no listener of this process sees decode legs), and the source of
+    the trace contexts an untraced request is given for its legs to be joined by (``ids``:
+    64 random bits a call)."""
 
-    __slots__ = ("ids", "join", "on", "position")
+    __slots__ = ("claims", "ids", "join", "on", "position")
 
     def __init__(
         self,
@@ -255,11 +257,13 @@ class PdSettings:
         on: bool = True,
         join: PdJoin | None = None,
         ids: Callable[[], int] | None = None,
+        claims: bool = True,
     ) -> None:
         self.position = position
         self.on = on
         self.join = join
         self.ids = ids
+        self.claims = claims
 
 
 class PdRequest:
@@ -268,7 +272,9 @@ class PdRequest:
     pods. Made only for a request that has a part (``pd_request``): a plain pod's requests
     pay nothing."""
 
-    __slots__ = ("_arrived_ns", "_client", "_flags", "_settings", "key", "prefiller", "role")
+    __slots__ = (
+        "_arrived_ns", "_client", "_flags", "_settings", "_waits", "key", "prefiller", "role",
+    )  # fmt: skip
 
     def __init__(
         self, settings: PdSettings, prefiller: bool, traceparent: str | None, arrived_ns: int
@@ -281,53 +287,66 @@ class PdRequest:
         # its client's trace flags, kept on a context made for it (sampled or not)
         self._flags = traceparent.strip()[-2:].lower() if self._client and traceparent else "00"
         self.key = self._client if settings.position is Position.DECODE else None
+        self._waits = False  # a user's request waiting in the join for its legs
         self.role = role_of(settings.position, prefiller, Claim.NONE)
 
     def claimed(self, claim: Claim) -> None:
-        """The body's ``kv_transfer_params`` say what it is."""
-        self.role = role_of(self._settings.position, self.prefiller, claim)
-        if self.role is PdRole.PREFILL_LEG and self._settings.position is Position.ENTRY:
+        """The body's ``kv_transfer_params`` say what it is (if they are believed here)."""
+        settings = self._settings
+        if not settings.claims:
+            return
+        self.role = role_of(settings.position, self.prefiller, claim)
+        if self.role is PdRole.PREFILL_LEG and settings.position is Position.ENTRY:
             self.key = self._client
 
     @property
     def leg(self) -> bool:
+        """Whether it is a leg: never counted as a user's request."""
         return self.role in LEGS
 
     def inject(self, carrier: dict[str, str] | Any) -> None:
         """The user's request goes upstream: its key is the context it carries (its span's,
-        when traced), else one made for it, continuing the client's trace when it sent one."""
-        if self.role is not PdRole.DISAGGREGATED or self._settings.join is None:
+        when traced), else one made for it, continuing the client's trace when it sent one;
+        it waits in the join for its legs from now."""
+        settings = self._settings
+        join = settings.join
+        # only at a decode pod's entry, where no body is believed: a request elsewhere (a
+        # prefill leg whose router copied the prefiller header onto it) may turn out a leg
+        # once its body is read, after its context went upstream
+        if self.role is not PdRole.DISAGGREGATED or join is None or settings.claims:
             return
         key = context_key(carrier.get("traceparent"))
-        ids = self._settings.ids
+        ids = settings.ids
         if key is None and ids is not None:
             client, flags = self._client, self._flags
             trace_id = client[0] if client else format(ids() << 64 | ids(), "032x")
             key = (trace_id, format(ids() or 1, "016x"))
             carrier["traceparent"] = f"00-{key[0]}-{key[1]}-{flags}"
         self.key = key
+        if key is not None:
+            join.wait(key)
+            self._waits = True
 
-    def forwarded(self, now_ns: int) -> None:
-        """A decode leg is on its way to its engine: its user's request may take it now."""
+    def forwarded(self) -> None:
+        """A decode leg is on its way to its engine: it joins its user's request now."""
         join = self._settings.join
         if self.role is PdRole.DECODE_LEG and self.key is not None and join is not None:
-            join.post(self.key, self.role, self._arrived_ns, now_ns)
+            join.post(self.key, self.role, self._arrived_ns)
 
     def finished(
-        self, now_ns: int, status: int, answered: bool, queue_s: float | None,
-        prefill_s: float | None,
-    ) -> None:  # fmt: skip
+        self, status: int, answered: bool, queue_s: float | None, prefill_s: float | None
+    ) -> None:
         """The request ended: a prefill leg's claim held against its answer, and a prefill
-        leg's report posted for its user's request (which ends after it)."""
+        leg's report handed to its user's request (which ends after it)."""
         self.role = confirmed(self.role, status, answered)
         join = self._settings.join
         if self.role is PdRole.PREFILL_LEG and self.key is not None and join is not None:
-            leg = join.post(self.key, self.role, self._arrived_ns, now_ns)
+            leg = join.post(self.key, self.role, self._arrived_ns)
             leg.queue_s, leg.prefill_s = queue_s, prefill_s
 
     def phases(
-        self, times: tuple[int, int | None, int | None, int], now_ns: int,
-        queue_s: float | None, prefill_s: float | None,
+        self, times: tuple[int, int | None, int | None, int], queue_s: float | None,
+        prefill_s: float | None,
     ) -> TtftPhases | None:  # fmt: skip
         """Its TTFT in phases (a leg's: its own time to first token, or its whole answer's);
         ``times``: (arrival, forwarded, first token, end) on the relay's clock."""
@@ -337,9 +356,10 @@ class PdRequest:
             total = (first if first is not None else end) - start
             return leg_phases(total, before, self.role, queue_s, prefill_s)
         prefill = decode = None
-        join = self._settings.join  # taken whatever the end: the join keeps nothing of it
-        if self.role is PdRole.DISAGGREGATED and self.key is not None and join is not None:
-            prefill, decode = join.take(self.key, now_ns)
+        join = self._settings.join  # taken whatever its end: the join keeps nothing of it
+        if self._waits and self.key is not None and join is not None:
+            self._waits = False
+            prefill, decode = join.take(self.key)
         if first is None:
             return None
         remote = None
@@ -347,17 +367,25 @@ class PdRequest:
             remote = decode.arrived_ns - forwarded
         return split_disaggregated(first - start, before, remote, prefill, queue_s, prefill_s)
 
+    def release(self) -> None:
+        """The request's end, whatever failed before: it waits in the join no longer."""
+        join = self._settings.join
+        if self._waits and self.key is not None and join is not None:
+            self._waits = False
+            join.discard(self.key)
+
 
 def pd_request(
     settings: PdSettings | None, prefiller: bool, traceparent: str | None, arrived_ns: int,
     claim: Claim = Claim.NONE,
 ) -> PdRequest | None:  # fmt: skip
     """A request's part in P/D, if it has one from what it showed so far: behind the routing
-    sidecar, sent with a prefiller, or claiming a leg's role in its body; None: none (a
-    plain pod's request, or ``--pd-roles off``)."""
+    sidecar, sent with a prefiller, or claiming a leg's role in its body where claims are
+    believed; None: none (a plain pod's request, or ``--pd-roles off``)."""
     if settings is None or not settings.on:
         return None
-    if settings.position is Position.ENTRY and not prefiller and claim is Claim.NONE:
+    believed = claim is not Claim.NONE and settings.claims
+    if settings.position is Position.ENTRY and not prefiller and not believed:
         return None
     request = PdRequest(settings, prefiller, traceparent, arrived_ns)
     if claim is not Claim.NONE:

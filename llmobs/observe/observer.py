@@ -155,12 +155,17 @@ class Observer:
             self._fail("request_body")
 
     def _claimed(self, claim: Claim) -> None:
-        """The body claims a role in P/D (or the request already has a part): its role."""
-        if self.pd is None:
-            config = self._config
-            self.pd = pd_request(config.pd, False, self._traceparent, self._clock.start_ns, claim)
-        elif claim is not Claim.NONE:
-            self.pd.claimed(claim)
+        """The body claims a role in P/D (or the request already has a part): its role. A
+        request its body made a leg leaves the live counts at once (a leg is no user's)."""
+        pd = self.pd
+        if pd is None:
+            start = self._clock.start_ns
+            pd = self.pd = pd_request(self._config.pd, False, self._traceparent, start, claim)
+        elif claim is not _NO_CLAIM:
+            pd.claimed(claim)
+        if pd is not None and pd.leg and self._live:
+            self._live = False
+            self._sink.request_ended()
 
     def inject(self, headers: MutableMapping[str, str]) -> None:
         """Add this request's trace context to the upstream request, when tracing (or a
@@ -170,18 +175,13 @@ class Observer:
         if self.pd is not None:
             self._guard("inject", self.pd.inject, headers)
 
-    @property
-    def leg(self) -> bool:
-        """A leg of a disaggregated request: never counted as a user's request."""
-        return self.pd is not None and self.pd.leg
-
     def forwarded(self, t_ns: int) -> None:
         """The request went upstream: a streaming request now waits for its first token."""
         self._clock.forwarded_ns = t_ns
         try:
             pd = self.pd
             if pd is not None:
-                pd.forwarded(t_ns)
+                pd.forwarded()
             if self.info.stream and (pd is None or not pd.leg):  # a user's wait, not a leg's
                 self._reader.wait()
             if self._timeline is not None:
@@ -283,6 +283,8 @@ class Observer:
             failed()
             stats, windows, malformed = self._counted(t_ns, outcome), [], 0
         finished = self._record(stats, windows, failed, t_ns)  # made and delivered
+        if self.pd is not None:  # whatever failed: its request waits for its legs no longer
+            self._guard("finish", self.pd.release)
         sink = self._sink
         if malformed:
             self._guard("finish", sink.malformed, malformed)
@@ -317,10 +319,11 @@ class Observer:
         phases: TtftPhases | None = None
         stalls: tuple[Stall, ...] = ()
         trace_ref: TraceRef | None = None
-        role = _WHOLE
+        pd = self.pd
+        role = _WHOLE if pd is None else pd.role  # (a leg stays one if what follows fails)
         try:  # the guards of _guard, inline: once per request
-            if self.pd is not None:
-                phases, role = self._pd_finished(stats, t_ns)
+            if pd is not None:
+                phases, role = self._pd_finished(pd, stats, t_ns)
             elif stats.ttft_s is not None:
                 phases = self._clock.ttft_phases(stats)
             if stats.stalls:
@@ -334,19 +337,18 @@ class Observer:
             self._labels, role,
         )  # fmt: skip
 
-    def _pd_finished(self, stats: RequestStats, t_ns: int) -> tuple[TtftPhases | None, PdRole]:
+    def _pd_finished(
+        self, pd: PdRequest, stats: RequestStats, t_ns: int
+    ) -> tuple[TtftPhases | None, PdRole]:
         """A request with a part in P/D ended: its role, held against its answer, and its
         phases across the pods (``disagg``)."""
-        pd = self.pd
-        assert pd is not None
         queue, prefill = stats.engine_queue_s, stats.engine_prompt_eval_s
-        pd.finished(t_ns, stats.status, self._reader.dialect.kv_transfer, queue, prefill)
-        if pd.role is PdRole.WHOLE:
+        pd.finished(stats.status, self._reader.dialect.kv_transfer, queue, prefill)
+        if pd.role is _WHOLE:
             return (self._clock.ttft_phases(stats) if stats.ttft_s is not None else None), pd.role
         clock = self._clock
         forwarded, first, _, end = clock.phases(t_ns)
-        times = (clock.start_ns, forwarded, first, end)
-        return pd.phases(times, t_ns, queue, prefill), pd.role
+        return pd.phases((clock.start_ns, forwarded, first, end), queue, prefill), pd.role
 
     @staticmethod
     def _trace_ref(trace: TraceHandle) -> TraceRef | None:

@@ -276,7 +276,7 @@ async def test_a_failed_prefill_ends_the_users_request_and_leaves_nothing(
     assert join is not None and len(join) == 0  # a failed prefill leg posts nothing
 
 
-async def test_a_decode_leg_no_users_request_sent_is_a_leg_and_waits_bounded(
+async def test_a_decode_leg_no_users_request_sent_is_an_orphan_kept_nowhere(
     start_sim: SimFactory, start_sidecar: SidecarFactory, start_app: Any
 ) -> None:
     pair = await start_pair(start_sim, start_sidecar, start_app)
@@ -292,4 +292,22 @@ async def test_a_decode_leg_no_users_request_sent_is_a_leg_and_waits_bounded(
     await eventually(lambda: side.value("llmobs_pd_requests_total", pd_role="decode_leg") == 1)
     assert side.value("llmobs_requests_total") == 0  # no user's request: none counted
     join = side.sidecar.proxy.join
-    assert join is not None and len(join) == 1  # until a user's request or its age takes it
+    assert join is not None and len(join) == 0  # no request waited for it: kept nowhere
+    assert side.value("llmobs_pd_joins_total", result="orphan_leg") == 1
+
+
+async def test_at_a_decode_pods_entry_no_body_can_claim_a_legs_role(
+    start_sim: SimFactory, start_sidecar: SidecarFactory, start_app: Any
+) -> None:
+    pair = await start_pair(start_sim, start_sidecar, start_app)
+    body = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "stream": True,
+            "kv_transfer_params": {"do_remote_decode": True}}  # fmt: skip
+    url = pair.side.url + "/v1/chat/completions"
+    async with aiohttp.ClientSession() as s, s.post(url, json=body) as r:
+        assert r.status == 200
+        await r.read()
+    side = pair.side
+    await eventually(lambda: side.value("llmobs_pd_requests_total", pd_role="local_leg") == 1)
+    assert side.value("llmobs_requests_total") == 1  # a user's, whatever its body says
+    assert side.value("llmobs_pd_requests_total", pd_role="prefill_leg") == 0
+    assert side.value("llmobs_requests_active") == 0

@@ -220,11 +220,12 @@ async def test_the_fleet_answers_equal_the_truth(
         series = await central.query('count by (pod) ({__name__=~".+", pod=~"llm-.+"})')
         figures["series per pod"] = {s["pod"]: v for s, v in series}
     # a pod none of whose requests was bad has no misses to show, nor a bad request's cost;
-    # the TLS panels have data only where TLS is on, the WebSocket ones where sessions run
-    # (tests/deploy/test_dashboards.py: both there)
+    # the TLS panels have data only where TLS is on, the WebSocket ones where sessions run,
+    # the P/D ones where requests are disaggregated (tests/deploy/test_dashboards.py: all there)
     missing = [(where, pod, expr) for where, pod, expr in missing
                if (pod in (".*", *truth.bad_by_pod) or not about_bad_requests(expr))
-               and not about_tls(expr) and not about_sessions(expr)]  # fmt: skip
+               and not about_tls(expr) and not about(c.SESSION_METRICS, expr)
+               and not about(c.PD_METRICS, expr)]  # fmt: skip
     assert not missing, "no data (or not finite) from:\n" + "\n".join(map(str, missing))
     # the table points at the pod to open: the queue-bound one's TTFT, the stuttering one's
     # stalls, the failing one's budget
@@ -343,9 +344,9 @@ def about_tls(expr: str) -> bool:
     return bool({m.prometheus for m in c.TRANSPORT_METRICS} & metric_names(expr))
 
 
-def about_sessions(expr: str) -> bool:
-    """A WebSocket panel's query (its histograms' series by their suffixes too)."""
-    names = {m.prometheus for m in c.SESSION_METRICS}
+def about(metrics: tuple[c.MetricDef, ...], expr: str) -> bool:
+    """A query of one of ``metrics`` (its histograms' series by their suffixes too)."""
+    names = {m.prometheus for m in metrics}
     return bool({f"{n}{s}" for n in names for s in ("", "_bucket", "_sum", "_count")}
                 & metric_names(expr))  # fmt: skip
 

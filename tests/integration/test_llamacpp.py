@@ -96,6 +96,8 @@ def measured(spans: Sequence[ReadableSpan], response_id: str) -> Measured:
     ttft = float(a["llmobs.time_to_first_token"])  # type: ignore[arg-type]
     arrivals = [(0, ttft)]
     for event in decode.events:
+        if event.name != "token":  # (a stall's event too, when the engine paused)
+            continue
         index = int((event.attributes or {})["llmobs.token.index"])  # type: ignore[arg-type]
         arrivals.append((index, (event.timestamp - server.start_time) / 1e9))
     tokens = int(a["gen_ai.usage.output_tokens"])  # type: ignore[arg-type]

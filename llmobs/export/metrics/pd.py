@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from opentelemetry.metrics import CallbackOptions, Meter, Observation
+from opentelemetry.metrics import Meter, Observation
 
 from llmobs.export.metrics.catalogue import (
     OUTCOME,
@@ -31,7 +31,6 @@ class PdMetrics:
     scraped (None: no listener of this process sees decode legs)."""
 
     def __init__(self, meter: Meter, join: PdJoin | None = None) -> None:
-        self._join = join
         self._requests = meter.create_counter(
             PD_REQUESTS.name, PD_REQUESTS.unit, PD_REQUESTS.description
         )
@@ -46,7 +45,7 @@ class PdMetrics:
         )  # fmt: skip
         if join is not None:
             meter.create_observable_counter(
-                PD_JOINS.name, [self._joins], PD_JOINS.unit, PD_JOINS.description
+                PD_JOINS.name, [lambda _: _joins(join)], PD_JOINS.unit, PD_JOINS.description
             )
 
     def consume(self, record: RequestRecord) -> None:
@@ -65,11 +64,11 @@ class PdMetrics:
             for phase, ns in phases.present():
                 self._phase.record(ns / 1e9, {PD_ROLE: role._value_, PHASE: phase._value_})
 
-    def _joins(self, options: CallbackOptions) -> Iterable[Observation]:
-        join = self._join
-        assert join is not None
-        return (
-            Observation(join.joined, {RESULT: "joined"}),
-            Observation(join.missing, {RESULT: "no_decode_leg"}),
-            Observation(join.orphaned, {RESULT: "orphan_leg"}),
-        )
+
+def _joins(join: PdJoin) -> Iterable[Observation]:
+    """The join's own counts, read when scraped."""
+    return (
+        Observation(join.joined, {RESULT: "joined"}),
+        Observation(join.missing, {RESULT: "no_decode_leg"}),
+        Observation(join.orphaned, {RESULT: "orphan_leg"}),
+    )

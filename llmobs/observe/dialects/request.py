@@ -40,11 +40,7 @@ _SCAN = 64 * 1024
 _MODEL_RE = re.compile(rb'"model"\s*:\s*"((?:[^"\\]|\\.){1,%d})"' % MAX_MODEL_LENGTH)
 _STREAM_RE = re.compile(rb'"stream"\s*:\s*(true|false)\b')
 _PREFILL_LEG_RE = re.compile(rb'"do_remote_decode"\s*:\s*true\b')
-_DECODE_LEG_RES = (
-    re.compile(rb'"do_remote_prefill"\s*:\s*true\b'),
-    re.compile(rb'"remote_engine_id"\s*:\s*"'),
-    re.compile(rb'"remote_block_ids"\s*:\s*\['),
-)
+_DECODE_LEG_RE = re.compile(rb'"do_remote_prefill"\s*:\s*true\b')
 
 
 def parse_request(body: bytes, route: Route = OTHER_ROUTE, capture: bool = False) -> RequestInfo:
@@ -97,11 +93,13 @@ def parse_request(body: bytes, route: Route = OTHER_ROUTE, capture: bool = False
 
 
 def _scanned_claim(ends: bytes) -> Claim:
-    """The P/D role a body too large to parse claims, as its scanned ends show it (the
-    parameters are small, and a proxy writes them first or last)."""
+    """The P/D role a body too large to parse claims, as its scanned ends show it: a proxy
+    writes the parameters first or last (Go's encoder sorts the keys, so they come before
+    ``messages``). Only the flag is looked for: a long prompt's block ids may push the
+    engine's id past the scanned end."""
     if _PREFILL_LEG_RE.search(ends):
         return Claim.PREFILL
-    if all(pattern.search(ends) for pattern in _DECODE_LEG_RES):
+    if _DECODE_LEG_RE.search(ends):
         return Claim.DECODE
     return Claim.NONE
 

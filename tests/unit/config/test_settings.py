@@ -139,3 +139,16 @@ def test_the_tenancy_and_the_prices_come_from_their_files(tmp_path: Path) -> Non
     assert s.tenancy().names == frozenset({"team-a"}) and s.tenancy().fingerprints
     found = s.prices()
     assert found is not None and found.currency == "EUR"
+
+
+def test_the_decode_listener_needs_roles_read() -> None:
+    """Every request at the decode engine's listener is a leg of one counted at the port:
+    with roles not read it would be counted twice."""
+    with pytest.raises(ConfigError, match=r"--pd-decode-upstream.*--pd-roles .* off"):
+        Settings(pd_decode_upstream="http://127.0.0.1:8200", pd_roles="off")
+    assert Settings(pd_decode_upstream="http://127.0.0.1:8200").pd_host == "127.0.0.1"
+    assert Settings(pd_prefill_upstream="http://127.0.0.1:8200", pd_roles="off").pd_roles == "off"
+    with pytest.raises(ConfigError, match="--pd-decode-upstream"):
+        Settings(pd_decode_upstream="ftp://x")
+    with pytest.raises(ConfigError, match="--pd-roles"):
+        Settings(pd_roles="sometimes")

@@ -10,7 +10,7 @@ import pytest
 from llmobs.observe.dialects.request import parse_request
 from llmobs.observe.disagg import (
     LEGS,
-    MAX_AGE_NS,
+    MAX_WAITING,
     Claim,
     Leg,
     PdJoin,
@@ -115,52 +115,64 @@ def test_a_traceparent_gives_its_trace_and_parent() -> None:
     assert context_key(TRACEPARENT.upper()) == (TRACE, SPAN)
 
 
-def test_the_join_hands_each_leg_to_its_users_request_once() -> None:
+def test_the_join_hands_each_leg_to_its_waiting_request_once() -> None:
     join = PdJoin()
-    decode = join.post((TRACE, SPAN), PdRole.DECODE_LEG, 5, 10)
-    prefill = join.post((TRACE, SPAN), PdRole.PREFILL_LEG, 1, 11)
+    join.wait((TRACE, SPAN))
+    assert len(join) == 1
+    decode = join.post((TRACE, SPAN), PdRole.DECODE_LEG, 5)
+    prefill = join.post((TRACE, SPAN), PdRole.PREFILL_LEG, 1)
     prefill.queue_s = 0.25
-    assert len(join) == 2
-    assert join.take((TRACE, SPAN), 12) == (prefill, decode)
+    assert join.take((TRACE, SPAN)) == (prefill, decode)
     assert (join.joined, join.missing, join.orphaned, len(join)) == (1, 0, 0, 0)
-    assert join.take((TRACE, SPAN), 13) == (None, None)  # taken once
+    assert join.take((TRACE, SPAN)) == (None, None)  # taken once
     assert (join.joined, join.missing) == (1, 1)
     assert decode.arrived_ns == 5 and decode.role is PdRole.DECODE_LEG
+    assert prefill.role is PdRole.PREFILL_LEG and prefill.arrived_ns == 1
 
 
 def test_a_prefill_leg_alone_is_no_join() -> None:
     join = PdJoin()
-    join.post((TRACE, SPAN), PdRole.PREFILL_LEG, 1, 1)
-    prefill, decode = join.take((TRACE, SPAN), 2)
+    join.wait((TRACE, SPAN))
+    join.post((TRACE, SPAN), PdRole.PREFILL_LEG, 1)
+    prefill, decode = join.take((TRACE, SPAN))
     assert prefill is not None and decode is None
     assert (join.joined, join.missing) == (0, 1)
 
 
-def test_legs_nobody_takes_are_orphans_bounded_in_count_and_age() -> None:
-    join = PdJoin(capacity=3, max_age_ns=100)
-    for i in range(5):
-        join.post((TRACE, f"{i:016x}"), PdRole.DECODE_LEG, i, i)
-    assert (len(join), join.orphaned) == (3, 2)  # the oldest went
-    assert join.take((TRACE, f"{0:016x}"), 5) == (None, None)
-    join.post((TRACE, "f" * 16), PdRole.DECODE_LEG, 104, 104)  # 2, 3: older than 100
-    assert (len(join), join.orphaned) == (2, 4)
-    join.take((TRACE, "e" * 16), 204)  # 4 went; 104 is exactly max_age old: it stays
-    assert (len(join), join.orphaned) == (1, 5)
-    join.take((TRACE, "e" * 16), 205)
-    assert (len(join), join.orphaned) == (0, 6)
-    assert MAX_AGE_NS == 120 * 10**9
-
-
-def test_the_same_context_twice_keeps_the_later_leg() -> None:
+def test_a_leg_no_request_waits_for_is_an_orphan_kept_nowhere() -> None:
     join = PdJoin()
-    join.post((TRACE, SPAN), PdRole.DECODE_LEG, 1, 1)
-    later = join.post((TRACE, SPAN), PdRole.DECODE_LEG, 2, 2)
+    for i in range(10_000):  # a client's legs under contexts of its own: none held
+        join.post((TRACE, f"{i:016x}"), PdRole.DECODE_LEG, i)
+    assert (len(join), join.orphaned) == (0, 10_000)
+    join.wait((TRACE, SPAN))  # a real request, its leg still found
+    join.post((TRACE, SPAN), PdRole.DECODE_LEG, 1)
+    assert join.take((TRACE, SPAN))[1] is not None and join.joined == 1
+
+
+def test_the_join_holds_no_more_than_its_capacity_of_requests() -> None:
+    join = PdJoin(capacity=2)
+    for i in range(3):
+        join.wait((TRACE, f"{i + 1:016x}"))
+    assert len(join) == 2
+    join.post((TRACE, f"{3:016x}"), PdRole.DECODE_LEG, 1)  # its request was not let wait
+    assert join.orphaned == 1 and join.take((TRACE, f"{3:016x}")) == (None, None)
+    join.discard((TRACE, f"{1:016x}"))
+    join.discard((TRACE, f"{1:016x}"))  # idempotent, and counts nothing
+    assert len(join) == 1 and (join.joined, join.missing) == (0, 1)
+    assert MAX_WAITING == 65_536 and PdJoin().capacity == MAX_WAITING
+
+
+def test_the_same_role_twice_keeps_the_later_leg() -> None:
+    join = PdJoin()
+    join.wait((TRACE, SPAN))
+    join.post((TRACE, SPAN), PdRole.DECODE_LEG, 1)
+    later = join.post((TRACE, SPAN), PdRole.DECODE_LEG, 2)
     assert join.orphaned == 1
-    assert join.take((TRACE, SPAN), 3)[1] is later
+    assert join.take((TRACE, SPAN))[1] is later
 
 
 def reported(queue_s: float | None, prefill_s: float | None) -> Leg:
-    leg = Leg(PdRole.PREFILL_LEG, 0, 0)
+    leg = Leg(PdRole.PREFILL_LEG, 0)
     leg.queue_s, leg.prefill_s = queue_s, prefill_s
     return leg
 
@@ -225,7 +237,7 @@ def ids_from(*values: int) -> Any:
 
 def test_an_untraced_users_request_is_given_a_context_its_legs_bring_back() -> None:
     join = PdJoin()
-    settings = PdSettings(Position.ENTRY, True, join, ids_from(0xAB, 0xCD, 0xEF))
+    settings = PdSettings(Position.ENTRY, True, join, ids_from(0xAB, 0xCD, 0xEF), claims=False)
     request = pd_request(settings, True, None, 0)
     assert request is not None and request.role is PdRole.DISAGGREGATED
     carrier: dict[str, str] = {}
@@ -236,7 +248,7 @@ def test_an_untraced_users_request_is_given_a_context_its_legs_bring_back() -> N
 
 
 def test_an_untraced_users_request_continues_its_clients_trace() -> None:
-    settings = PdSettings(Position.ENTRY, True, PdJoin(), ids_from(0))
+    settings = PdSettings(Position.ENTRY, True, PdJoin(), ids_from(0), claims=False)
     request = pd_request(settings, True, TRACEPARENT, 0)
     assert request is not None
     carrier: dict[str, str] = {}
@@ -245,7 +257,7 @@ def test_an_untraced_users_request_continues_its_clients_trace() -> None:
 
 
 def test_a_traced_users_request_is_joined_by_its_own_spans_context() -> None:
-    settings = PdSettings(Position.ENTRY, True, PdJoin(), ids_from())
+    settings = PdSettings(Position.ENTRY, True, PdJoin(), ids_from(), claims=False)
     request = pd_request(settings, True, TRACEPARENT, 0)
     assert request is not None
     carrier = {"traceparent": f"00-{TRACE}-{'1' * 16}-01"}  # tracing injected its span
@@ -281,68 +293,100 @@ def test_requests_without_a_part_cost_nothing() -> None:
 
 def test_a_decode_leg_and_a_prefill_leg_meet_their_users_request() -> None:
     join = PdJoin()
-    entry = PdSettings(Position.ENTRY, True, join, ids_from(1, 2, 3))
-    user = pd_request(entry, True, None, 0)
+    door = PdSettings(Position.ENTRY, True, join, ids_from(1, 2, 3), claims=False)
+    entry = PdSettings(Position.ENTRY, True, join)  # the prefill engine's listener
+    user = pd_request(door, True, None, 0)
     assert user is not None
     carrier: dict[str, str] = {}
     user.inject(carrier)
+    assert len(join) == 1  # it waits for its legs from the moment it goes upstream
     sent = carrier["traceparent"]
     prefill = pd_request(entry, False, sent, 12 * MS, Claim.PREFILL)
     assert prefill is not None
-    prefill.forwarded(13 * MS)  # a prefill leg posts at its end, confirmed
-    assert len(join) == 0
-    prefill.finished(40 * MS, 200, True, 0.005, 0.02)
+    prefill.forwarded()  # a prefill leg joins at its end, confirmed
+    prefill.finished(200, True, 0.005, 0.02)
     behind = PdSettings(Position.DECODE, True, join)
     decode = pd_request(behind, False, sent, 50 * MS)
     assert decode is not None
     decode.claimed(Claim.DECODE)
     assert decode.role is PdRole.DECODE_LEG
-    decode.forwarded(51 * MS)
-    assert len(join) == 2
-    phases = user.phases((1 * MS, 10 * MS, 101 * MS, 200 * MS), 201 * MS, 0.03, 0.004)
+    decode.forwarded()
+    phases = user.phases((1 * MS, 10 * MS, 101 * MS, 200 * MS), 0.03, 0.004)
     assert phases == TtftPhases(
         9 * MS, None, 5 * MS, 20 * MS, 17 * MS, 15 * MS, 30 * MS, 4 * MS)  # fmt: skip
-    assert (join.joined, len(join)) == (1, 0)
+    assert (join.joined, join.orphaned, len(join)) == (1, 0, 0)
+    user.release()  # nothing left to release
+    assert (join.joined, join.missing) == (1, 0)
     # the decode leg's own: arrival 50, forwarded 51, first token 90
-    own = decode.phases((50 * MS, 51 * MS, 90 * MS, 190 * MS), 191 * MS, 0.03, 0.004)
+    own = decode.phases((50 * MS, 51 * MS, 90 * MS, 190 * MS), 0.03, 0.004)
     assert own == TtftPhases(1 * MS, None, None, None, 5 * MS, None, 30 * MS, 4 * MS)
     # the prefill leg's own: its whole answer (no first token: not streamed)
-    own = prefill.phases((12 * MS, 13 * MS, None, 40 * MS), 41 * MS, 0.005, 0.02)
+    own = prefill.phases((12 * MS, 13 * MS, None, 40 * MS), 0.005, 0.02)
     assert own == TtftPhases(1 * MS, None, 5 * MS, 20 * MS, 2 * MS)
 
 
-def test_a_prefill_claim_its_engine_ignored_posts_nothing() -> None:
+def test_a_prefill_claim_its_engine_ignored_joins_nothing() -> None:
     join = PdJoin()
+    join.wait((TRACE, SPAN))
     entry = PdSettings(Position.ENTRY, True, join)
     claimed = pd_request(entry, False, TRACEPARENT, 0, Claim.PREFILL)
     assert claimed is not None
-    claimed.finished(10, 200, False, None, None)
-    assert claimed.role is PdRole.WHOLE and len(join) == 0
-    assert claimed.phases((0, 1, 5, 10), 11, None, None) == TtftPhases(
+    claimed.finished(200, False, None, None)
+    assert claimed.role is PdRole.WHOLE and join.take((TRACE, SPAN)) == (None, None)
+    assert claimed.phases((0, 1, 5, 10), None, None) == TtftPhases(
         1, None, None, None, 4, None, None, None)  # fmt: skip
-    assert claimed.phases((0, 1, None, 10), 11, None, None) is None  # no first token
+    assert claimed.phases((0, 1, None, 10), None, None) is None  # no first token
 
 
 def test_a_users_request_whose_decode_leg_never_came() -> None:
     join = PdJoin()
-    user = pd_request(PdSettings(Position.ENTRY, True, join, ids_from(1, 2, 3)), True, None, 0)
+    user = pd_request(
+        PdSettings(Position.ENTRY, True, join, ids_from(1, 2, 3), claims=False), True, None, 0
+    )
     assert user is not None
     user.inject({})
-    phases = user.phases((0, 1 * MS, 50 * MS, 60 * MS), 61 * MS, None, None)
+    phases = user.phases((0, 1 * MS, 50 * MS, 60 * MS), None, None)
     assert phases == TtftPhases(1 * MS, None, None, None, 49 * MS, None, None, None)
-    assert (join.joined, join.missing) == (0, 1)
+    assert (join.joined, join.missing, len(join)) == (0, 1, 0)
+
+
+def test_a_users_request_whose_end_failed_waits_no_longer() -> None:
+    join = PdJoin()
+    user = pd_request(
+        PdSettings(Position.ENTRY, True, join, ids_from(1, 2, 3), claims=False), True, None, 0
+    )
+    assert user is not None
+    user.inject({})
+    assert len(join) == 1
+    user.release()  # (its phases never asked for: what took them failed)
+    user.release()
+    assert (len(join), join.joined, join.missing) == (0, 0, 0)
+    assert user.phases((0, 1, 5, 6), None, None) is not None and join.missing == 0
+
+
+def test_where_claims_are_not_believed_a_body_makes_no_leg() -> None:
+    door = PdSettings(Position.ENTRY, True, PdJoin(), ids_from(1), claims=False)
+    assert pd_request(door, False, TRACEPARENT, 0, Claim.PREFILL) is None  # a user's, whole
+    assert pd_request(door, False, TRACEPARENT, 0, Claim.DECODE) is None
+    user = pd_request(door, True, TRACEPARENT, 0, Claim.PREFILL)
+    assert user is not None and user.role is PdRole.DISAGGREGATED
+    user.claimed(Claim.DECODE)
+    assert user.role is PdRole.DISAGGREGATED and not user.leg
+    assert PdSettings().claims
 
 
 def test_the_counts_add_up_over_many() -> None:
     join = PdJoin()
+    join.wait((TRACE, SPAN))
     for _ in range(3):
-        join.post((TRACE, SPAN), PdRole.DECODE_LEG, 1, 1)  # the same context: 2 orphans
+        join.post((TRACE, SPAN), PdRole.DECODE_LEG, 1)  # the same role thrice: 2 orphans
     for i in range(2):
-        join.post((TRACE, f"{i + 1:016x}"), PdRole.DECODE_LEG, 1, 1)
-        join.take((TRACE, f"{i + 1:016x}"), 2)
-        join.take((TRACE, f"{i + 1:016x}"), 2)
+        join.wait((TRACE, f"{i + 1:016x}"))
+        join.post((TRACE, f"{i + 1:016x}"), PdRole.DECODE_LEG, 1)
+        join.take((TRACE, f"{i + 1:016x}"))
+        join.take((TRACE, f"{i + 1:016x}"))
     assert (join.joined, join.missing, join.orphaned) == (2, 2, 2)
-    leg = Leg(PdRole.PREFILL_LEG, 1, 2)
+    leg = Leg(PdRole.PREFILL_LEG, 1)
     assert leg.queue_s is None and leg.prefill_s is None
     assert PdSettings().on and PdSettings().position is Position.ENTRY
 
@@ -366,18 +410,18 @@ def test_a_role_claimed_later_keeps_where_it_arrived() -> None:
     join = PdJoin()
     decode = PdRequest(PdSettings(Position.ENTRY, True, join), False, TRACEPARENT, 0)
     decode.claimed(Claim.DECODE)  # a decode leg at an entry: none of this process's users'
-    decode.forwarded(1)
-    assert decode.role is PdRole.DECODE_LEG and decode.key is None and len(join) == 0
+    decode.forwarded()
+    assert decode.role is PdRole.DECODE_LEG and decode.key is None and join.orphaned == 0
 
 
 def test_a_context_made_for_a_request_keeps_its_clients_flags_as_w3c_writes_them() -> None:
-    settings = PdSettings(Position.ENTRY, True, PdJoin(), ids_from(5))
+    settings = PdSettings(Position.ENTRY, True, PdJoin(), ids_from(5), claims=False)
     upper = pd_request(settings, True, f"00-{TRACE.upper()}-{SPAN}-0A", 0)
     assert upper is not None
     carrier: dict[str, str] = {}
     upper.inject(carrier)
     assert carrier["traceparent"] == f"00-{TRACE}-{5:016x}-0a"
-    settings = PdSettings(Position.ENTRY, True, PdJoin(), ids_from(1, 2, 3))
+    settings = PdSettings(Position.ENTRY, True, PdJoin(), ids_from(1, 2, 3), claims=False)
     garbage = pd_request(settings, True, "x" * 54 + "01", 0)
     assert garbage is not None
     carrier = {}
@@ -387,15 +431,15 @@ def test_a_context_made_for_a_request_keeps_its_clients_flags_as_w3c_writes_them
 
 def test_a_users_request_with_nothing_to_join_still_splits() -> None:
     alone = PdRequest(PdSettings(Position.ENTRY, True, None), True, None, 0)
-    phases = alone.phases((5 * MS, 6 * MS, 15 * MS, 20 * MS), 21 * MS, 0.002, None)
+    phases = alone.phases((5 * MS, 6 * MS, 15 * MS, 20 * MS), 0.002, None)
     assert phases == TtftPhases(1 * MS, None, None, None, 7 * MS, None, 2 * MS, None)
     join = PdJoin()
     unsent = PdRequest(PdSettings(Position.ENTRY, True, join), True, None, 0)  # never injected
-    assert unsent.phases((5, 6, 15, 20), 21, None, None) == TtftPhases(
+    assert unsent.phases((5, 6, 15, 20), None, None) == TtftPhases(
         1, None, None, None, 9, None, None, None)  # fmt: skip
     assert join.missing == 0
     # forwarded never (an error before it went upstream): nothing before the engine
-    assert unsent.phases((5, None, 15, 20), 21, None, None) == TtftPhases(
+    assert unsent.phases((5, None, 15, 20), None, None) == TtftPhases(
         0, None, None, None, 10, None, None, None)  # fmt: skip
 
 
@@ -403,8 +447,53 @@ def test_a_prefill_legs_arrival_reaches_its_users_request() -> None:
     join = PdJoin()
     leg = pd_request(PdSettings(Position.ENTRY, True, join), False, TRACEPARENT, 7, Claim.PREFILL)
     assert leg is not None
-    leg.finished(9, 200, True, None, None)
-    prefill, _ = join.take((TRACE, SPAN), 10)
+    join.wait((TRACE, SPAN))
+    leg.finished(200, True, None, None)
+    prefill, _ = join.take((TRACE, SPAN))
     assert prefill is not None and prefill.arrived_ns == 7
-    own = leg.phases((7, None, None, 9), 10, None, None)
+    assert prefill.role is PdRole.PREFILL_LEG
+    own = leg.phases((7, None, None, 9), None, None)
     assert own == TtftPhases(0, None, None, None, 2)
+
+
+def test_where_bodies_are_believed_a_request_waits_for_no_legs() -> None:
+    """A prefill leg whose router copied the prefiller header onto it looks like a user's
+    request until its body is read, after its context went upstream: only a decode pod's
+    entry, where no body is believed, gives contexts and waits."""
+    join = PdJoin()
+    listener = PdSettings(Position.ENTRY, True, join, ids_from(1, 2, 3))
+    request = pd_request(listener, True, TRACEPARENT, 0)
+    assert request is not None and request.role is PdRole.DISAGGREGATED
+    carrier: dict[str, str] = {}
+    request.inject(carrier)
+    assert carrier == {} and len(join) == 0
+    request.claimed(Claim.PREFILL)
+    request.release()
+    assert request.leg and len(join) == 0
+
+
+def test_a_legs_end_never_drops_its_users_request() -> None:
+    join = PdJoin()
+    door = PdSettings(Position.ENTRY, True, join, ids_from(1, 2, 3), claims=False)
+    user = pd_request(door, True, None, 0)
+    assert user is not None
+    carrier: dict[str, str] = {}
+    user.inject(carrier)
+    decode = pd_request(PdSettings(Position.DECODE, True, join), False, carrier["traceparent"], 5)
+    assert decode is not None
+    decode.claimed(Claim.DECODE)
+    decode.forwarded()
+    assert decode.phases((5, 6, 9, 20), None, None) is not None
+    decode.release()  # a leg waits for nothing: its end leaves its request's slot alone
+    assert user.key is not None
+    prefill, found = join.take(user.key)
+    assert prefill is None and found is not None and join.joined == 1
+    assert found.role is PdRole.DECODE_LEG and found.arrived_ns == 5
+
+
+def test_a_whole_request_at_a_decode_pods_entry_adds_no_context() -> None:
+    door = PdSettings(Position.ENTRY, True, PdJoin(), ids_from(1, 2, 3), claims=False)
+    whole = PdRequest(door, False, None, 0)
+    carrier: dict[str, str] = {}
+    whole.inject(carrier)
+    assert carrier == {} and whole.key is None and whole.role is PdRole.WHOLE
