@@ -39,7 +39,7 @@ from llmobs.export.tracing import RequestMeta, Tracing
 from llmobs.export.ui import LivePage
 from llmobs.observe.causes import EngineTimeline
 from llmobs.observe.dialects import Route
-from llmobs.observe.disagg import PREFILLER_HEADERS, PdJoin, PdSettings, Position
+from llmobs.observe.disagg import PdJoin, PdSettings, Position, has_prefiller
 from llmobs.observe.labels import LabelAdmission
 from llmobs.observe.observer import Observer, ObserveSettings
 from llmobs.observe.provider import Provider
@@ -59,7 +59,6 @@ from llmobs.wire.upstream import Upstream
 log = logging.getLogger("llmobs")
 
 SWITCH_INTERVAL = 0.001
-_PREFILLER, _PREFILLER_URL = PREFILLER_HEADERS
 # seconds the start waits for the engine collector's first scrape (the provider name)
 FIRST_SCRAPE_WAIT = 3.0
 
@@ -172,13 +171,10 @@ class _Observers:
             return Observer(
                 self._recorder, self._config, route, start_ns, trace, self._timeline, tenant
             )
-        # its part in P/D, read off its headers (none kept); ``disagg.has_prefiller`` inline:
-        # on every request's path
-        get = arrival.headers.get
-        prefiller = get(_PREFILLER) or get(_PREFILLER_URL)
+        headers = arrival.headers  # its part in P/D, read off its headers (none kept)
         return Observer(
             self._recorder, self._config, route, start_ns, trace, self._timeline, tenant,
-            bool(prefiller and prefiller.strip()), get("traceparent"),
+            has_prefiller(headers), headers.get("traceparent"),
         )  # fmt: skip
 
 

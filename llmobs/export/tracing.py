@@ -270,10 +270,8 @@ class RequestTrace:
         if not self.keep and (verdict is None or verdict.good):
             return  # sampled out: never ended, so no processor sees it
         decoded = times[1] is not None and times[2] is not None
-        phases = record.phases
-        transfer = record.pd is PdRole.DECODE_LEG and phases is not None and phases.kv_transfer_ns
-        spans = (3 if decoded else 2) + bool(transfer)  # the request, queue+prefill, decode if
-        # any, a decode leg's kv_transfer if its engine reported it
+        # the request, queue+prefill, decode if any, a decode leg's kv_transfer if reported
+        spans = (3 if decoded else 2) + bool(_transfer_ns(record))
         self._tracing.defer(lambda: self._write(record, times, completion), spans)
 
     def _write(self, record: RequestRecord, times: SpanTimes, completion: str | None) -> None:
@@ -297,13 +295,13 @@ class RequestTrace:
         prefill = tracer.start_span(
             PREFILL_SPAN, context=context, start_time=self.wall(prefill_start)
         )
-        phases = record.phases
-        if record.pd is PdRole.DECODE_LEG and phases is not None and phases.kv_transfer_ns:
+        transfer_ns = _transfer_ns(record)
+        if transfer_ns:
             transfer = tracer.start_span(
                 KV_TRANSFER_SPAN, context=trace.set_span_in_context(prefill),
                 start_time=self.wall(prefill_start),
             )  # fmt: skip
-            transfer.end(end_time=self.wall(prefill_start + phases.kv_transfer_ns))
+            transfer.end(end_time=self.wall(prefill_start + transfer_ns))
         prefill.end(end_time=self.wall(first if first is not None else end))
         if first is not None and last is not None:
             decode = tracer.start_span(DECODE_SPAN, context=context, start_time=self.wall(first))
@@ -347,6 +345,14 @@ class RequestTrace:
                     attributes=attributes,
                 )  # fmt: skip
                 child.end(end_time=at)
+
+
+def _transfer_ns(record: RequestRecord) -> int:
+    """A decode leg's wait for the KV cache as its engine reported it (0: none, or no leg)."""
+    phases = record.phases
+    if record.pd is not PdRole.DECODE_LEG or phases is None:
+        return 0
+    return phases.kv_transfer_ns or 0
 
 
 def _attributes(

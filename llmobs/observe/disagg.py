@@ -32,6 +32,7 @@ from typing import Any
 from llmobs.observe.phases import TtftPhases
 
 PREFILLER_HEADERS = ("x-prefiller-host-port", "x-prefiller-url")  # llm-d's, old and new
+_HOST_PORT, _URL = PREFILLER_HEADERS
 MAX_WAITING = 65_536  # users' requests in flight whose legs may join them
 _TRACEPARENT = re.compile(r"[0-9a-f]{2}-([0-9a-f]{32})-([0-9a-f]{16})-[0-9a-f]{2}")
 _ZERO_TRACE, _ZERO_SPAN = "0" * 32, "0" * 16
@@ -87,7 +88,7 @@ def claim_of(params: Any) -> Claim:
 def has_prefiller(headers: Mapping[str, str]) -> bool:
     """Whether the scheduler sent this request's prefill to another pod (llm-d's header)."""
     get = headers.get  # on every request's path: two lookups, no generator
-    found = get("x-prefiller-host-port") or get("x-prefiller-url")
+    found = get(_HOST_PORT) or get(_URL)
     return bool(found and found.strip())
 
 
@@ -115,7 +116,7 @@ def context_key(traceparent: str | None) -> tuple[str, str] | None:
     (what a hostile header gives: no join, never an error)."""
     if traceparent is None or len(traceparent) != 55:
         return None
-    found = _TRACEPARENT.fullmatch(traceparent.strip().lower())
+    found = _TRACEPARENT.fullmatch(traceparent.lower())
     if found is None or found.group(1) == _ZERO_TRACE or found.group(2) == _ZERO_SPAN:
         return None
     return found.group(1), found.group(2)
@@ -285,7 +286,7 @@ class PdRequest:
         # a leg's key is the context it arrived with; a user's request's, the one it forwards
         self._client = context_key(traceparent)
         # its client's trace flags, kept on a context made for it (sampled or not)
-        self._flags = traceparent.strip()[-2:].lower() if self._client and traceparent else "00"
+        self._flags = traceparent[-2:].lower() if self._client and traceparent else "00"
         self.key = self._client if settings.position is Position.DECODE else None
         self._waits = False  # a user's request waiting in the join for its legs
         self.role = role_of(settings.position, prefiller, Claim.NONE)

@@ -13,7 +13,6 @@ import functools
 import json
 import os
 import re
-import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -29,6 +28,7 @@ from tests.support import ROOT
 from tests.support.kustomize import build, needs_kubectl
 from tests.support.pd_router import PdRouter
 from tests.support.ports import free_port
+from tests.support.processes import Processes
 
 pytestmark = needs_kubectl
 
@@ -293,14 +293,14 @@ def test_both_roles_share_a_namespace_and_keep_apart() -> None:
 # --- both pods, run ----------------------------------------------------------------------
 
 
-class _Running:
+class _Running(Processes):
     """One pod's processes on this machine: each port the pod declares moved to a free one
     (the pods share this machine's loopback, not a network namespace each)."""
 
     def __init__(self, pod: Pod, folder: Path) -> None:
+        super().__init__()
         self.pod, self.folder = pod, folder
         self.moved = {number: free_port() for number in pod.ports()}
-        self.procs: list[asyncio.subprocess.Process] = []
 
     def here(self, value: str) -> str:
         """A value of the manifest (a URL, a flag, a port) with the pod's ports moved."""
@@ -315,13 +315,7 @@ class _Running:
         return f"http://127.0.0.1:{self.moved[self.pod.port(container, name)]}"
 
     async def start(self, name: str, *argv: str, env: dict[str, str]) -> None:
-        log = (self.folder / f"{name}.log").open("wb")
-        proc = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "llmobs", *argv, cwd=ROOT, env=env,
-            stdin=asyncio.subprocess.DEVNULL, stdout=log, stderr=asyncio.subprocess.STDOUT,
-        )  # fmt: skip
-        log.close()
-        self.procs.append(proc)
+        await self.spawn(argv, env, self.folder / f"{name}.log")
 
     async def run(self, role: str, clean: dict[str, str]) -> None:
         """vLLM (the sim in its role, on the port vLLM's args name) and llmobs (its
@@ -337,13 +331,6 @@ class _Running:
                 "LLMOBS_GPU_SAMPLE_INTERVAL": "0"}  # fmt: skip
         llmobs = self.pod.containers["llmobs"]
         await self.start(f"{role}-llmobs", *llmobs["args"], env={**clean, **env})
-
-    async def stop(self) -> None:
-        for proc in self.procs:
-            if proc.returncode is None:
-                proc.terminate()
-        for proc in self.procs:
-            await proc.wait()
 
     def logs(self) -> str:
         return "\n".join(

@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 import os
 import ssl
-import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -22,6 +21,7 @@ from tests.support import ROOT
 from tests.support.certs import ca_file
 from tests.support.kustomize import build, needs_kubectl
 from tests.support.ports import free_port
+from tests.support.processes import Processes
 
 OVERLAY = ROOT / "deploy" / "kubernetes" / "overlays" / "cpu-sim-tls"
 MOUNT = "/etc/llmobs/tls"
@@ -42,10 +42,10 @@ def _monitor() -> dict[str, Any]:
     return endpoints
 
 
-class _Pod:
+class _Pod(Processes):
     def __init__(self, folder: Path, ports: dict[str, int]) -> None:
+        super().__init__()
         self.folder, self.ports = folder, ports
-        self.procs: list[asyncio.subprocess.Process] = []
 
     def here(self, value: str) -> str:
         """A value of the manifest with the Secret's mount and the ports moved to this test's."""
@@ -55,19 +55,7 @@ class _Pod:
         return value
 
     async def start(self, *argv: str, env: dict[str, str]) -> None:
-        proc = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "llmobs", *argv, cwd=ROOT, env=env,
-            stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.DEVNULL,
-            stderr=asyncio.subprocess.DEVNULL,
-        )  # fmt: skip
-        self.procs.append(proc)
-
-    async def stop(self) -> None:
-        for proc in self.procs:
-            if proc.returncode is None:
-                proc.terminate()
-        for proc in self.procs:
-            await proc.wait()
+        await self.spawn(argv, env, None)
 
 
 @pytest.fixture

@@ -43,15 +43,25 @@ Attributes = dict[str, str]
 _LIVE = (ACTIVE, QUEUE_DEPTH, OBSERVER_ERRORS, MALFORMED)  # the sink's label-less series
 
 
+def histogram_of(meter: Meter, m: MetricDef) -> Histogram:
+    """The catalogue's histogram ``m`` on ``meter``, with its buckets."""
+    return meter.create_histogram(
+        m.name, unit=m.unit, description=m.description,
+        explicit_bucket_boundaries_advisory=list(m.buckets),
+    )  # fmt: skip
+
+
+def counter_of(meter: Meter, m: MetricDef) -> Counter:
+    """The catalogue's counter ``m`` on ``meter``."""
+    return meter.create_counter(m.name, m.unit, m.description)
+
+
 def _instrument(meter: Meter, m: MetricDef) -> Instrument:
     if m.kind is Kind.HISTOGRAM:
-        return meter.create_histogram(
-            m.name, unit=m.unit, description=m.description,
-            explicit_bucket_boundaries_advisory=list(m.buckets),
-        )  # fmt: skip
+        return histogram_of(meter, m)
     if m.kind is Kind.UPDOWN:
         return meter.create_up_down_counter(m.name, m.unit, m.description)
-    return meter.create_counter(m.name, m.unit, m.description)
+    return counter_of(meter, m)
 
 
 class _Bound:

@@ -22,6 +22,7 @@ from llmobs.export.metrics.catalogue import (
     PHASE,
     RESULT,
 )
+from llmobs.export.metrics.otel import counter_of, histogram_of
 from llmobs.observe.disagg import LEGS, PdJoin, PdRole
 from llmobs.observe.record import RequestRecord
 
@@ -31,18 +32,9 @@ class PdMetrics:
     scraped (None: no listener of this process sees decode legs)."""
 
     def __init__(self, meter: Meter, join: PdJoin | None = None) -> None:
-        self._requests = meter.create_counter(
-            PD_REQUESTS.name, PD_REQUESTS.unit, PD_REQUESTS.description
-        )
-        self._duration = meter.create_histogram(
-            PD_LEG_DURATION.name, unit=PD_LEG_DURATION.unit,
-            description=PD_LEG_DURATION.description,
-            explicit_bucket_boundaries_advisory=list(PD_LEG_DURATION.buckets),
-        )  # fmt: skip
-        self._phase = meter.create_histogram(
-            PD_LEG_PHASE.name, unit=PD_LEG_PHASE.unit, description=PD_LEG_PHASE.description,
-            explicit_bucket_boundaries_advisory=list(PD_LEG_PHASE.buckets),
-        )  # fmt: skip
+        self._requests = counter_of(meter, PD_REQUESTS)
+        self._duration = histogram_of(meter, PD_LEG_DURATION)
+        self._phase = histogram_of(meter, PD_LEG_PHASE)
         if join is not None:
             meter.create_observable_counter(
                 PD_JOINS.name, [lambda _: _joins(join)], PD_JOINS.unit, PD_JOINS.description

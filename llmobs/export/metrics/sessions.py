@@ -25,6 +25,7 @@ from llmobs.export.metrics.catalogue import (
     WS_MESSAGES,
     WS_SESSIONS,
 )
+from llmobs.export.metrics.otel import counter_of, histogram_of
 from llmobs.observe.labels import BoundedLabel
 from llmobs.observe.realtime import SessionRecord, Turn, TurnOutcome
 
@@ -36,32 +37,15 @@ class SessionMetrics:
 
     def __init__(self, meter: Meter, max_models: int) -> None:
         self._models = BoundedLabel(max_models)
-        self._sessions = meter.create_counter(
-            WS_SESSIONS.name, WS_SESSIONS.unit, WS_SESSIONS.description
-        )
+        self._sessions = counter_of(meter, WS_SESSIONS)
         self._active = meter.create_up_down_counter(
             WS_ACTIVE.name, WS_ACTIVE.unit, WS_ACTIVE.description
         )
-        self._duration = meter.create_histogram(
-            WS_DURATION.name, unit=WS_DURATION.unit, description=WS_DURATION.description,
-            explicit_bucket_boundaries_advisory=list(WS_DURATION.buckets),
-        )  # fmt: skip
-        self._messages = meter.create_counter(
-            WS_MESSAGES.name, WS_MESSAGES.unit, WS_MESSAGES.description
-        )
-        self._first = meter.create_histogram(
-            REALTIME_FIRST_DELTA.name, unit=REALTIME_FIRST_DELTA.unit,
-            description=REALTIME_FIRST_DELTA.description,
-            explicit_bucket_boundaries_advisory=list(REALTIME_FIRST_DELTA.buckets),
-        )  # fmt: skip
-        self._gap = meter.create_histogram(
-            REALTIME_DELTA_GAP.name, unit=REALTIME_DELTA_GAP.unit,
-            description=REALTIME_DELTA_GAP.description,
-            explicit_bucket_boundaries_advisory=list(REALTIME_DELTA_GAP.buckets),
-        )  # fmt: skip
-        self._turns = meter.create_counter(
-            REALTIME_TURNS.name, REALTIME_TURNS.unit, REALTIME_TURNS.description
-        )
+        self._duration = histogram_of(meter, WS_DURATION)
+        self._messages = counter_of(meter, WS_MESSAGES)
+        self._first = histogram_of(meter, REALTIME_FIRST_DELTA)
+        self._gap = histogram_of(meter, REALTIME_DELTA_GAP)
+        self._turns = counter_of(meter, REALTIME_TURNS)
 
     def opened(self, api: str) -> None:
         """A session began (the engine's 101 went to the client)."""
