@@ -126,15 +126,23 @@ def slo_budget_rules(requests: str, window_metric: str, objectives: Objectives) 
     return _indent("\n".join(rules), 6)
 
 
-def rule_file(path: Path, objectives: Objectives | None = None) -> str:
+SATURATION_WINDOW = "1m"  # the saturation rules' window: an autoscaler's reaction time
+
+
+def rule_file(
+    path: Path, objectives: Objectives | None = None, saturation_window: str = SATURATION_WINDOW
+) -> str:
     """The rule file ``path`` (in deploy/prometheus/), rendered from its template; the SLO
-    budget rules for ``objectives`` (default: the sidecar's defaults)."""
+    budget rules for ``objectives`` (default: the sidecar's defaults); the saturation
+    rules over ``saturation_window`` (a simulation compressing a day into minutes shortens
+    it: benchmarks/autoscale.py)."""
     objectives = objectives or Objectives(ObjectiveSet())
     template = _Template((TEMPLATES / path.name).read_text())
     requests = catalogue.SLO_REQUESTS.prometheus
     return template.substitute(
         values(),
         header=RULES_HEADER.format(name=path.name),
+        saturation_window=saturation_window,
         slo_ratio_rules=slo_ratio_rules(requests),
         slo_budget_rules=slo_budget_rules(requests, catalogue.SLO_WINDOW.prometheus, objectives),
     )

@@ -30,6 +30,7 @@ from llmobs.config.tenants import Tenancy
 from llmobs.export.metrics.mapping import RequestMapping
 from llmobs.export.metrics.otel import OtelMetrics
 from llmobs.export.metrics.pd import PdMetrics
+from llmobs.export.metrics.saturation import SaturationMetrics
 from llmobs.export.metrics.sessions import SessionMetrics
 from llmobs.export.metrics.sink import MetricsSink
 from llmobs.export.metrics.transport import TransportMetrics
@@ -45,6 +46,7 @@ from llmobs.observe.observer import Observer, ObserveSettings
 from llmobs.observe.provider import Provider
 from llmobs.observe.record import Arrival, RequestConsumer
 from llmobs.observe.recorder import Recorder
+from llmobs.observe.saturation import Backlogs
 from llmobs.observe.tenants import tenant_of
 from llmobs.observe.timing import unparsed
 from llmobs.relay.observing import ObserverFactory
@@ -105,12 +107,14 @@ def observer_factory(
     tenancy: Tenancy | None = None,
     provider: Provider | None = None,
     pd: PdSettings | None = None,
+    backlogs: Backlogs | None = None,
 ) -> ObserverFactory:
     """New ``Observer`` per request, sharing the recorder (where each request's record is
     made and delivered: the sink, then the consumers), the tracer, the engine's timeline
     (stall causes), the tenants' rules and the settings' knobs; the provider name learns from
     answered requests' dialects until settled; ``pd``: the listener's part in P/D (default:
-    at the entry, roles read unless ``--pd-roles off``)."""
+    at the entry, roles read unless ``--pd-roles off``); ``backlogs``: the sidecar's prefill
+    backlogs, by role (None: not measured)."""
     if pd is None:
         pd = PdSettings(on=settings.pd_roles != "off")
     config = ObserveSettings(
@@ -120,6 +124,7 @@ def observer_factory(
         capture_content=settings.capture_content and tracing is not None,
         provider=provider if provider is not None and not provider.settled else None,
         pd=pd if pd.on else None,
+        backlogs=backlogs,
     )
     tenancy = tenancy if tenancy is not None and tenancy.on else None
     return _Observers(recorder, config, tracing, timeline, tenancy)
@@ -249,6 +254,9 @@ class Proxy:
         # where every request's record is made and delivered (refused ones' too)
         self.recorder = Recorder(self.sink, admission, objectives, self.prices, consumers, legs)
         self.session_metrics = SessionMetrics(telemetry.meter, settings.max_models)
+        # the prompts waiting for a first token at each listener's engine, by P/D role
+        self.backlogs = Backlogs()
+        SaturationMetrics(telemetry.meter, self.backlogs)
         # the engine's streams and preemptions, against which each stall is judged
         self.timeline = EngineTimeline()
         self.tracing: Tracing | None = None
@@ -302,8 +310,9 @@ class Proxy:
         on = settings.pd_roles != "off"
         pd = PdSettings(position, on, self.join, lambda: ids(64), claims)
         return observer_factory(
-            settings, self.recorder, self.tracing, timeline, self.tenancy, self.provider, pd
-        )
+            settings, self.recorder, self.tracing, timeline, self.tenancy, self.provider, pd,
+            self.backlogs,
+        )  # fmt: skip
 
     async def _start_pd(self) -> None:
         """The P/D listeners, each to its engine: the decode engine behind the routing

@@ -19,6 +19,7 @@ from panels.gpu import gpu_row
 from panels.health import health_row
 from panels.load import load_row
 from panels.overview import overview_row, worst_pods
+from panels.saturation import saturation_row
 from panels.slo import slo_row
 from panels.tenants import tenants_row
 from panels.variables import variables
@@ -61,6 +62,7 @@ def rows() -> list[tuple[str, list[Json]]]:
         ("User experience", experience_row()),
         ("Why it was slow", why_row()),
         ("One request, two pods (disaggregated prefill and decode)", disagg_row()),
+        ("Saturation (what an autoscaler reads)", saturation_row()),
         ("Who it was slow for, and what it cost", tenants_row()),
         ("Load", load_row()),
         ("Errors and outcomes", errors_row()),

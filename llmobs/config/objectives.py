@@ -97,6 +97,14 @@ class ObjectiveSet:
         )
         return (*(o for o, on in bounded if on), Objective.ERROR)
 
+    def bounds(self) -> tuple[tuple[str, float], ...]:
+        """Each bound set, in seconds, by its objective's name (the bound gauge's series)."""
+        named = (
+            (Objective.TTFT, self.ttft), (Objective.TPOT, self.tpot),
+            (Objective.MAX_GAP, self.max_gap), (Objective.DURATION, self.duration),
+        )  # fmt: skip
+        return tuple((o.value, value) for o, value in named if value is not None)
+
 
 class Objectives:
     """The default set and its overrides: which set judges a request of (operation, model,

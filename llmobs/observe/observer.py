@@ -26,6 +26,7 @@ from llmobs.observe.provider import Provider
 from llmobs.observe.reader import StreamReader
 from llmobs.observe.record import RequestRecord, TraceHandle, TraceRef
 from llmobs.observe.recorder import Recorder
+from llmobs.observe.saturation import Backlogs, PrefillBacklog
 from llmobs.observe.timing import Outcome, RequestStats, TokenSource, finish_request
 from llmobs.observe.window import TokenWindow
 
@@ -35,6 +36,7 @@ MAX_STALLS = 256
 # enum members as module constants: reading one off its class costs a lookup through the
 # enum's metaclass, ~0.1 µs, and these are read on every request's path
 _NO_CLAIM, _WHOLE, _DECODE = Claim.NONE, PdRole.WHOLE, Position.DECODE
+_PREFILL_LEG, _OK = PdRole.PREFILL_LEG, Outcome.OK
 TRAIL_TIMES = 4096  # the chunk times an ended request leaves on the engine's timeline
 
 
@@ -51,12 +53,15 @@ class ObserveSettings:
     provider: Provider | None = None
     # the listener's part in disaggregated prefill and decode (None: roles not read)
     pd: PdSettings | None = None
+    # the sidecar's prefill backlogs, shared by its listeners (None: not measured)
+    backlogs: Backlogs | None = None
 
 
 class Observer:
     """Observation of one proxied request."""
 
     __slots__ = (
+        "_backlog",
         "_clock",
         "_config",
         "_finished",
@@ -65,6 +70,7 @@ class Observer:
         "_reader",
         "_recorder",
         "_sink",
+        "_size",
         "_stalls",
         "_tenant",
         "_timeline",
@@ -76,6 +82,7 @@ class Observer:
         "pd",
         "route",
         "status",
+        "waits",
     )
 
     def __init__(
@@ -114,6 +121,10 @@ class Observer:
             self.pd = pd_request(pd, prefiller, traceparent, start_ns)
             self._live = self.pd is None or not self.pd.leg  # (its user's counted at the entry)
         self._traceparent = traceparent
+        # the prefill backlog it waits in, by its role, and its body's size (``saturation``)
+        self._backlog: PrefillBacklog | None = None
+        self._size = 0
+        self.waits = False  # a prefill leg not streamed, in the backlog until its answer
         # positional arguments: a class called with keywords builds a dict of them
         clock = self._clock = RequestClock(
             start_ns, self._window_full, config.stall_factor, config.stall_min_gap
@@ -148,6 +159,7 @@ class Observer:
             confirm = self.route.confirm
             if confirm is not None and confirm not in body:  # not the route's API after all
                 self._use(OTHER_ROUTE)
+            self._size = len(body)
             self.info = parse_request(body, self.route, self._config.capture_content)
             if self.info.claim is not _NO_CLAIM or self.pd is not None:
                 self._claimed(self.info.claim)
@@ -182,12 +194,36 @@ class Observer:
             pd = self.pd
             if pd is not None:
                 pd.forwarded()
-            if self.info.stream and (pd is None or not pd.leg):  # a user's wait, not a leg's
-                self._reader.wait()
+            user = pd is None or not pd.leg  # (a leg is in no user's queue)
+            stream = self.info.stream
+            backlogs = self._config.backlogs
+            backlog = None
+            # in its role's prefill backlog: a stream until its first token (the reader's), a
+            # prefill leg (not streamed, one token) until its answer
+            if backlogs is not None and (stream or (pd is not None and pd.role is _PREFILL_LEG)):
+                backlog = self._backlog = backlogs.whole if pd is None else backlogs.of[pd.role]
+                backlog.enter(t_ns, self._size)
+                self.waits = not stream
+            if stream and (user or backlog is not None):
+                self._reader.wait(user, backlog, self._size)
             if self._timeline is not None:
                 self._timeline.started(id(self), self._clock)
         except Exception:
             self._fail("forwarded")
+
+    def _left_backlog(self, backlog: PrefillBacklog, t_ns: int, stats: RequestStats) -> None:
+        """The request ended: a prefill leg not streamed, still in the backlog, is served if
+        answered, else abandons its place (a stream's first token is the reader's); the
+        prompt tokens its engine counted teach the backlog its tokens per byte."""
+        if self.waits:
+            self.waits = False
+            leg = self.pd is not None and self.pd.role is _PREFILL_LEG
+            if leg and stats.outcome is _OK and 200 <= self.status < 300:
+                backlog.depart(t_ns, self._size)
+            else:
+                backlog.abandon(t_ns, self._size)
+        if stats.input_tokens and self._size:
+            backlog.learn(self._size, stats.input_tokens)
 
     def held(self, t_ns: int) -> None:
         """The relay stopped reading the engine: this request's client takes nothing."""
@@ -273,7 +309,7 @@ class Observer:
             return None
         self._finished = True
         if self._reader.queued:
-            self._guard("finish", self._reader.leave)
+            self._guard("finish", self._reader.leave, t_ns, False)
         if self._timeline is not None:  # before the clock cuts its tape in ``_close``
             self._guard("finish", self._leave_timeline, t_ns)
         failed = self._failed_finish
@@ -315,7 +351,8 @@ class Observer:
     ) -> RequestRecord:  # fmt: skip
         """The request's record, made and delivered (``Recorder.record``) with what
         observation alone knows: its TTFT in phases, its stalls' causes, its trace, its role
-        in P/D. What fails here is counted, and the record goes on with what was made."""
+        in P/D; and its place in the prefill backlog, given up. What fails here is counted,
+        and the record goes on with what was made."""
         phases: TtftPhases | None = None
         stalls: tuple[Stall, ...] = ()
         trace_ref: TraceRef | None = None
@@ -328,6 +365,8 @@ class Observer:
                 phases = self._clock.ttft_phases(stats)
             if stats.stalls:
                 stalls = self._all_stalls(windows)
+            if self._backlog is not None and (self.waits or stats.input_tokens):
+                self._left_backlog(self._backlog, t_ns, stats)
             if self._trace is not None:
                 trace_ref = self._trace_ref(self._trace)
         except Exception:

@@ -20,6 +20,7 @@ from llmobs.observe.dialects.base import Dialect, loads
 from llmobs.observe.dialects.openai import PLAIN, OpenAIStream, Template, WholeEvent
 from llmobs.observe.framing import Framing, NdjsonDecoder, SseDecoder
 from llmobs.observe.record import LiveCounts
+from llmobs.observe.saturation import PrefillBacklog
 
 log = logging.getLogger("llmobs.observer")
 
@@ -32,9 +33,11 @@ class StreamReader:
     # Slots are laid out in sorted order: the fast path's (``_fast*``) are named to sit side
     # by side, so that a read touches as little of this object as it can.
     __slots__ = (
+        "_backlog",
         "_body",
         "_body_size",
         "_clock",
+        "_counted",
         "_counts",
         "_decoder",
         "_fast_event",
@@ -45,6 +48,7 @@ class StreamReader:
         "_on_data",
         "_openai",
         "_output",
+        "_size",
         "_sse",
         "_template_event",
         "_template_of",
@@ -78,6 +82,9 @@ class StreamReader:
         self._body: list[bytes] | None = None
         self._body_size = 0
         self.queued = False  # in the prefill queue: went upstream, no output yet
+        self._counted = False  # ... and counted in the sink's queue (a user's request)
+        self._backlog: PrefillBacklog | None = None  # ... and in this prefill backlog
+        self._size = 0  # ... with a prompt of so many bytes
         self.failed = False
         # arrival of the latest read not taken by the fast path: what a flush at the end
         # finds, a read left there (the fast path takes reads only while nothing is pending)
@@ -92,19 +99,35 @@ class StreamReader:
         self._on_data = dialect.on_data  # bound once: called per event
         self._openai = dialect if isinstance(dialect, OpenAIStream) else None
 
-    def wait(self) -> None:
+    def wait(
+        self, counted: bool = True, backlog: PrefillBacklog | None = None, size: int = 0
+    ) -> None:
         """The request went upstream, streaming: it waits in the prefill queue until its
-        first output."""
+        first output. ``counted``: in the sink's queue (a user's request, not a leg's);
+        ``backlog``: the prefill backlog it waits in, with a prompt of ``size`` bytes."""
         if not self.queued:
             self.queued = True
             self._fast_event = None  # reads leave the queue through ``_record``
-            self._counts.queue_enter()
+            self._counted = counted
+            self._backlog = backlog
+            self._size = size
+            if counted:
+                self._counts.queue_enter()
 
-    def leave(self) -> None:
-        """The request leaves the prefill queue (its first output, or its end)."""
+    def leave(self, t_ns: int, served: bool = True) -> None:
+        """The request leaves the prefill queue at ``t_ns``: its first output (``served``), or
+        its end without one."""
         if self.queued:
             self.queued = False
-            self._counts.queue_leave()
+            if self._counted:
+                self._counts.queue_leave()
+            backlog = self._backlog
+            if backlog is not None:
+                self._backlog = None
+                if served:
+                    backlog.depart(t_ns, self._size)
+                else:
+                    backlog.abandon(t_ns, self._size)
 
     def fail(self, where: str) -> None:
         """Count an internal error, log it once, read nothing more."""
@@ -227,7 +250,7 @@ class StreamReader:
     def _record(self, t_ns: int, tokens: int) -> None:
         """A read's output tokens to the clock: other choices' are the dialect's pending."""
         if self.queued:
-            self.leave()
+            self.leave(t_ns)
         dialect = self.dialect
         if dialect.pending:
             self._clock.choices(t_ns, tokens, dialect.take_pending())

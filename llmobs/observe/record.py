@@ -64,6 +64,9 @@ class RequestRecord(NamedTuple):
     request: RequestInfo = NO_BODY[False]
     # its part in disaggregated prefill and decode (``disagg``): a leg is no user's request
     pd: PdRole = PdRole.WHOLE
+    # how close its TTFT and TPOT came to their bounds (``slo.latency_ratio``; None: no
+    # bound, or not judged)
+    ratio: float | None = None
 
 
 class RequestConsumer(Protocol):

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-from llmobs.config.objectives import Objectives, ObjectiveSet
+from llmobs.config.objectives import Objective, Objectives, ObjectiveSet
 from llmobs.config.prices import Prices
 from llmobs.observe.causes import Stall
 from llmobs.observe.cost import request_cost
@@ -23,7 +23,7 @@ from llmobs.observe.disagg import LEGS, PdRole
 from llmobs.observe.labels import OTHER, LabelAdmission
 from llmobs.observe.phases import TtftPhases
 from llmobs.observe.record import RequestConsumer, RequestRecord, RequestSink, TraceRef
-from llmobs.observe.slo import Verdict, judge
+from llmobs.observe.slo import Verdict, judge, latency_ratio
 from llmobs.observe.timing import RequestStats
 from llmobs.observe.window import TokenWindow
 
@@ -32,6 +32,7 @@ OnError = Callable[[], None]  # called inside the ``except`` of what failed: it 
 # "Records are named tuples")
 _new = tuple.__new__
 _WHOLE = PdRole.WHOLE  # (an enum member read off its class costs a metaclass lookup)
+_ERROR = (Objective.ERROR,)  # what a failed request missed: it has no latency to compare
 
 
 class Recorder:
@@ -85,6 +86,7 @@ class Recorder:
             return self._leg(stats, on_error, phases, trace, request, pd)
         verdict: Verdict | None = None
         cost: float | None = None
+        ratio: float | None = None
         label, tenant_label = OTHER, ""
         try:
             if labels is None:
@@ -94,6 +96,14 @@ class Recorder:
                 stats.operation, stats.model, tenant_label or None
             )
             verdict = judge(objectives, stats, phases, stalls)
+            if (
+                (objectives.ttft or objectives.tpot)
+                and verdict is not None
+                and (
+                    verdict.missed[:1] != _ERROR  # (a failed request has no latency)
+                )
+            ):
+                ratio = latency_ratio(objectives, stats)
             if self.prices is not None:
                 cost = request_cost(self.prices.of(label), stats)
         except Exception:
@@ -102,7 +112,7 @@ class Recorder:
                 tenant_label = self._no_tenant()
         record = _new(RequestRecord, (
             stats, tuple(windows), verdict, trace, label, phases, stalls, tenant_label, cost,
-            request, pd,
+            request, pd, ratio,
         ))  # fmt: skip
         try:
             self.sink.consume(record)
@@ -122,7 +132,7 @@ class Recorder:
     ) -> RequestRecord:  # fmt: skip
         """A leg's record: no verdict, no cost, no model label (its families are by role)."""
         record = _new(RequestRecord, (
-            stats, (), None, trace, OTHER, phases, (), "", None, request, pd,
+            stats, (), None, trace, OTHER, phases, (), "", None, request, pd, None,
         ))  # fmt: skip
         _deliver(record, self.legs, on_error)
         return record

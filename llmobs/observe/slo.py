@@ -73,6 +73,21 @@ def judge(
     return Verdict(False, tuple(missed), tuple(miss_cause(m, phases, stalls) for m in missed))
 
 
+def latency_ratio(objective_set: ObjectiveSet, s: RequestStats) -> float | None:
+    """How close a request came to its latency bounds: the larger of its TTFT over the TTFT
+    bound and its TPOT over the TPOT bound (1: at a bound; above: missed). What load drives,
+    in the units of the objective, so that requests of every model and tenant, each against
+    its own bounds, share one scale (the saturation signal's, docs/metrics.md). None: no
+    bound applies to what it has."""
+    ratio: float | None = None
+    ttft, tpot = objective_set.ttft, objective_set.tpot
+    if ttft and s.ttft_s is not None:
+        ratio = s.ttft_s / ttft
+    if tpot and s.tpot_s is not None:
+        ratio = max(ratio or 0.0, s.tpot_s / tpot)
+    return ratio
+
+
 def miss_causes(objective: Objective) -> tuple[str, ...]:
     """Every cause a miss of ``objective`` can be counted under (``miss_cause``): a closed
     set per objective, whose series start at 0."""

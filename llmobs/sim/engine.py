@@ -92,6 +92,9 @@ class SimCounters:
     # disaggregated prefill/decode: sequences that pulled their KV cache, prefill legs answered
     kv_transfers: int = 0
     prefill_legs: int = 0
+    # seconds of the schedule spent in steps, prefill or decode: the GPU's busy time (its
+    # rate is what nvidia-smi calls utilisation: any work at all, however small the batch)
+    busy_seconds: float = 0.0
     # Headers of the last completion request, keys lower-cased (trace-context tests read it).
     last_headers: dict[str, str] = field(default_factory=dict)
 
@@ -147,6 +150,9 @@ class SimEngine:
         self.seqs: collections.OrderedDict[str, int] = collections.OrderedDict()
         # the prompts seen (a digest each), the latest: the sim's prefix cache
         self._prompts: collections.OrderedDict[bytes, None] = collections.OrderedDict()
+        # the prefill step running: when it ends, and whether a prompt in it has had no token
+        self._step_end: float | None = None
+        self._step_first = False
 
     def receive(self, headers: Mapping[str, str]) -> int:
         """Count an incoming completion request and give it its sequence number."""
@@ -254,6 +260,18 @@ class SimEngine:
         self.counters.cancelled += 1
         self._sync_counts()
 
+    def prefill_backlog(self, now: float) -> float:
+        """The truth the sidecar's prefill backlog estimates: the seconds of prefill the
+        prompts waiting for their first token will take from ``now`` (loop clock): the
+        rest of the running prefill step if one of them is in it, and the prefill of each
+        waiting one (a preempted request, which has had tokens, is not waiting for a first)."""
+        s = self.settings
+        left = max(0.0, self._step_end - now) if self._step_end and self._step_first else 0.0
+        for r in self._waiting:
+            if r.generated == 0:
+                left += s.prefill_base + s.prefill_per_token * r.prefill_tokens
+        return left
+
     def _held_tokens(self) -> int:
         return sum(r.prompt_tokens + r.generated for r in self._running)
 
@@ -351,9 +369,14 @@ class SimEngine:
         # a preempted request is recomputed (its prompt and what it had generated), a decode
         # leg's first prefill is its last prompt token
         clock += sum(s.prefill_base + s.prefill_per_token * r.prefill_tokens for r in admitted)
+        self.counters.busy_seconds += clock - started
         if held:
             self.pauses.append(SimPause(started, clock, PauseCause.PREFILL, held))
-        await asyncio.sleep(max(0.0, clock - loop.time()))
+        self._step_end, self._step_first = clock, any(r.generated == 0 for r in admitted)
+        try:
+            await asyncio.sleep(max(0.0, clock - loop.time()))
+        finally:
+            self._step_end = None
         for request in admitted:
             if request.state is RequestState.RUNNING:  # not cancelled meanwhile
                 self._emit(request, clock)
@@ -362,7 +385,9 @@ class SimEngine:
     async def _decode(self, loop: asyncio.AbstractEventLoop, clock: float) -> float:
         s = self.settings
         self.counters.decode_steps += 1
-        clock += s.decode_base + s.decode_per_seq * len(self._running)
+        step = s.decode_base + s.decode_per_seq * len(self._running)
+        clock += step
+        self.counters.busy_seconds += step
         if s.stall_every > 0 and self.counters.decode_steps % s.stall_every == 0:
             pause = s.stall_ms / 1000.0
             held = tuple(r.seq for r in self._running)

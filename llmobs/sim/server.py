@@ -79,7 +79,11 @@ class _EngineCollector(Collector):
             ("vllm:num_requests_waiting", "Requests waiting to be processed.", counts.waiting),
             ("vllm:num_requests_running", "Requests in the model execution batch.", counts.running),
             ("vllm:kv_cache_usage_perc", "KV-cache usage, 1 means 100%.", engine.kv_cache_usage()),
-        )
+            # the sim's own truth (not vLLM's): what the sidecar's prefill backlog estimates
+            ("sim:prefill_backlog_seconds", "Seconds of prefill the prompts waiting for their "
+             "first token will take (the truth the sidecar's backlog estimates).",
+             engine.prefill_backlog(_loop_time())),
+        )  # fmt: skip
         for name, doc, value in gauges:
             gauge = GaugeMetricFamily(name, doc, labels=["model_name"])
             gauge.add_metric(model, value)
@@ -99,11 +103,23 @@ class _EngineCollector(Collector):
             ("vllm:spec_decode_num_draft_tokens", "Number of draft tokens.", counts.spec_drafted),
             ("vllm:spec_decode_num_accepted_tokens", "Number of accepted tokens.",
              counts.spec_accepted),
+            # the sim's own (not vLLM's): its GPU's busy time, as DCGM's utilisation reads it
+            ("sim:busy_seconds", "Seconds the engine spent in steps (its GPU busy).",
+             counts.busy_seconds),
         )  # fmt: skip
         for name, doc, count in counters:
             counter = CounterMetricFamily(name, doc, labels=["model_name"])
             counter.add_metric(model, count)
             yield counter
+
+
+def _loop_time() -> float:
+    """The engine's clock: the running loop's (a scrape outside one reads the monotonic
+    clock, which the default loop's is)."""
+    try:
+        return asyncio.get_running_loop().time()
+    except RuntimeError:
+        return time.monotonic()
 
 
 def _json(text: str, status: int = 200) -> web.Response:

@@ -56,6 +56,7 @@ DATASOURCE = {"type": "prometheus", "uid": "${datasource}"}
 ROWS = (
     "Overview", "Service-level objectives", "User experience", "Why it was slow",
     "One request, two pods (disaggregated prefill and decode)",
+    "Saturation (what an autoscaler reads)",
     "Who it was slow for, and what it cost", "Load",
     "Errors and outcomes",
     "Distributions", "GPU", "Sidecar health",
@@ -345,6 +346,8 @@ DATA_TIMEOUT = 40.0
 
 
 COLLECTORS = {"gpu_sample_interval": 0.2, "engine_scrape_interval": 0.2}
+# latency bounds, so that each request's latency against them (saturation) is observed
+BOUNDS = {"slo_ttft": 2.0, "slo_tpot": 0.1}
 
 
 @needs_prometheus
@@ -366,7 +369,7 @@ async def test_every_panel_returns_data(
     served = issue(trustme.CA(), tmp_path)
     tls = {"tls_cert_file": str(served.cert), "tls_key_file": str(served.key)}
     side = await start_sidecar(sim.url, telemetry, nvml=FakeNvml(GPUS), **COLLECTORS,
-                               **MODEL_SHAPE, price_file=str(prices), **tls)  # fmt: skip
+                               **MODEL_SHAPE, price_file=str(prices), **tls, **BOUNDS)  # fmt: skip
     # A second sidecar at a P/D pair's decode pod (the same pod's labels: its listeners are
     # the pod's), so that the P/D row's panels have legs to show
     pair = await start_pair(start_sim, start_sidecar, start_app)
@@ -431,7 +434,7 @@ async def test_quantiles_read_the_native_histograms(
     the native series: every panel query that can read a native histogram (quantiles, the
     ITL's count and sum) returns data from it, and so do the recording rules built on them."""
     sim = await start_sim(model=MODEL, stall_every=10, max_batch=64)
-    side = await start_sidecar(sim.url)
+    side = await start_sidecar(sim.url, **BOUNDS)
     targets = [Target("llmobs", side.metrics_url, LABELS)]
     pending = {
         (where, substitute(expr, values))

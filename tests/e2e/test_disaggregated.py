@@ -110,6 +110,17 @@ async def test_each_users_ttft_splits_into_the_phases_of_both_pods(
     assert len(users) == len(prefills) == len(decodes) == REQUESTS
     # no leg in the users' families: each user's request counted once, the legs by role
     assert side.value("llmobs_requests_total") == REQUESTS
+    # each role waited for its first token (a prefill leg: its answer) in its own backlog,
+    # at its own engine's pace; none is waiting now, and no request was a whole one
+    for role in ("disaggregated", "prefill_leg", "decode_leg"):
+        assert side.value("llmobs_prefill_busy_seconds_total", pd_role=role) > 0, role
+        assert side.value("llmobs_prefill_backlog_requests", pd_role=role) == 0, role
+        assert side.value("llmobs_prefill_backlog_seconds", pd_role=role) == 0, role
+    assert side.value("llmobs_prefill_busy_seconds_total", pd_role="whole") == 0
+    backlogs = side.sidecar.proxy.backlogs.of
+    assert {role.value: b.entered for role, b in backlogs.items() if b.entered} == {
+        "disaggregated": REQUESTS, "prefill_leg": REQUESTS, "decode_leg": REQUESTS,
+    }  # fmt: skip
     assert side.value("gen_ai_server_time_to_first_token_seconds_count") == REQUESTS
     assert side.value("llmobs_pd_requests_total", pd_role="prefill_leg") == REQUESTS
     assert side.value("llmobs_pd_requests_total", pd_role="disaggregated") == REQUESTS

@@ -8,11 +8,18 @@ from tests.support.servers import SidecarHandle
 
 def counted(side: SidecarHandle) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
     """What the sidecar counted, by series: every counter and every histogram's count, but
-    neither the times (they differ run to run) nor the ITL samples and stalls, whose number
-    follows how the chunks were read (two that came in one read are one sample: TLS records
-    cut a stream differently), nor the TLS families."""
+    neither the times (they differ run to run: the prefill's busy seconds too) nor the ITL
+    samples and stalls, whose number follows how the chunks were read (two that came in one
+    read are one sample: TLS records cut a stream differently), nor the TLS families."""
     out = {}
-    skip = ("llmobs_tls", "process", "python", "llmobs_inter_token", "llmobs_stalls")
+    skip = (
+        "llmobs_tls",
+        "process",
+        "python",
+        "llmobs_inter_token",
+        "llmobs_stalls",
+        "llmobs_prefill_busy",
+    )
     for family in side.registry.collect():
         if family.name.startswith(skip):
             continue

@@ -7,6 +7,7 @@ from google.protobuf import text_format
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from prometheus_client import CollectorRegistry, generate_latest
 
+from llmobs.config.objectives import Objectives, ObjectiveSet
 from llmobs.export.metrics.exposition import Format, Registry
 from llmobs.export.telemetry import Telemetry, build_telemetry
 from llmobs.observe.dialects import OLLAMA_GENERATE, OPENAI_CHAT, Route
@@ -32,7 +33,9 @@ def recorder_and_telemetry(
     telemetry = build_telemetry(
         span_exporter=InMemorySpanExporter() if tracing else None, self_metrics=False
     )
-    _, recorder = recording(telemetry.registry, max_models, latest=latest)
+    # latency bounds, so that their gauges and each request's latency ratio are observed
+    bounded = Objectives(ObjectiveSet(ttft=1.0, tpot=0.05))
+    _, recorder = recording(telemetry.registry, max_models, latest=latest, objectives=bounded)
     return recorder, telemetry
 
 

@@ -398,6 +398,53 @@ PD_JOINS = MetricDef(
 )  # fmt: skip
 PD_METRICS: tuple[MetricDef, ...] = (PD_REQUESTS, PD_LEG_DURATION, PD_LEG_PHASE, PD_JOINS)
 
+# Saturation (llmobs/observe/saturation.py, slo.latency_ratio): what an autoscaler may scale
+# on, read by the recording rules (docs/metrics.md, "Saturation").
+RATIO_BUCKETS = (
+    0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.75, 0.8, 0.85, 0.9, 0.95, 1.0, 1.1, 1.25, 1.5, 2.0,
+    3.0, 5.0, 10.0,
+)  # fmt: skip
+PREFILL_BACKLOG = MetricDef(
+    "llmobs.prefill.backlog", Kind.GAUGE, "s",
+    "Seconds of prefill the prompts waiting for their first token will take, at the pace the "
+    "engine has shown (fitted to its services; no throughput set by hand), by P/D role. "
+    "Absent while prompts wait and no service was seen yet.",
+    (PD_ROLE,),
+)  # fmt: skip
+PREFILL_BACKLOG_TOKENS = MetricDef(
+    "llmobs.prefill.backlog_tokens", Kind.GAUGE, "{token}",
+    "Prompt tokens waiting for their first token, estimated from their bytes (fitted to the "
+    "usage the engine reports), by P/D role.",
+    (PD_ROLE,),
+)  # fmt: skip
+PREFILL_BACKLOG_REQUESTS = MetricDef(
+    "llmobs.prefill.backlog_requests", Kind.GAUGE, "{request}",
+    "Requests waiting for their first token (a prefill leg: for its answer), by P/D role.",
+    (PD_ROLE,),
+)  # fmt: skip
+PREFILL_BUSY = MetricDef(
+    "llmobs.prefill.busy", Kind.COUNTER, "s",
+    "Time with a prompt waiting for its first token, by P/D role: its rate is the share of "
+    "time the engine's prefill is behind.",
+    (PD_ROLE,),
+)  # fmt: skip
+SLO_LATENCY_RATIO = MetricDef(
+    "llmobs.slo.latency_ratio", Kind.HISTOGRAM, "1",
+    "Each judged request's latency against its own objective: the larger of TTFT over its "
+    "TTFT bound and TPOT over its TPOT bound (1: at the bound). Requests of every model and "
+    "tenant on one scale; observed only where a TTFT or TPOT bound applies.",
+    _OP_MODEL, RATIO_BUCKETS, LATENCY_NATIVE,
+)  # fmt: skip
+SLO_BOUND = MetricDef(
+    "llmobs.slo.bound", Kind.UPDOWN, "s",
+    "The objective's bound on each request (per label set): ttft, tpot, max_gap, duration, "
+    "those set.",
+    (*_OP_MODEL, OBJECTIVE),
+)  # fmt: skip
+SATURATION_METRICS: tuple[MetricDef, ...] = (
+    PREFILL_BACKLOG, PREFILL_BACKLOG_TOKENS, PREFILL_BACKLOG_REQUESTS, PREFILL_BUSY,
+)  # fmt: skip
+
 SESSION_METRICS: tuple[MetricDef, ...] = (
     WS_SESSIONS, WS_ACTIVE, WS_DURATION, WS_MESSAGES, REALTIME_FIRST_DELTA, REALTIME_DELTA_GAP,
     REALTIME_TURNS,
@@ -603,7 +650,8 @@ CATALOGUE: tuple[MetricDef, ...] = (
     TTFT, TTFT_PHASE, TPOT, DURATION, TOKEN_USAGE, *LATEST_USAGE, ITL, ITL_SQUARES, STALLS,
     SMOOTHNESS, REQUESTS, TOKENS, ENGINE_PROMPT_EVAL, ENGINE_LOAD, ACTIVE, QUEUE_DEPTH, MALFORMED,
     OBSERVER_ERRORS, SPANS_DROPPED, SLO_REQUESTS, SLO_MISSES, SLO_OUTPUT_TOKENS, SLO_TARGET,
-    SLO_WINDOW, COST, *TRANSPORT_METRICS, *SESSION_METRICS, *PD_METRICS, *COLLECTOR_METRICS,
+    SLO_WINDOW, SLO_BOUND, SLO_LATENCY_RATIO, COST, *TRANSPORT_METRICS, *SESSION_METRICS,
+    *PD_METRICS, *SATURATION_METRICS, *COLLECTOR_METRICS,
     *PROCESS_METRICS,
 )  # fmt: skip
 
@@ -613,7 +661,8 @@ CATALOGUE: tuple[MetricDef, ...] = (
 REQUEST_METRICS: tuple[MetricDef, ...] = (
     ACTIVE, QUEUE_DEPTH, OBSERVER_ERRORS, MALFORMED, REQUESTS, DURATION, TTFT, TTFT_PHASE, TPOT,
     SMOOTHNESS, TOKEN_USAGE, TOKENS, STALLS, ENGINE_PROMPT_EVAL, ENGINE_LOAD, ITL, ITL_SQUARES,
-    SLO_REQUESTS, SLO_MISSES, SLO_OUTPUT_TOKENS, SLO_TARGET, SLO_WINDOW, COST,
+    SLO_REQUESTS, SLO_MISSES, SLO_OUTPUT_TOKENS, SLO_TARGET, SLO_WINDOW, SLO_BOUND,
+    SLO_LATENCY_RATIO, COST,
 )  # fmt: skip
 
 
@@ -636,7 +685,8 @@ BUCKET_METRICS: dict[str, MetricDef] = dict(
 TENANT_METRICS: dict[str, tuple[MetricDef, ...]] = dict(zip(TENANT_METRIC_NAMES, (
     (REQUESTS,), (TTFT,), (TTFT_PHASE,), (TPOT,), (DURATION,), (ITL, ITL_SQUARES), (STALLS,),
     (SMOOTHNESS,), (TOKENS, TOKEN_USAGE, *LATEST_USAGE),
-    (SLO_REQUESTS, SLO_MISSES, SLO_OUTPUT_TOKENS, SLO_TARGET, SLO_WINDOW), (COST,),
+    (SLO_REQUESTS, SLO_MISSES, SLO_OUTPUT_TOKENS, SLO_TARGET, SLO_WINDOW, SLO_BOUND,
+     SLO_LATENCY_RATIO), (COST,),
 ), strict=True))  # fmt: skip
 
 

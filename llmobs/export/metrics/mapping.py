@@ -35,6 +35,8 @@ from llmobs.export.metrics.catalogue import (
     OUTPUT_TOKENS,
     PROVIDER,
     REQUESTS,
+    SLO_BOUND,
+    SLO_LATENCY_RATIO,
     SLO_MISSES,
     SLO_OUTPUT_TOKENS,
     SLO_REQUESTS,
@@ -71,7 +73,7 @@ _USAGE = TokenSource.USAGE.value
 # The request histograms a label set binds, in the order ``observe`` gives their values: these,
 # then the token usage twice (v1.41's histogram by type, input then output, or the newest
 # conventions' histogram of each direction), then the TTFT phases' histogram once per phase
-_OBSERVED = (DURATION, TTFT, TPOT, SMOOTHNESS, ENGINE_PROMPT_EVAL, ENGINE_LOAD)
+_OBSERVED = (DURATION, TTFT, TPOT, SMOOTHNESS, ENGINE_PROMPT_EVAL, ENGINE_LOAD, SLO_LATENCY_RATIO)
 _USAGE_TYPES = ("input", "output")  # the token types of v1.41's usage histogram, in order
 _PHASES = tuple(Phase)  # in ``TtftPhases``' order (``phases`` keeps the two the same)
 # no TTFT phases: none observed (the row's histograms past the values given are left alone,
@@ -86,8 +88,8 @@ class LabelSet:
     request builds only the tuples its own values end. ``histograms``: the request histograms
     in the order ``RequestMapping.observe`` gives their values, with their label values."""
 
-    __slots__ = ("cost", "histograms", "itl", "key", "misses", "requests", "slo", "stalls",
-                 "target", "tenant", "tokens", "usage", "window")  # fmt: skip
+    __slots__ = ("bound", "cost", "histograms", "itl", "key", "misses", "requests", "slo",
+                 "stalls", "target", "tenant", "tokens", "usage", "window")  # fmt: skip
 
     def __init__(self, mapping: RequestMapping, key: tuple[str, str], tenant: str, provider: str):
         self.key = key  # (operation, model)
@@ -102,6 +104,7 @@ class LabelSet:
         self.requests, self.tokens, self.stalls = prefix(REQUESTS), prefix(TOKENS), prefix(STALLS)
         self.misses, self.cost, self.itl = prefix(SLO_MISSES), prefix(COST), prefix(ITL)
         self.target, self.window = prefix(SLO_TARGET), prefix(SLO_WINDOW)
+        self.bound = prefix(SLO_BOUND)
         # the SLO counters' series by verdict: (requests, output tokens) for good, then bad
         self.slo = {
             verdict: ((*prefix(SLO_REQUESTS), verdict), (*prefix(SLO_OUTPUT_TOKENS), verdict))
@@ -180,10 +183,13 @@ class RequestMapping:
         return out
 
     def settings(self, labels: LabelSet) -> list[Count]:
-        """A label set's objective: its target and window (gauges, set once)."""
+        """A label set's objective: its target, window and bounds (gauges, set once)."""
         objective_set = self._objective_set(labels)
+        bound = labels.bound
         return [(SLO_TARGET, labels.target, objective_set.target),
-                (SLO_WINDOW, labels.window, objective_set.window)]  # fmt: skip
+                (SLO_WINDOW, labels.window, objective_set.window),
+                *((SLO_BOUND, (*bound, objective), value)
+                  for objective, value in objective_set.bounds())]  # fmt: skip
 
     def observe(
         self, record: RequestRecord, labels: LabelSet
@@ -200,7 +206,7 @@ class RequestMapping:
         usage = self._tokens(s, labels, counts)
         phases = record.phases
         values = (s.duration_s, s.ttft_s, s.tpot_s, s.smoothness, s.engine_prompt_eval_s,
-                  s.engine_load_s, *usage,
+                  s.engine_load_s, record.ratio, *usage,
                   *(_NO_PHASES if phases is None else _seconds(phases)))  # fmt: skip
         if s.stalls:
             counts += [(STALLS, (*labels.stalls, cause._value_), n)

@@ -25,6 +25,7 @@ from llmobs.observe.dialects.openai import OpenAIStream
 from llmobs.observe.dialects.tgi import TgiStream
 from llmobs.observe.observer import Observer, ObserveSettings
 from llmobs.observe.reader import MAX_JSON_BODY, StreamReader
+from llmobs.observe.saturation import PrefillBacklog
 from llmobs.observe.timing import Outcome, StreamTimer
 from tests.support.live_counts import FakeCounts
 from tests.support.openai_events import state, token_streams
@@ -178,12 +179,29 @@ def test_the_prefill_queue_is_left_at_the_first_output() -> None:
     assert counts.queued == 1
     read.chunk(20, line(response="a"))
     assert (read.queued, counts.queued) == (False, 0)
-    read.leave()  # and the end leaves it only if still there
+    read.leave(30, served=False)  # and the end leaves it only if still there
     assert counts.queued == 0
     ended, _, counts = reader(OpenAIStream(), SSE)
     ended.wait()
-    ended.leave()
+    ended.leave(40, served=False)
     assert (ended.queued, counts.queued, counts.entered) == (False, 0, 1)
+
+
+def test_a_stream_departs_its_backlog_at_its_first_output_or_abandons_it() -> None:
+    """A leg's wait: in no user's queue, in its backlog, served at its first output."""
+    backlog = PrefillBacklog()
+    read, _, counts = reader(OllamaStream(), NDJSON)
+    backlog.enter(0, 120)
+    read.wait(False, backlog, 120)
+    assert (read.queued, counts.entered) == (True, 0)
+    read.chunk(10, line(response="a"))
+    assert backlog.waiting == 0 and backlog.read(10 + 10**9).busy_seconds == 10e-9
+    assert backlog.alone.predict(1, 120) is not None  # served: a service seen
+    gone, _, _ = reader(OllamaStream(), NDJSON)
+    backlog.enter(20, 80)
+    gone.wait(True, backlog, 80)
+    gone.leave(50, served=False)  # its end, no output: abandoned, no service
+    assert backlog.waiting == 0 and backlog.alone.samples == 1
 
 
 def test_other_choices_are_timed_apart_from_choice_0() -> None:

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import aiohttp
+import pytest
 
 from llmobs.sim import (
     SimSettings,
@@ -286,3 +287,32 @@ def test_capped_output_is_a_prefix_of_the_uncapped_one() -> None:
     assert (reason, capped_reason) == ("stop", "length")
     assert capped == full[:10]
     assert len(plan_output(settings, seq=3, max_tokens=80, ignore_eos=True)[0]) == 80
+
+
+async def test_the_engine_tells_its_prefill_backlog_and_busy_time(
+    start_sim: SimFactory, http: aiohttp.ClientSession
+) -> None:
+    """Its truths for the sidecar's backlog and a GPU's utilisation: with two prompts queued
+    behind one in its prefill step, the step's rest and their two prefills; in steps, busy."""
+    sim = await start_sim(
+        max_batch=1, prefill_base=0.2, prefill_per_token=0.0, decode_base=0.01,
+        decode_per_seq=0.0, output_tokens_min=2, output_tokens_max=2,
+    )  # fmt: skip
+    loop = asyncio.get_running_loop()
+    assert sim.engine.prefill_backlog(loop.time()) == 0.0
+    streams = asyncio.gather(
+        *(stream(http, sim.url + CHAT, {"messages": MESSAGES}) for _ in range(3))
+    )
+    await eventually(lambda: sim.engine.counters.waiting == 2)
+    left = sim.engine.prefill_backlog(loop.time())
+    assert 0.4 < left <= 0.6 + 1e-9  # two prefills and what is left of the first
+    await asyncio.sleep(0.05)
+    assert sim.engine.prefill_backlog(loop.time()) == pytest.approx(left - 0.05, abs=0.02)
+    await streams
+    assert sim.engine.prefill_backlog(loop.time()) == 0.0
+    # three prefills and three decode steps (a first token is its prefill's, a second a step's)
+    assert sim.engine.counters.busy_seconds == pytest.approx(3 * 0.2 + 3 * 0.01)
+    async with http.get(sim.url + "/metrics") as r:
+        text = await r.text()
+    assert "sim:prefill_backlog_seconds{" in text
+    assert "sim:busy_seconds_total{" in text

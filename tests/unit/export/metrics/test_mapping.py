@@ -22,6 +22,7 @@ from llmobs.export.metrics.catalogue import (
     MALFORMED,
     OBSERVER_ERRORS,
     QUEUE_DEPTH,
+    SLO_BOUND,
     SLO_TARGET,
     SLO_WINDOW,
     MetricDef,
@@ -128,7 +129,8 @@ def test_the_series_and_the_pushed_points_are_the_same_numbers(latest: bool) -> 
             point = points.get(attributes)
             if point is None:  # a series at 0 from its label set's start: nothing to push;
                 # an objective's settings are pushed at its label set's first request
-                assert metric in (SLO_TARGET, SLO_WINDOW) or not any(values), (metric.name, key)
+                settings = (SLO_TARGET, SLO_WINDOW, SLO_BOUND)
+                assert metric in settings or not any(values), (metric.name, key)
                 continue
             seen.add((metric.name, attributes))
             if isinstance(family, HistogramFamily):
@@ -171,11 +173,14 @@ def test_a_request_observes_each_family_once_under_its_labels() -> None:
     mapping = RequestMapping(tenancy=tenancy, currency="USD")
     labels = mapping.label_set("chat", "m", "team-a", "vllm")
     bad = Verdict(False, (Objective.TTFT, Objective.STALL), ("queue", "prefill"))
-    record = RequestRecord(_stats(stalls=2), (), bad, None, "m", tenant="team-a", cost=0.5)
+    record = RequestRecord(
+        _stats(stalls=2), (), bad, None, "m", tenant="team-a", cost=0.5, ratio=1.25
+    )
     values, counts = mapping.observe(record, labels)
     assert values[:6] == (1.0, 0.1, 0.01, 1.0, None, None)  # duration .. engine load
-    assert values[6:8] == (5, 10)  # input and output tokens
-    assert values[8:] == ()  # no TTFT phases: none observed
+    assert values[6] == 1.25  # its latency against its objective
+    assert values[7:9] == (5, 10)  # input and output tokens
+    assert values[9:] == ()  # no TTFT phases: none observed
     assert [(m.name, key, n) for m, key, n in counts] == [
         ("llmobs.requests", ("chat", "m", "team-a", "ok", "2xx", "none"), 1),
         ("llmobs.tokens", ("chat", "m", "input", "usage"), 5),
@@ -218,7 +223,7 @@ def test_token_counts_name_each_kind_once_in_order(latest: bool) -> None:
         (("input", "usage"), 5), (("output", "counted"), 10), (("reasoning", "usage"), 3),
         (("cached_input", "usage"), 2),
     ]  # fmt: skip
-    assert values[6:8] == (5, 10)
+    assert values[6:9] == (None, 5, 10)  # no latency ratio (no bound): tokens
     usage = [(m.name.rsplit(".usage.", 1)[1], key, n) for m, key, n in counts
              if m.name.startswith("gen_ai.client.inference.usage.")]  # fmt: skip
     assert usage == ([
@@ -230,7 +235,7 @@ def test_token_counts_name_each_kind_once_in_order(latest: bool) -> None:
     nothing = _stats(input_tokens=None, output_tokens=0, ttft_s=None)
     values, counts = mapping.observe(RequestRecord(nothing, (), None, None, "m"), labels)
     assert [m.name for m, _, _ in counts] == ["llmobs.requests"]
-    assert values[6:8] == (None, None)
+    assert values[7:9] == (None, None)
     # a request whose first token came but the engine's usage says none: 0 output counted
     zero = _stats(input_tokens=None, output_tokens=0)
     _, counts = mapping.observe(RequestRecord(zero, (), None, None, "m"), labels)
