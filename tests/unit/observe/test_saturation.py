@@ -1,11 +1,10 @@
-"""The prefill backlog: the engine's pace fitted from its services, the seconds left, and
-what a latency is against its objective."""
+"""The prefill backlog: the engine's pace fitted from its services, the seconds left (what a
+latency is against its objective: tests/unit/observe/test_slo.py)."""
 
 from __future__ import annotations
 
 import pytest
 
-from llmobs.config.objectives import ObjectiveSet
 from llmobs.observe.disagg import PdRole
 from llmobs.observe.saturation import (
     GROUP_NS,
@@ -16,8 +15,6 @@ from llmobs.observe.saturation import (
     PrefillBacklog,
     ServiceFit,
 )
-from llmobs.observe.slo import latency_ratio
-from llmobs.observe.timing import Outcome, RequestStats, TokenSource
 
 MS = 1_000_000
 S = 1_000_000_000
@@ -251,35 +248,6 @@ def test_each_role_has_its_backlog_and_a_whole_request_s_is_always_read() -> Non
     found = backlogs.read(S)
     assert set(found) == {PdRole.WHOLE, PdRole.PREFILL_LEG}
     assert found[PdRole.PREFILL_LEG].requests == 2 and found[PdRole.WHOLE].requests == 0
-
-
-def _stats(ttft: float | None, tpot: float | None) -> RequestStats:
-    stats = RequestStats(
-        "chat", "m", Outcome.OK, 200, True, 1.0, 0.1, 0.01, 5, 10, TokenSource.USAGE, 10,
-        9.0, 0.09, 0.001, 0.02, 0, 1.0,
-    )  # fmt: skip
-    return stats._replace(ttft_s=ttft, tpot_s=tpot)
-
-
-@pytest.mark.parametrize(
-    ("bounds", "ttft", "tpot", "ratio"),
-    [
-        ((1.0, 0.05), 0.5, 0.01, 0.5),  # TTFT the nearer its bound
-        ((1.0, 0.05), 0.2, 0.04, 0.8),  # TPOT the nearer
-        ((1.0, None), 0.2, 0.04, 0.2),  # no TPOT bound: TTFT's alone
-        ((None, 0.05), 0.2, 0.04, 0.8),
-        ((1.0, 0.05), None, None, None),  # nothing measured: nothing to compare
-        ((None, None), 0.2, 0.04, None),  # no latency bound
-        ((2.0, 0.05), 3.0, None, 1.5),  # missed: above 1
-    ],
-)
-def test_the_latency_ratio_is_the_nearer_bound(
-    bounds: tuple[float | None, float | None], ttft: float | None, tpot: float | None,
-    ratio: float | None,
-) -> None:  # fmt: skip
-    objectives = ObjectiveSet(ttft=bounds[0], tpot=bounds[1])
-    found = latency_ratio(objectives, _stats(ttft, tpot))
-    assert found == (pytest.approx(ratio) if ratio is not None else None)
 
 
 def test_a_service_is_its_departures_within_2_ms_of_its_first() -> None:

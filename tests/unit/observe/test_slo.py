@@ -12,7 +12,7 @@ from llmobs.config.objectives import (
 )
 from llmobs.observe.causes import Stall, StallCause
 from llmobs.observe.phases import TtftPhases
-from llmobs.observe.slo import GOOD, NO_CAUSE, Verdict, judge, miss_causes
+from llmobs.observe.slo import GOOD, NO_CAUSE, Verdict, judge, latency_ratio, miss_causes
 from llmobs.observe.timing import Outcome, RequestStats, TokenSource
 
 NONE = NO_CAUSE
@@ -154,3 +154,32 @@ def test_the_default_set_is_an_availability_objective() -> None:
         Objective.TTFT, Objective.TPOT, Objective.MAX_GAP, Objective.STALL, Objective.DURATION,
         Objective.ERROR,
     )  # fmt: skip
+
+
+def _timed(ttft: float | None, tpot: float | None) -> RequestStats:
+    stats = RequestStats(
+        "chat", "m", Outcome.OK, 200, True, 1.0, 0.1, 0.01, 5, 10, TokenSource.USAGE, 10,
+        9.0, 0.09, 0.001, 0.02, 0, 1.0,
+    )  # fmt: skip
+    return stats._replace(ttft_s=ttft, tpot_s=tpot)
+
+
+@pytest.mark.parametrize(
+    ("bounds", "ttft", "tpot", "ratio"),
+    [
+        ((1.0, 0.05), 0.5, 0.01, 0.5),  # TTFT the nearer its bound
+        ((1.0, 0.05), 0.2, 0.04, 0.8),  # TPOT the nearer
+        ((1.0, None), 0.2, 0.04, 0.2),  # no TPOT bound: TTFT's alone
+        ((None, 0.05), 0.2, 0.04, 0.8),
+        ((1.0, 0.05), None, None, None),  # nothing measured: nothing to compare
+        ((None, None), 0.2, 0.04, None),  # no latency bound
+        ((2.0, 0.05), 3.0, None, 1.5),  # missed: above 1
+    ],
+)
+def test_the_latency_ratio_is_the_nearer_bound(
+    bounds: tuple[float | None, float | None], ttft: float | None, tpot: float | None,
+    ratio: float | None,
+) -> None:  # fmt: skip
+    objectives = ObjectiveSet(ttft=bounds[0], tpot=bounds[1])
+    found = latency_ratio(objectives, _timed(ttft, tpot))
+    assert found == (pytest.approx(ratio) if ratio is not None else None)
