@@ -162,7 +162,6 @@ class Pod:
         self.in_flight = 0
         self.ready = False
         self.draining = False
-        self.started = time.monotonic()
 
     async def start(self) -> None:
         log = (self.work / f"{self.name}.log").open("ab")

@@ -74,8 +74,8 @@ async def test_the_backlog_agrees_with_the_engine_at_every_reading_of_a_burst(
             readings.append((seconds, truth))
         await asyncio.sleep(0.1)
     await burst
-    total = sum(0.02 + 0.0002 * n for n in sizes)
-    assert len(readings) >= total / 0.1 / 2, readings  # (a loaded loop reads less often)
+    # ~3 s of prefill read every 0.1 s: a loaded loop reads less often, never this few
+    assert len(readings) >= 5, readings
     assert max(t for _, t in readings) > 1.0  # the burst was a backlog worth reading
     for seconds, truth in readings:
         assert seconds == pytest.approx(truth, rel=0.1, abs=DELIVERY_S), readings
