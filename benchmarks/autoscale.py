@@ -21,6 +21,7 @@ in the window before) and the scale-downs that hurt (users missing it in the win
     python benchmarks/autoscale.py                       # every signal, one after the other
     python benchmarks/autoscale.py --signals llmobs-saturation,kv-cache --json out.json
     python benchmarks/autoscale.py --speed 0.5           # the day in half the time (a test)
+    python benchmarks/autoscale.py --target kv-cache=0.3,0.45 --target waiting=0.5
 
 Results, machine and method: docs/benchmarks.md, "Autoscaling on each signal".
 """
@@ -38,7 +39,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Coroutine, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -71,16 +72,17 @@ class Signal:
 
 
 def signals(window: str) -> tuple[Signal, ...]:
-    """The signals compared, their windows ``window`` (the rules' compressed minute)."""
+    """The signals compared, their windows ``window`` (the rules' compressed minute), each at
+    the best target of the sweep in docs/benchmarks.md."""
     return (
-        Signal("llmobs-saturation", f'namespace_job:llmobs_saturation:ratio{{job="{JOB}"}}', 0.7),
+        Signal("llmobs-saturation", f'namespace_job:llmobs_saturation:ratio{{job="{JOB}"}}', 0.6),
         Signal("llmobs-backlog", 'namespace_job_role:llmobs_prefill_backlog_seconds:sum'
                f'{{job="{JOB}",pd_role="whole"}}', 0.5, total=True),
-        Signal("kv-cache", f'avg(vllm:kv_cache_usage_perc{{job="{ENGINE_JOB}"}})', 0.6),
+        Signal("kv-cache", f'avg(vllm:kv_cache_usage_perc{{job="{ENGINE_JOB}"}})', 0.2),
         Signal("waiting", f'sum(vllm:num_requests_waiting{{job="{ENGINE_JOB}"}})', 1.0,
                total=True),
         Signal("gpu-utilisation",
-               f'avg(rate(sim:busy_seconds_total{{job="{ENGINE_JOB}"}}[{window}]))', 0.8),
+               f'avg(rate(sim:busy_seconds_total{{job="{ENGINE_JOB}"}}[{window}]))', 0.9),
     )  # fmt: skip
 
 
@@ -89,6 +91,7 @@ class Phase:
     """A stretch of the day: arrivals per second from ``start`` to ``end`` (linear), prompts
     of ``prompt`` tokens (a range), for ``seconds`` of the day at speed 1."""
 
+    name: str
     seconds: float
     start: float
     end: float
@@ -96,14 +99,14 @@ class Phase:
 
 
 DAY = (
-    Phase(40, 1, 1),  # night
-    Phase(100, 1, 10),  # the morning's ramp
-    Phase(60, 10, 10),
-    Phase(30, 16, 16),  # a burst
-    Phase(60, 10, 10),
-    Phase(40, 2, 2),  # a lull
-    Phase(50, 3, 3, (3000, 4000)),  # long prompts in a wave
-    Phase(40, 1, 1),  # the evening
+    Phase("night", 40, 1, 1),
+    Phase("ramp", 100, 1, 10),
+    Phase("morning", 60, 10, 10),
+    Phase("burst", 30, 16, 16),
+    Phase("noon", 60, 10, 10),
+    Phase("lull", 40, 2, 2),
+    Phase("long prompts", 50, 3, 3, (3000, 4000)),
+    Phase("evening", 40, 1, 1),
 )
 OUTPUT = (32, 128)  # output tokens, uniform
 
@@ -119,6 +122,9 @@ class Control:
     min_replicas: int = 1
     max_replicas: int = 8
     window: str = "15s"  # the rules' minute
+    # its scale-up policies (type, value, period), the largest allowed wins: its default, 4
+    # pods or 100 % a 15 s period
+    up_policies: tuple[tuple[str, float, float], ...] = (("Pods", 4, 3.0), ("Percent", 100, 3.0))
 
 
 @dataclass
@@ -143,6 +149,7 @@ class Report:
     hurtful_scale_downs: int = 0
     max_replicas: int = 0
     held: int = 0  # decisions skipped: the signal absent
+    missed: dict[str, int] = field(default_factory=dict)  # by phase, of the requests sent in it
     replicas: list[tuple[float, int]] = field(default_factory=list)
 
     @property
@@ -270,6 +277,10 @@ class Fleet:
     def replicas(self) -> int:
         return sum(1 for p in self.pods if not p.draining)
 
+    @property
+    def ready(self) -> int:
+        return sum(1 for p in self.pods if p.ready and not p.draining)
+
     def choose(self) -> Pod | None:
         ready = [p for p in self.pods if p.ready and not p.draining]
         return min(ready, key=lambda p: p.in_flight) if ready else None
@@ -349,15 +360,45 @@ async def value(prom: Prometheus, query: str) -> float | None:
     return values[0] if len(values) == 1 else None
 
 
-def recommend(signal: Signal, current: int, value: float, control: Control) -> int:
-    """The HPA algorithm's recommendation for ``value`` of ``signal`` with ``current`` pods."""
-    ratio = value / signal.target if signal.total else current * value / signal.target
-    if not signal.total and abs(value / signal.target - 1) <= control.tolerance:
-        return current
-    if signal.total and abs(ratio / max(current, 1) - 1) <= control.tolerance:
-        return current
-    desired = math.ceil(ratio - 1e-9)
+def recommend(signal: Signal, current: int, ready: int, value: float, control: Control) -> int:
+    """The HPA algorithm's recommendation for ``value`` of ``signal`` with ``current`` pods,
+    ``ready`` of them ready: its replica calculator's, ceil(value / target x ready pods) for a
+    ``Value`` (the pods still starting are not counted), ceil(value / target) for an
+    ``AverageValue``, the current count within the tolerance."""
+    if signal.total:
+        if abs(value / (signal.target * max(current, 1)) - 1) <= control.tolerance:
+            return current
+        desired = math.ceil(value / signal.target - 1e-9)
+    else:
+        if abs(value / signal.target - 1) <= control.tolerance:
+            return current
+        desired = math.ceil(value / signal.target * ready - 1e-9)
     return max(control.min_replicas, min(control.max_replicas, desired))
+
+
+def stabilised(window: Sequence[int], current: int, up_limit: int) -> int:
+    """HPA's behaviour over the recommendations of the scale-down window (the latest last):
+    up at once to the latest but no further than ``up_limit``, down only to the window's
+    highest."""
+    latest = window[-1]
+    if latest > current:
+        return max(current, min(latest, up_limit))
+    return min(current, max(window))
+
+
+def scale_up_limit(current: int, ups: Sequence[tuple[float, int]], now: float,
+                   policies: Sequence[tuple[str, float, float]]) -> int:  # fmt: skip
+    """The most pods HPA's scale-up policies allow now (``selectPolicy: Max``): each counts
+    the pods added (``ups``: time, pods) within its period back from ``now`` and allows its
+    value more than the count at the period's start, in pods or per cent."""
+    limits = []
+    for kind, value, period in policies:
+        start = current - sum(n for t, n in ups if t > now - period)
+        if kind == "Pods":
+            limits.append(start + int(value))
+        else:
+            limits.append(math.ceil(start * (1 + value / 100)))
+    return max(limits)
 
 
 async def controller(
@@ -367,6 +408,7 @@ async def controller(
     """Every period: the signal, the recommendation, the scale-down window's highest; a
     decision logged as (time, from, to)."""
     history: list[tuple[float, int]] = []
+    ups: list[tuple[float, int]] = []
     start = time.monotonic()
     while not stop.is_set():
         await asyncio.sleep(control.period)
@@ -377,16 +419,13 @@ async def controller(
         if found is None:
             report.held += 1
             continue
-        latest = recommend(signal, current, found, control)
-        history.append((now, latest))
+        history.append((now, recommend(signal, current, fleet.ready, found, control)))
         history = [(t, d) for t, d in history if t >= now - control.down_window]
-        # HPA's stabilisation: up at once to the latest, down only to the highest of the
-        # scale-down window
-        desired = latest if latest > current else min(current, max(d for _, d in history))
-        # its default scale-up policy: at most 4 pods or 100 % more per period
-        desired = min(desired, current + max(4, current))
+        limit = scale_up_limit(current, ups, now, control.up_policies)
+        desired = stabilised([d for _, d in history], current, limit)
         if desired > current:
             decisions.append((now, current, desired))
+            ups.append((now, desired - current))
             await asyncio.gather(*(fleet.add(control.startup) for _ in range(desired - current)))
         elif desired < current:
             decisions.append((now, current, desired))
@@ -412,6 +451,20 @@ def judge(report: Report, outcomes: Sequence[Outcome], decisions: Sequence[tuple
             report.scale_downs += 1
             if bad_share([o for o in outcomes if t <= o.sent <= t + window]) >= 0.01:
                 report.hurtful_scale_downs += 1
+
+
+def missed_by_phase(outcomes: Sequence[Outcome], speed: float) -> dict[str, int]:
+    """The requests that missed the objective, by the phase of the day they were sent in."""
+    missed = dict.fromkeys((p.name for p in DAY), 0)
+    ends, elapsed = [], 0.0
+    for phase in DAY:
+        elapsed += phase.seconds * speed
+        ends.append((elapsed, phase.name))
+    for outcome in outcomes:
+        if not outcome.good:
+            name = next((n for end, n in ends if outcome.sent < end), DAY[-1].name)
+            missed[name] += 1
+    return missed
 
 
 async def run_signal(signal: Signal, control: Control, speed: float, seed: int,
@@ -449,6 +502,7 @@ async def run_signal(signal: Signal, control: Control, speed: float, seed: int,
         report.replica_seconds = round(fleet.replica_seconds, 1)
         report.max_replicas = max((n for _, n in report.replicas), default=0)
         judge(report, outcomes, decisions, control.down_window / 2)
+        report.missed = missed_by_phase(outcomes, speed)
     return report
 
 
@@ -464,17 +518,30 @@ def load_rules(window: str) -> str:
     return rules
 
 
+def swept(chosen: Sequence[Signal], targets: Sequence[str]) -> list[Signal]:
+    """Each chosen signal at each of its ``targets`` (``NAME=T,T``), else at its own."""
+    sweep: dict[str, list[float]] = {}
+    for spec in targets:
+        name, _, values = spec.partition("=")
+        sweep[name] = [float(v) for v in values.split(",")]
+    unknown = set(sweep) - {s.name for s in chosen}
+    if unknown:
+        raise SystemExit(f"--target names no chosen signal: {', '.join(sorted(unknown))}")
+    return [replace(s, target=t) for s in chosen for t in sweep.get(s.name, [s.target])]
+
+
 def table(reports: Sequence[Report]) -> str:
     lines = [
         "| signal | target | requests | within objective | replica-seconds | max pods | "
-        "scale-ups (late) | scale-downs (hurt) | held |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "scale-ups (late) | scale-downs (hurt) | held | missed, by phase |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in reports:
+        missed = ", ".join(f"{name} {n}" for name, n in r.missed.items() if n) or "none"
         lines.append(
             f"| {r.signal} | {r.target:g} | {r.requests} | {r.within:.2%} | "
             f"{r.replica_seconds:.0f} | {r.max_replicas} | {r.scale_ups} ({r.late_scale_ups}) | "
-            f"{r.scale_downs} ({r.hurtful_scale_downs}) | {r.held} |"
+            f"{r.scale_downs} ({r.hurtful_scale_downs}) | {r.held} | {missed} |"
         )
     return "\n".join(lines)
 
@@ -484,22 +551,39 @@ async def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--signals", default="", help="names, comma-separated (default: all)")
     parser.add_argument("--speed", type=float, default=1.0, help="the day's length, x420 s")
     parser.add_argument("--seed", type=int, default=50)
+    parser.add_argument(
+        "--target", action="append", default=[], metavar="SIGNAL=T[,T...]",
+        help="the targets to run a signal at, one run each (repeatable; default: each "
+        "signal's own)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--scale-up", metavar="PODS/SECONDS",
+        help="one scale-up policy in place of the HPA's default (4 pods or 100 %% per 15 s): "
+        "at most PODS added per SECONDS of the HPA's time (compressed with the day)",
+    )  # fmt: skip
     parser.add_argument("--json", type=Path, help="write the reports here")
     args = parser.parse_args(argv)
     scale = args.speed
     control = Control(period=3.0 * scale, down_window=60.0 * scale, startup=15.0 * scale,
                       window=f"{max(4, round(15 * scale))}s")  # fmt: skip
-    chosen = [s for s in signals(control.window)
-              if not args.signals or s.name in args.signals.split(",")]  # fmt: skip
+    if args.scale_up:
+        pods, _, seconds = args.scale_up.partition("/")
+        # (the HPA's 15 s is the controller's 3 s at speed 1)
+        control = replace(control, up_policies=(("Pods", int(pods), float(seconds) / 5 * scale),))
+    chosen = swept(
+        [s for s in signals(control.window)
+         if not args.signals or s.name in args.signals.split(",")],
+        args.target,
+    )  # fmt: skip
     rules = load_rules(control.window)
     reports = []
     for signal in chosen:
         report = await run_signal(signal, control, args.speed, args.seed, rules)
         print(table([report]).splitlines()[-1], flush=True)
         reports.append(report)
+        if args.json:  # (after each run: a long sweep's first results are kept)
+            args.json.write_text(json.dumps([asdict(r) for r in reports], indent=1))
     print(table(reports))
-    if args.json:
-        args.json.write_text(json.dumps([asdict(r) for r in reports], indent=1))
     return 0
 
 
