@@ -6,9 +6,10 @@ its sidecar (``llmobs serve``, TTFT and TPOT objectives), behind a least-loaded 
 driver: each request to the ready pod with the fewest in flight). A real Prometheus scrapes
 the ready pods (file-based discovery, as a PodMonitor scrapes Ready pods) and evaluates the
 shipped recording rules, their saturation window compressed with the day. A controller applies
-the HPA algorithm to one signal read from Prometheus: desired = ceil(current x value / target)
-(a per-pod average, HPA's ``Value``) or ceil(value / target) (a total, ``AverageValue``),
-nothing within the 10 % tolerance, the highest recommendation of the scale-down window, none
+the HPA algorithm to one signal read from Prometheus: desired = ceil(ready pods x value /
+target) (a per-pod average, HPA's ``Value``) or ceil(value / target) (a total,
+``AverageValue``), nothing within the 10 % tolerance, up by its scale-up policies (4 pods or
+100 % a period, or ``--scale-up``), the highest recommendation of the scale-down window, none
 while the signal is absent (missing data never scales down), and a pod ready only after its
 start-up delay (a model's load). The traffic is a day compressed into minutes, seeded: a
 night, a morning ramp, a burst, a plateau, a lull, a wave of long prompts, an evening.
@@ -62,7 +63,7 @@ JOB, ENGINE_JOB = "llmobs", "engine"
 @dataclass(frozen=True)
 class Signal:
     """A signal an autoscaler reads: its query, its target, and whether the query gives a
-    per-pod average (HPA's ``Value``: desired = ceil(current x value / target)) or a total
+    per-pod average (HPA's ``Value``: desired = ceil(ready pods x value / target)) or a total
     (``AverageValue``: desired = ceil(value / target))."""
 
     name: str
@@ -518,6 +519,16 @@ def load_rules(window: str) -> str:
     return rules
 
 
+def compressed(speed: float) -> Control:
+    """The HPA's knobs for a day at ``speed``: every period, window and delay with it."""
+    period = 3.0 * speed
+    return Control(
+        period=period, down_window=60.0 * speed, startup=15.0 * speed,
+        window=f"{max(4, round(15 * speed))}s",
+        up_policies=(("Pods", 4, period), ("Percent", 100, period)),
+    )  # fmt: skip
+
+
 def swept(chosen: Sequence[Signal], targets: Sequence[str]) -> list[Signal]:
     """Each chosen signal at each of its ``targets`` (``NAME=T,T``), else at its own."""
     sweep: dict[str, list[float]] = {}
@@ -564,8 +575,7 @@ async def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--json", type=Path, help="write the reports here")
     args = parser.parse_args(argv)
     scale = args.speed
-    control = Control(period=3.0 * scale, down_window=60.0 * scale, startup=15.0 * scale,
-                      window=f"{max(4, round(15 * scale))}s")  # fmt: skip
+    control = compressed(scale)
     if args.scale_up:
         pods, _, seconds = args.scale_up.partition("/")
         # (the HPA's 15 s is the controller's 3 s at speed 1)

@@ -53,6 +53,7 @@ def test_value_targets_scale_the_ready_pods(current: int, ready: int, value: flo
         (2, 1, 2.2, 5),  # a total needs no pod count
         (4, 4, 2.1, 4),  # 2.1 / (0.5 x 4) = 1.05: within the tolerance
         (4, 4, 1.0, 2),
+        (4, 2, 2.1, 4),  # the tolerance is on every pod, starting ones too: 2.1 / (0.5 x 4)
     ],
 )
 def test_average_value_targets_divide_the_total(current: int, ready: int, value: float,
@@ -66,6 +67,7 @@ def test_scale_up_at_once_down_to_the_windows_highest() -> None:
     assert autoscale.stabilised([6, 4, 2], 5, 8) == 5  # down: the window's highest (6), capped
     assert autoscale.stabilised([6, 4, 2], 8, 8) == 6
     assert autoscale.stabilised([3, 3, 3], 5, 8) == 3
+    assert autoscale.stabilised([9], 5, 4) == 5  # a limit below the count removes nothing
 
 
 def test_the_default_scale_up_policy_doubles_or_adds_four_a_period() -> None:
@@ -106,3 +108,13 @@ def test_misses_are_counted_in_the_phase_they_were_sent_in() -> None:
     assert missed[night.name] == 2 and missed[ramp.name] == 1
     assert missed[autoscale.DAY[-1].name] == 1  # (after the day: its last phase)
     assert sum(missed.values()) == 4
+
+
+@pytest.mark.parametrize("speed", [1.0, 0.5])
+def test_every_knob_is_compressed_with_the_day(speed: float) -> None:
+    control = autoscale.compressed(speed)
+    assert control.period == pytest.approx(3.0 * speed)  # the HPA's 15 s sync
+    assert control.down_window == pytest.approx(60.0 * speed)  # its 300 s window
+    assert control.startup == pytest.approx(15.0 * speed)
+    # the default scale-up policies' periods are the sync's, at any speed
+    assert [p[2] for p in control.up_policies] == [pytest.approx(control.period)] * 2
