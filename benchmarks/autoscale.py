@@ -529,6 +529,19 @@ def compressed(speed: float) -> Control:
     )  # fmt: skip
 
 
+def pods_policy(spec: str, speed: float) -> tuple[str, float, float]:
+    """``--scale-up PODS/SECONDS`` as a policy, its period in the HPA's seconds compressed
+    with the day (the HPA's 15 s is the controller's 3 s at speed 1)."""
+    pods, _, seconds = spec.partition("/")
+    try:
+        policy = ("Pods", float(int(pods)), float(seconds) / 5 * speed)
+    except ValueError:
+        raise SystemExit(f"--scale-up: PODS/SECONDS, as 2/120: {spec!r}") from None
+    if policy[1] <= 0 or policy[2] <= 0:
+        raise SystemExit(f"--scale-up: PODS/SECONDS, both positive: {spec!r}")
+    return policy
+
+
 def swept(chosen: Sequence[Signal], targets: Sequence[str]) -> list[Signal]:
     """Each chosen signal at each of its ``targets`` (``NAME=T,T``), else at its own."""
     sweep: dict[str, list[float]] = {}
@@ -577,9 +590,7 @@ async def main(argv: Sequence[str] | None = None) -> int:
     scale = args.speed
     control = compressed(scale)
     if args.scale_up:
-        pods, _, seconds = args.scale_up.partition("/")
-        # (the HPA's 15 s is the controller's 3 s at speed 1)
-        control = replace(control, up_policies=(("Pods", int(pods), float(seconds) / 5 * scale),))
+        control = replace(control, up_policies=(pods_policy(args.scale_up, scale),))
     chosen = swept(
         [s for s in signals(control.window)
          if not args.signals or s.name in args.signals.split(",")],

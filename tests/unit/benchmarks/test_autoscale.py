@@ -118,3 +118,10 @@ def test_every_knob_is_compressed_with_the_day(speed: float) -> None:
     assert control.startup == pytest.approx(15.0 * speed)
     # the default scale-up policies' periods are the sync's, at any speed
     assert [p[2] for p in control.up_policies] == [pytest.approx(control.period)] * 2
+
+
+def test_a_scale_up_policy_of_ones_own_is_compressed_with_the_day() -> None:
+    assert autoscale.pods_policy("2/120", 0.5) == ("Pods", 2.0, pytest.approx(12.0))
+    for bad in ("2", "two/120", "0/120", "2/0"):
+        with pytest.raises(SystemExit, match="--scale-up"):
+            autoscale.pods_policy(bad, 1.0)
