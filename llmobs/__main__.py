@@ -1,4 +1,4 @@
-"""Command line: ``llmobs serve | sim | demo | bench | slo | why | tenant-key`` (also
+"""Command line: ``llmobs serve | sim | demo | bench | slo | capacity | why | tenant-key`` (also
 ``python -m llmobs ...``). Thin."""
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ import os
 import signal
 import sys
 from collections.abc import Callable, Mapping, Sequence
+from typing import TextIO
 
 from llmobs import __version__
 from llmobs.announce import configuration, unit_warnings
@@ -23,6 +24,13 @@ from llmobs.config.settings import OPTIONS, ConfigError, Settings, add_arguments
 from llmobs.export.telemetry import build_telemetry
 from llmobs.sim import add_sim_arguments, run_sim, sim_settings_from_args
 from llmobs.sim.config import SIM_OPTIONS
+from llmobs.tools.capacity.cli import (
+    EXIT_CODES as CAPACITY_EXIT_CODES,
+)
+from llmobs.tools.capacity.cli import (
+    add_capacity_arguments,
+    run_capacity_cli,
+)
 from llmobs.tools.demo import add_demo_arguments, demo_flag, run_demo
 from llmobs.tools.slo.cli import (
     EXIT_CODES,
@@ -102,6 +110,18 @@ def _parser() -> argparse.ArgumentParser:
         epilog=EXIT_CODES,
     )
     add_slo_arguments(slo)
+
+    capacity = sub.add_parser(
+        "capacity",
+        help="find the load a pod serves within its objectives (the knee) and what bends it",
+        description="Drive an engine through the sidecar at rising load (concurrent clients "
+        "or a request rate) with a workload of prompt and output lengths, find the largest "
+        "load at which the objectives hold, to --precision, and say from the sidecar's own "
+        "phases and causes what bends the curve there: the queue, prefill, preemptions, the "
+        "KV cache, the decode step (docs/capacity.md).",
+        epilog=CAPACITY_EXIT_CODES,
+    )
+    add_capacity_arguments(capacity)
 
     why = sub.add_parser(
         "why",
@@ -196,6 +216,14 @@ def _flag_of(command: str) -> Callable[[str], str]:
     return demo_flag
 
 
+# the commands that read or drive a running sidecar and print a report: (args, out, env) -> exit
+_REPORTS: dict[str, Callable[[argparse.Namespace, TextIO, Mapping[str, str]], int]] = {
+    "slo": run_slo_cli,
+    "why": run_why_cli,
+    "capacity": run_capacity_cli,
+}
+
+
 def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = None) -> int:
     """Entry point of the ``llmobs`` command."""
     args = _parse(list(sys.argv[1:] if argv is None else argv))
@@ -210,10 +238,8 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
             return asyncio.run(_sim(args, env))
         if args.command == "bench":
             return run_bench_cli(args)
-        if args.command == "slo":
-            return run_slo_cli(args, sys.stdout, env)
-        if args.command == "why":
-            return run_why_cli(args, sys.stdout, env)
+        if args.command in _REPORTS:
+            return _REPORTS[args.command](args, sys.stdout, env)
         if args.command == "tenant-key":
             return run_tenant_key(sys.stdin, sys.stdout, sys.stderr)
         tune_process()

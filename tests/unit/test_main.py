@@ -23,7 +23,7 @@ from llmobs.sim.config import SIM_OPTIONS
 from tests.support import ROOT
 from tests.support.ports import port_of, refused_port
 
-COMMANDS = ("serve", "sim", "demo", "bench", "slo", "why", "tenant-key")
+COMMANDS = ("serve", "sim", "demo", "bench", "slo", "capacity", "why", "tenant-key")
 
 
 def _llmobs(*argv: str, stdin: str = "", **env: str) -> subprocess.CompletedProcess[str]:

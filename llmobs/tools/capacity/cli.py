@@ -1,0 +1,245 @@
+"""``llmobs capacity``: its flags, and a search from the first level to the knee.
+
+Each level is driven through the sidecar (``drive``), judged (``figures``), fed to the
+search (``search``); the lowest level that broke the objectives is explained from what the
+sidecar saw (``causes``). Progress goes to stderr, a line per level; the curve to stdout (a
+table, or ``--json``) and to ``--out``'s files. Exit 0 with a knee, 1 when not even the first
+level held, 2 when it cannot run (``EXIT_CODES``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import math
+import os
+import sys
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import TextIO
+
+from llmobs.config.options import ConfigError
+from llmobs.tools.capacity import drive, report
+from llmobs.tools.capacity.causes import explain
+from llmobs.tools.capacity.figures import Objectives, level
+from llmobs.tools.capacity.report import Curve, Point
+from llmobs.tools.capacity.search import Search
+from llmobs.tools.capacity.workload import Workload, WorkloadError, workload_of
+from llmobs.tools.slo.sources import TOKEN_ENV, check_url
+
+EXIT_CODES = (
+    "Exit codes: 0 the knee found (or every load up to --max held); 1 not even --start held "
+    "the objectives; 2 it could not run: the engine unreachable, no model, a workload that "
+    "cannot be read."
+)
+
+
+def _positive(text: str) -> float:
+    value = float(text)
+    if not value > 0 or not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"must be a positive number: {text!r}")
+    return value
+
+
+def _fraction(text: str) -> float:
+    value = float(text)
+    if not 0 < value < 1:
+        raise argparse.ArgumentTypeError(f"must be above 0 and below 1: {text!r}")
+    return value
+
+
+def add_capacity_arguments(parser: argparse.ArgumentParser) -> None:
+    add = parser.add_argument
+    add("--url", required=True, metavar="URL", help="the sidecar's proxy (the load goes here)")
+    add(
+        "--metrics-url",
+        default="",
+        metavar="URL",
+        help="the sidecar's /metrics: what it saw says what bends the curve [none: not said]",
+    )
+    add(
+        "--metrics-token",
+        default=None,
+        metavar="TOKEN",
+        help=f"bearer token for --metrics-url [env {TOKEN_ENV}]",
+    )
+    add("--model", default="", metavar="NAME", help="model to ask for [the first /v1/models lists]")
+    add(
+        "--workload",
+        default="chat",
+        metavar="SPEC",
+        help="fixed:PROMPT,OUTPUT (tokens), chat, rag, or a JSONL file of lengths or prompts "
+        "(docs/capacity.md) [chat]",
+    )
+    add("--seed", type=int, default=0, metavar="N", help="seed of the workload and arrivals [0]")
+    add(
+        "--by",
+        choices=("concurrency", "rate"),
+        default="concurrency",
+        help="load as concurrent clients (closed loop) or requests per second (Poisson "
+        "arrivals) [concurrency]",
+    )
+    add("--start", type=_positive, default=1.0, metavar="LOAD", help="the first load tried [1]")
+    add("--max", type=_positive, default=256.0, metavar="LOAD", help="the highest load tried [256]")
+    add(
+        "--precision",
+        type=_fraction,
+        default=0.1,
+        metavar="FRACTION",
+        help="stop when the knee is known within this share of it (concurrency: within one "
+        "client at least) [0.1]",
+    )
+    add("--ttft", type=_positive, default=None, metavar="SECONDS", help="bound on TTFT")
+    add(
+        "--tpot",
+        type=_positive,
+        default=None,
+        metavar="SECONDS",
+        help="bound on time per output token after the first",
+    )
+    add(
+        "--max-gap",
+        type=_positive,
+        default=None,
+        metavar="SECONDS",
+        help="bound on a request's longest wait between two chunks",
+    )
+    add(
+        "--quantile",
+        type=_fraction,
+        default=0.9,
+        metavar="Q",
+        help="the share of requests each bound holds for [0.9]",
+    )
+    add(
+        "--requests",
+        type=int,
+        default=32,
+        metavar="N",
+        help="requests measured per level, at least [32]",
+    )
+    add(
+        "--rounds",
+        type=int,
+        default=4,
+        metavar="N",
+        help="... and at least N per client (rate: N seconds of arrivals) [4]",
+    )
+    add(
+        "--scrape-interval",
+        type=_positive,
+        default=1.0,
+        metavar="SECONDS",
+        help="seconds between readings of --metrics-url during a level [1]",
+    )
+    add(
+        "--out",
+        default="",
+        metavar="PREFIX",
+        help="write PREFIX.json, PREFIX.csv and PREFIX.png (with matplotlib) [none]",
+    )
+    add("--json", action="store_true", help="print the curve as JSON instead of a table")
+
+
+def objectives_of(args: argparse.Namespace) -> Objectives:
+    bounds = {name: value for name, value in
+              (("ttft", args.ttft), ("tpot", args.tpot), ("max_gap", args.max_gap))
+              if value is not None}  # fmt: skip
+    if not bounds:
+        raise ConfigError("give at least one objective: --ttft, --tpot or --max-gap (seconds)")
+    return Objectives(bounds, args.quantile)
+
+
+def _measured(args: argparse.Namespace, load: float) -> int:
+    return max(int(args.requests), math.ceil(int(args.rounds) * load))
+
+
+def _progress(err: TextIO, curve: Curve, point: Point, started: float) -> None:
+    lv = point.level
+    q = curve.objectives.quantile
+    shown = ", ".join(
+        f"{name} p{q * 100:g} {report.quantile_shown(lv, name, q)}" for name in
+        curve.objectives.bounds
+    )  # fmt: skip
+    verdict = "holds" if lv.holds else "misses " + ",".join(lv.misses)
+    print(f"[{time.monotonic() - started:6.0f} s] load {lv.load:g}: {lv.requests} requests, "
+          f"{lv.throughput:.2f}/s; {shown}: {verdict}", file=err, flush=True)  # fmt: skip
+
+
+async def search_curve(
+    args: argparse.Namespace,
+    target: drive.Target,
+    workload: Workload,
+    curve: Curve,
+    err: TextIO,
+) -> None:
+    """Run levels until the search knows the knee; the curve gets every level."""
+    integer = args.by == "concurrency"
+    search = Search(args.start, args.precision, args.max, integer)
+    started = time.monotonic()
+    while (load := search.next()) is not None:
+        measured = _measured(args, load)
+        async with drive.session_for(load, integer) as session:
+            if integer:
+                run = drive.closed_loop(session, target, workload, int(load), measured)
+            else:
+                run = drive.open_loop(session, target, workload, load, measured, args.seed)
+            samples, ev = await drive.watched(session, target, run, args.scrape_interval)
+        figures = level(load, samples, curve.objectives)
+        point = Point(figures, ev, None if figures.holds else explain(figures, ev))
+        curve.points.append(point)
+        search.record(load, figures.holds)
+        _progress(err, curve, point, started)
+    curve.knee, curve.failed = search.knee, search.failed
+    broke = [p for p in curve.points if p.level.load == curve.failed]
+    curve.cause = broke[0].cause if broke else None
+    curve.seconds = time.monotonic() - started
+
+
+async def _model(args: argparse.Namespace) -> str:
+    if args.model:
+        return str(args.model)
+    async with drive.session_for(1, True) as session:
+        model = await drive.served_model(session, args.url)
+    if model is None:
+        raise ConfigError(f"--model: {args.url}/v1/models lists no model: name one")
+    return model
+
+
+def _write(curve: Curve, prefix: str, err: TextIO) -> None:
+    base = Path(prefix)
+    base.with_name(base.name + ".json").write_text(report.to_json(curve) + "\n")
+    base.with_name(base.name + ".csv").write_text(report.to_csv(curve))
+    why_not = report.plot(curve, base.with_name(base.name + ".png"))
+    if why_not:
+        print(f"llmobs capacity: {why_not}", file=err)
+
+
+def run_capacity_cli(
+    args: argparse.Namespace, out: TextIO, environ: Mapping[str, str] | None = None,
+    err: TextIO = sys.stderr,
+) -> int:  # fmt: skip
+    """Search, print, write; the exit code (``EXIT_CODES``)."""
+    env = os.environ if environ is None else environ
+    check_url("--url", args.url)
+    if args.metrics_url:
+        check_url("--metrics-url", args.metrics_url)
+    objectives = objectives_of(args)
+    try:
+        workload = workload_of(args.workload, args.seed)
+    except WorkloadError as exc:
+        raise ConfigError(f"--workload: {exc}") from None
+    model = asyncio.run(_model(args))
+    token = args.metrics_token if args.metrics_token is not None else env.get(TOKEN_ENV, "")
+    target = drive.Target(args.url.rstrip("/"), model, args.metrics_url, token)
+    curve = Curve(args.by, workload.name, workload.mean_prompt_tokens,
+                  workload.mean_output_tokens, objectives, args.url, model)  # fmt: skip
+    print(f"llmobs capacity: {model} at {args.url}, workload {workload.name}, by {args.by}",
+          file=err)  # fmt: skip
+    asyncio.run(search_curve(args, target, workload, curve, err))
+    if args.out:
+        _write(curve, args.out, err)
+    print(report.to_json(curve) if args.json else report.table(curve) + "\n\n" +
+          report.headline(curve), file=out)  # fmt: skip
+    return 0 if curve.knee is not None else 1
