@@ -32,7 +32,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.ports import ROOT, SERVE, SIM, listening
+from tests.support.ports import SERVE, SIM, listening
+from tests.support.processes import ROOT
 
 PACE = {"decode_base": 0.0075, "decode_per_seq": 0.00025}  # half the sim's defaults
 
