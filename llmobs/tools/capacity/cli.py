@@ -167,30 +167,39 @@ def _progress(err: TextIO, curve: Curve, point: Point, started: float) -> None:
           f"{lv.throughput:.2f}/s; {shown}: {verdict}", file=err, flush=True)  # fmt: skip
 
 
+async def run_level(
+    args: argparse.Namespace, target: drive.Target, workload: Workload, objectives: Objectives,
+    load: float,
+) -> Point:  # fmt: skip
+    """One level driven and judged; explained when it broke the objectives."""
+    measured = _measured(args, load)
+    async with drive.session_for(load, args.by == "concurrency") as session:
+        if args.by == "concurrency":
+            run = drive.closed_loop(
+                session, target, workload, int(load), measured, drain=args.at is not None
+            )
+        else:
+            run = drive.open_loop(session, target, workload, load, measured, args.seed)
+        samples, ev = await drive.watched(session, target, run, args.scrape_interval)
+    figures = level(load, samples, objectives)
+    return Point(figures, ev, None if figures.holds else explain(figures, ev))
+
+
 async def search_curve(
-    args: argparse.Namespace,
-    target: drive.Target,
-    workload: Workload,
-    curve: Curve,
+    args: argparse.Namespace, target: drive.Target, workload: Workload, curve: Curve,
     err: TextIO,
-) -> None:
-    """Run levels until the search knows the knee; the curve gets every level."""
-    integer = args.by == "concurrency"
-    search = Search(args.start, args.precision, args.max, integer)
+) -> None:  # fmt: skip
+    """Run levels until the search knows the knee (``--at``: the one level); the curve gets
+    every level."""
+    search = Search(args.start, args.precision, args.max, args.by == "concurrency")
     started = time.monotonic()
-    while (load := search.next()) is not None:
-        measured = _measured(args, load)
-        async with drive.session_for(load, integer) as session:
-            if integer:
-                run = drive.closed_loop(session, target, workload, int(load), measured)
-            else:
-                run = drive.open_loop(session, target, workload, load, measured, args.seed)
-            samples, ev = await drive.watched(session, target, run, args.scrape_interval)
-        figures = level(load, samples, curve.objectives)
-        point = Point(figures, ev, None if figures.holds else explain(figures, ev))
+    load = search.next() if args.at is None else args.at
+    while load is not None:
+        point = await run_level(args, target, workload, curve.objectives, load)
         curve.points.append(point)
-        search.record(load, figures.holds)
+        search.record(load, point.level.holds)
         _progress(err, curve, point, started)
+        load = search.next() if args.at is None else None
     curve.knee, curve.failed = search.knee, search.failed
     broke = [p for p in curve.points if p.level.load == curve.failed]
     curve.cause = broke[0].cause if broke else None

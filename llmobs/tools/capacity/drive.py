@@ -141,11 +141,15 @@ async def one(session: aiohttp.ClientSession, target: Target, workload: Workload
 
 
 async def _until_measured(
-    spawn: Callable[[], Coroutine[Any, Any, None]], done: asyncio.Event
+    spawn: Callable[[], Coroutine[Any, Any, None]], done: asyncio.Event, drain: bool = False
 ) -> None:
-    """Run ``spawn``'s load until ``done``, then cancel what is still in flight."""
+    """Run ``spawn``'s load until ``done``, then cancel what is still in flight (``drain``:
+    let it end, so that the sidecar counts no request the client left)."""
     task = asyncio.ensure_future(spawn())
     await done.wait()
+    if drain:
+        await task
+        return
     task.cancel()
     with contextlib.suppress(asyncio.CancelledError):
         await task
@@ -153,16 +157,17 @@ async def _until_measured(
 
 async def closed_loop(
     session: aiohttp.ClientSession, target: Target, workload: Workload, clients: int,
-    measured: int,
+    measured: int, drain: bool = False,
 ) -> list[Sample]:  # fmt: skip
     """``clients`` back-to-back clients: each one's first request warms up, the next
-    ``measured`` of all of them are kept."""
+    ``measured`` of all of them are kept (``drain``: the requests sent meanwhile end
+    before it returns, none is cancelled)."""
     kept: list[Sample] = []
     done = asyncio.Event()
     sent = itertools.count()
 
     async def client() -> None:
-        while True:
+        while not done.is_set():
             number = next(sent)
             sample = await one(session, target, workload)
             if clients <= number < clients + measured:
@@ -173,7 +178,7 @@ async def closed_loop(
     async def load() -> None:
         await asyncio.gather(*(client() for _ in range(clients)))
 
-    await _until_measured(load, done)
+    await _until_measured(load, done, drain)
     return kept
 
 

@@ -19,13 +19,14 @@ from typing import Any
 from llmobs.config.options import ConfigError
 from llmobs.export.metrics.catalogue import SLO_REQUESTS
 from llmobs.tools.slo import attainment, reasons, render
+from llmobs.tools.slo.gate import BASELINE_EXIT_CODES, add_baseline_arguments, run_baseline_cli
 from llmobs.tools.slo.sources import TOKEN_ENV, CannotJudge, Source, check_url
 
 EXIT_CODES = (
     "Exit codes: 0 every objective met; 1 a label set below its target; 2 could not judge: "
     "no request judged yet, the source unreachable, a metrics token missing or refused "
     "(--metrics-token / LLMOBS_METRICS_TOKEN), or an answer that is not metrics. With --json "
-    'the report says which as "outcome": met, missed or unjudged.'
+    'the report says which as "outcome": met, missed or unjudged. ' + BASELINE_EXIT_CODES
 )
 _RANGE = re.compile(r"(\d+(ms|s|m|h|d|w|y))+")
 _LABEL = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*")  # a Prometheus label name
@@ -65,6 +66,7 @@ def add_slo_arguments(parser: argparse.ArgumentParser) -> None:
         help="with --prometheus: also say which values of these target labels (pod, or "
         "namespace,pod; instance) hold each label set's bad requests",
     )  # fmt: skip
+    add_baseline_arguments(parser)
 
 
 def source_of(args: argparse.Namespace, environ: Mapping[str, str]) -> Source:
@@ -132,6 +134,8 @@ def run_slo_cli(
     when there is nothing to judge by (why: one sentence on stderr, and in the JSON)."""
     if args.target is not None and not 0 < args.target < 1:
         raise ConfigError("--target: must be above 0 and below 1")
+    if args.baseline or args.record_baseline:
+        return _baseline(args, source_of(args, os.environ if environ is None else environ), out)
     by = _by_labels(args)
     try:
         source = source_of(args, os.environ if environ is None else environ)
@@ -153,6 +157,15 @@ def run_slo_cli(
             print(render.breakdown_table(split, "/".join(by)) if split else "(none)", file=out)
         print("all objectives met" if ok else "objectives missed", file=out)
     return 0 if ok else 1
+
+
+def _baseline(args: argparse.Namespace, source: Source, out: Any) -> int:
+    """``--baseline`` or ``--record-baseline``: a source that cannot be read is exit 2."""
+    try:
+        return run_baseline_cli(args, source, out, sys.stderr)
+    except CannotJudge as exc:
+        print(f"llmobs slo: not comparable: {exc}.", file=sys.stderr)
+        return 2
 
 
 def run_why_cli(

@@ -1,0 +1,123 @@
+"""``llmobs slo --baseline``: a gate that does not flap. Five runs of the simulated engine make
+the baseline; ten more runs of the same build pass it, every one; ten runs of a build whose
+decode is 10 % slower (a sim setting) fail it, at least nine of them, naming the quantity and
+by how much. Runs that cannot be compared (another workload, too few requests, a baseline
+too thin) exit 2. Each run is a fresh sidecar in front of a fresh engine, as in CI."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from llmobs.__main__ import main
+from llmobs.tools.capacity import drive
+from llmobs.tools.capacity.workload import workload_of
+from tests.support.servers import SidecarFactory, SimFactory
+
+# half the sim's default pace; every request 32 tokens long (the workload's max_tokens)
+ENGINE: dict[str, Any] = {
+    "max_batch": 16, "decode_base": 0.0075, "decode_per_seq": 0.00025,
+    "prefill_base": 0.005, "prefill_per_token": 0.00005,
+}  # fmt: skip
+SLOWER = {**ENGINE, "decode_base": 0.0075 * 1.1, "decode_per_seq": 0.00025 * 1.1}
+CLIENTS, REQUESTS = 4, 24
+
+
+async def one_run(
+    start_sim: SimFactory, start_sidecar: SidecarFactory, engine: dict[str, Any],
+    workload: str = "fixed:64,32", requests: int = REQUESTS,
+) -> str:  # fmt: skip
+    """A fresh engine and sidecar, ``requests`` closed-loop requests through it (plus one
+    warm-up per client, all let end): the sidecar's /metrics."""
+    sim = await start_sim(**engine)
+    side = await start_sidecar(sim.url)
+    target = drive.Target(side.url, "sim-llama-3-8b")
+    async with drive.session_for(CLIENTS, True) as session:
+        samples = await drive.closed_loop(
+            session, target, workload_of(workload), CLIENTS, requests, drain=True
+        )
+    assert all(s.ok for s in samples)
+    return f"{side.metrics_url}/metrics"
+
+
+def runs_in(path: str) -> int:
+    return len(json.loads(Path(path).read_text())["runs"])
+
+
+async def slo(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, dict[str, Any], str]:
+    """``llmobs slo ARGV --json`` off the event loop (the sidecar it reads runs on it)."""
+    capsys.readouterr()
+    code = await asyncio.to_thread(main, ["slo", *argv, "--json"], {})
+    out, err = capsys.readouterr()
+    return code, json.loads(out) if out.strip().startswith("{") else {}, err
+
+
+async def test_unchanged_runs_pass_and_a_slower_decode_fails(
+    start_sim: SimFactory, start_sidecar: SidecarFactory, tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:  # fmt: skip
+    base = str(tmp_path / "baseline.json")
+    for _ in range(5):
+        url = await one_run(start_sim, start_sidecar, ENGINE)
+        code, _, err = await slo(capsys, "--metrics-url", url, "--record-baseline", base)
+        assert code == 0, err
+    assert runs_in(base) == 5
+
+    unchanged = []
+    for _ in range(10):
+        url = await one_run(start_sim, start_sidecar, ENGINE)
+        unchanged.append(await slo(capsys, "--metrics-url", url, "--baseline", base))
+    assert [code for code, _, _ in unchanged] == [0] * 10, [
+        [q for q in doc["quantities"] if q["regressed"]] for _, doc, _ in unchanged
+    ]
+    assert all(doc["outcome"] == "within" for _, doc, _ in unchanged)
+
+    slower = []
+    for _ in range(10):
+        url = await one_run(start_sim, start_sidecar, SLOWER)
+        slower.append(await slo(capsys, "--metrics-url", url, "--baseline", base))
+    caught = [doc for code, doc, _ in slower if code == 1]
+    assert len(caught) >= 9, [code for code, _, _ in slower]
+    for doc in caught:
+        assert doc["outcome"] == "regressed"
+        named = {q["quantity"]: q["change"] for q in doc["quantities"] if q["regressed"]}
+        assert 0.05 < named["tpot_mean"] < 0.2, named  # the decode step, 10 % slower
+        assert all(change > 0 for change in named.values()), named
+
+
+async def test_runs_that_cannot_be_compared_exit_2(
+    start_sim: SimFactory, start_sidecar: SidecarFactory, tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:  # fmt: skip
+    base = str(tmp_path / "baseline.json")
+    url = await one_run(start_sim, start_sidecar, ENGINE)
+    assert (await slo(capsys, "--metrics-url", url, "--record-baseline", base))[0] == 0
+    code, doc, err = await slo(capsys, "--metrics-url", url, "--baseline", base)
+    assert (code, doc["outcome"]) == (2, "not_comparable")
+    assert "a noise band needs 3 at least" in err
+
+    for _ in range(2):
+        url = await one_run(start_sim, start_sidecar, ENGINE)
+        assert (await slo(capsys, "--metrics-url", url, "--record-baseline", base))[0] == 0
+    longer = await one_run(start_sim, start_sidecar, ENGINE, workload="fixed:64,64")
+    code, _, err = await slo(capsys, "--metrics-url", longer, "--baseline", base)
+    assert code == 2
+    assert "another workload: 64.0 output tokens per request, the baseline's 32.0" in err
+    code, _, err = await slo(capsys, "--metrics-url", longer, "--record-baseline", base)
+    assert code == 2, "another workload is not added to the baseline"
+    assert runs_in(base) == 3
+
+    few = await one_run(start_sim, start_sidecar, ENGINE, requests=8)
+    code, _, err = await slo(capsys, "--metrics-url", few, "--baseline", base)
+    assert code == 2
+    assert "too few to compare" in err
+
+    other = tmp_path / "other.json"
+    other.write_text('{"kind": "something else"}')
+    code, _, err = await slo(capsys, "--metrics-url", url, "--baseline", str(other))
+    assert code == 2
+    assert "cannot read the baseline" in err
