@@ -7,8 +7,10 @@ TTFT and TPOT (interpolated inside the histogram's buckets, as ``histogram_quant
 share of requests that failed, and the workload's fingerprint (models, mean input and output
 tokens per request). A baseline is several runs of the same workload on the build compared
 against. Each quantity's band is the upper bound of a one-sided 99.9 % prediction interval
-for one more run: mean + t(0.999, n - 1) x sd x sqrt(1 + 1/n), never narrower than
-``FLOOR`` of the mean (the clock's and the buckets' resolution, not a tolerance). A run
+for one more run: mean + t(0.999, n - 1) x sd x sqrt(1 + 1/n), never narrower than what
+can be resolved: ``FLOOR`` of the mean (the clock, the host), and for a quantile the width
+of the bucket it fell in (a histogram cannot place a quantile closer; the means, exact,
+see a shift inside it). It is a resolution, not a tolerance: runs that vary widen it. A run
 regresses when a quantity is above its band; it is not comparable when its workload differs
 or it holds too few requests.
 """
@@ -59,18 +61,21 @@ class Run:
     models: tuple[str, ...]
     input_tokens: float | None  # mean per request (None: the engine reported no usage)
     output_tokens: float
+    resolution: Mapping[str, float] = field(default_factory=dict)  # a quantile's bucket width
 
     def to_json(self) -> dict[str, Any]:
         return {"values": dict(self.values), "requests": self.requests,
                 "models": list(self.models), "input_tokens": self.input_tokens,
-                "output_tokens": self.output_tokens}  # fmt: skip
+                "output_tokens": self.output_tokens,
+                "resolution": dict(self.resolution)}  # fmt: skip
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> Run:
         return cls({str(k): float(v) for k, v in data["values"].items()},
                    float(data["requests"]), tuple(str(m) for m in data["models"]),
                    None if data["input_tokens"] is None else float(data["input_tokens"]),
-                   float(data["output_tokens"]))  # fmt: skip
+                   float(data["output_tokens"]),
+                   {str(k): float(v) for k, v in data.get("resolution", {}).items()})  # fmt: skip
 
 
 def queries(window: str) -> dict[str, str]:
@@ -104,26 +109,40 @@ def _cumulative(samples: Iterable[Sample], family: str) -> list[tuple[float, flo
     return sorted(sums.items())
 
 
+def bucket_width(cumulative: Sequence[tuple[float, float]], value: float) -> float:
+    """The width of the bucket ``value`` falls in (upper bounds ``cumulative``'s; the first
+    starts at 0); 0 beyond the last finite one."""
+    low = 0.0
+    for le, _ in cumulative:
+        if value <= le:
+            return le - low if math.isfinite(le) else 0.0
+        low = le
+    return 0.0
+
+
 def run_of(samples: Sequence[Sample]) -> Run:
     """The run the samples describe; ``NotComparable`` when they hold no request."""
     requests = _total(samples, _REQUESTS)
     if requests <= 0:
         raise NotComparable("no request counted: send the run's load through the sidecar first")
     values: dict[str, float] = {}
+    resolution: dict[str, float] = {}
     for name, family in _HISTOGRAMS.items():
         count = _total(samples, family + "_count")
         if count > 0:
             values[f"{name}_mean"] = _total(samples, family + "_sum") / count
+        cumulative = _cumulative(samples, family)
         for q in _QUANTILES.get(name, ()):
-            found = quantile(q, _cumulative(samples, family))
+            found = quantile(q, cumulative)
             if found is not None:
                 values[f"{name}_p{q * 100:g}"] = found
+                resolution[f"{name}_p{q * 100:g}"] = bucket_width(cumulative, found)
     values["error_share"] = 1 - _total(samples, _REQUESTS, outcome="ok") / requests
     ok = max(1.0, _total(samples, _REQUESTS, outcome="ok"))
     inputs = _total(samples, _TOKENS, gen_ai_token_type="input")
     models = sorted({ls[MODEL] for n, ls, v in samples if n == _REQUESTS and v > 0 and MODEL in ls})
     return Run(values, requests, tuple(models), inputs / ok if inputs > 0 else None,
-               _total(samples, _TOKENS, gen_ai_token_type="output") / ok)  # fmt: skip
+               _total(samples, _TOKENS, gen_ai_token_type="output") / ok, resolution)  # fmt: skip
 
 
 def _t999(df: int) -> float:
@@ -143,14 +162,15 @@ class Band:
     upper: float
 
 
-def band(values: Sequence[float], quantity: str = "") -> Band:
-    """The upper bound of a one-sided 99.9 % prediction interval for one more run."""
+def band(values: Sequence[float], quantity: str = "", resolution: float = 0.0) -> Band:
+    """The upper bound of a one-sided 99.9 % prediction interval for one more run, no
+    narrower than ``resolution`` (or the floor of ``quantity``'s kind)."""
     n = len(values)
     mean = statistics.fmean(values)
     sd = statistics.stdev(values) if n > 1 else 0.0
     if n < 2:
         return Band(mean, sd, math.inf)
-    floor = ERROR_FLOOR if quantity == "error_share" else FLOOR * abs(mean)
+    floor = ERROR_FLOOR if quantity == "error_share" else max(FLOOR * abs(mean), resolution)
     return Band(mean, sd, mean + max(_t999(n - 1) * sd * math.sqrt(1 + 1 / n), floor))
 
 
@@ -177,7 +197,11 @@ class Baseline:
 
     def bands(self) -> dict[str, Band]:
         quantities = set.intersection(*(set(r.values) for r in self.runs))
-        return {q: band([r.values[q] for r in self.runs], q) for q in sorted(quantities)}
+        return {
+            q: band([r.values[q] for r in self.runs], q,
+                    max(r.resolution.get(q, 0.0) for r in self.runs))
+            for q in sorted(quantities)
+        }  # fmt: skip
 
 
 def _apart(a: float, b: float) -> bool:
