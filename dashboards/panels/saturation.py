@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from panels.builders import Json, target, timeseries
 from panels.names import (
+    ACTIVE,
     PREFILL_BACKLOG,
     PREFILL_BACKLOG_REQUESTS,
     PREFILL_BACKLOG_TOKENS,
@@ -16,6 +17,35 @@ from panels.names import (
     SLO_LATENCY_RATIO,
 )
 from panels.promql import POD, quantile, rate
+
+
+def knee_seen() -> Json:
+    """Each pod's load against the knee its own traffic showed (the rules' ``llmobs.knee``,
+    here from the raw series: the dashboard needs no recording rule)."""
+    load = f"sum by (pod) (avg_over_time({ACTIVE}{{{POD}}}[1m]))"
+    latency = f"({quantile(0.9, SLO_LATENCY_RATIO, POD, by='pod')})"
+    # a point every 15 s (the rules' every minute): a new pod's first reading within 15 s
+    held = f"max_over_time(({load} and on (pod) {latency} <= 1)[6h:15s])"
+    broke = f"min_over_time(({load} and on (pod) {latency} > 1)[6h:15s])"
+    return timeseries(
+        "Load against the knee seen",
+        "Requests in flight per pod (a minute's average) against the knee its own traffic "
+        "showed over the last 6 hours: the highest load at which its requests' latency held "
+        "within their bounds (p90), and the lowest at which it broke. Near the lower line the "
+        "pod is at its knee. Valid while the mix of prompts stays the same and the load has "
+        "reached the knee in the window (docs/measure-first.md); a break below a load that "
+        "held means something else broke it.",
+        [
+            target(load, "{{pod}} in flight"),
+            target(
+                f'label_replace({held}, "seen", "held up to", "", "") or '
+                f'label_replace({broke}, "seen", "broke from", "", "")',
+                "{{pod}} {{seen}}",
+            ),
+        ],
+        "short",
+        width=12,
+    )
 
 
 def saturation_row() -> list[Json]:
@@ -74,4 +104,5 @@ def saturation_row() -> list[Json]:
             "percentunit",
             width=6,
         ),
+        knee_seen(),
     ]

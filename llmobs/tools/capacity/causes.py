@@ -30,7 +30,8 @@ MEANINGS = {
     "engine_pause": "the engine paused every stream (its own pauses, not the load's)",
     "decode": "the decode step grew with the batch (memory bandwidth: each token reads "
     "the weights and every sequence's KV cache)",
-    "unknown": "the sidecar saw nothing that explains it",
+    "unknown": "the sidecar saw nothing that explains it (no engine gauges: --metrics-url, "
+    "the engine collector)",
 }
 
 
@@ -64,16 +65,21 @@ def _per(count: float, requests: int) -> float:
 
 
 def _ttft_cause(ev: Evidence) -> Cause:
-    """Why TTFT grew: the queue (the batch's or the KV cache's) or prefill."""
-    queue, prefill = ev.phases.get("queue", 0.0), ev.phases.get("prefill", 0.0)
+    """Why TTFT grew: the queue (the batch's or the KV cache's) or prefill. The engine's
+    queue time where it reports one (vLLM's, the sim's), else its waiting gauge (llama.cpp
+    reports its prefill but not its queue: the rest of TTFT is not prefill, nor all queue)."""
     kv = f", KV cache {ev.kv_usage:.0%} full" if ev.kv_usage is not None else ""
-    if queue or prefill:
+    prefill = ev.phases.get("prefill", 0.0)
+    if "queue" in ev.phases:
+        queue = ev.phases["queue"]
         figures = f"mean queue {queue:.3f} s, prefill {prefill:.3f} s of TTFT{kv}"
         queued = queue >= prefill
-    else:  # the engine reports no phases: its waiting gauge says whether requests queued
-        waiting = ev.waiting or 0.0
-        figures = f"{waiting:.1f} requests waiting in the engine on average{kv}"
-        queued = waiting >= WAITING
+    elif ev.waiting is not None:
+        figures = f"{ev.waiting:.1f} requests waiting in the engine on average, prefill " \
+            f"{prefill:.3f} s of TTFT{kv}"  # fmt: skip
+        queued = ev.waiting >= WAITING
+    else:
+        return Cause("unknown", "the engine reports neither its queue time nor its queue")
     if not queued:
         return Cause("prefill", figures)
     full = ev.kv_usage is not None and ev.kv_usage >= KV_FULL

@@ -19,7 +19,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TextIO
 
-from llmobs.config.options import ConfigError
+from llmobs.config.options import ConfigError, parse_duration
 from llmobs.tools.capacity import drive, report
 from llmobs.tools.capacity.causes import explain
 from llmobs.tools.capacity.figures import Objectives, level
@@ -29,9 +29,9 @@ from llmobs.tools.capacity.workload import Workload, WorkloadError, workload_of
 from llmobs.tools.slo.sources import TOKEN_ENV, check_url
 
 EXIT_CODES = (
-    "Exit codes: 0 the knee found (or every load up to --max held); 1 not even --start held "
-    "the objectives; 2 it could not run: the engine unreachable, no model, a workload that "
-    "cannot be read."
+    "Exit codes: 0 the knee found (or every load up to --max held; with --at: that load "
+    "held); 1 not even --start held the objectives (--at: that load did not); 2 it could not "
+    "run: nothing at --url, no model, a workload that cannot be read."
 )
 
 
@@ -39,6 +39,17 @@ def _positive(text: str) -> float:
     value = float(text)
     if not value > 0 or not math.isfinite(value):
         raise argparse.ArgumentTypeError(f"must be a positive number: {text!r}")
+    return value
+
+
+def _duration(text: str) -> float:
+    """A bound: a duration as the sidecar's --slo-* flags take one (500ms, 2s, 1.5)."""
+    try:
+        value = parse_duration(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be above 0: {text!r}")
     return value
 
 
@@ -83,6 +94,14 @@ def add_capacity_arguments(parser: argparse.ArgumentParser) -> None:
     add("--start", type=_positive, default=1.0, metavar="LOAD", help="the first load tried [1]")
     add("--max", type=_positive, default=256.0, metavar="LOAD", help="the highest load tried [256]")
     add(
+        "--at",
+        type=_positive,
+        default=None,
+        metavar="LOAD",
+        help="run this one load, no search; every request let end (concurrency): a run to "
+        "record or gate with llmobs slo --baseline (docs/measure-first.md)",
+    )
+    add(
         "--precision",
         type=_fraction,
         default=0.1,
@@ -90,19 +109,19 @@ def add_capacity_arguments(parser: argparse.ArgumentParser) -> None:
         help="stop when the knee is known within this share of it (concurrency: within one "
         "client at least) [0.1]",
     )
-    add("--ttft", type=_positive, default=None, metavar="SECONDS", help="bound on TTFT")
+    add("--ttft", type=_duration, default=None, metavar="DURATION", help="bound on TTFT (2s)")
     add(
         "--tpot",
-        type=_positive,
+        type=_duration,
         default=None,
-        metavar="SECONDS",
-        help="bound on time per output token after the first",
+        metavar="DURATION",
+        help="bound on time per output token after the first (50ms)",
     )
     add(
         "--max-gap",
-        type=_positive,
+        type=_duration,
         default=None,
-        metavar="SECONDS",
+        metavar="DURATION",
         help="bound on a request's longest wait between two chunks",
     )
     add(
@@ -128,9 +147,9 @@ def add_capacity_arguments(parser: argparse.ArgumentParser) -> None:
     )
     add(
         "--scrape-interval",
-        type=_positive,
+        type=_duration,
         default=1.0,
-        metavar="SECONDS",
+        metavar="DURATION",
         help="seconds between readings of --metrics-url during a level [1]",
     )
     add(
@@ -147,7 +166,7 @@ def objectives_of(args: argparse.Namespace) -> Objectives:
               (("ttft", args.ttft), ("tpot", args.tpot), ("max_gap", args.max_gap))
               if value is not None}  # fmt: skip
     if not bounds:
-        raise ConfigError("give at least one objective: --ttft, --tpot or --max-gap (seconds)")
+        raise ConfigError("give at least one objective: --ttft, --tpot or --max-gap (500ms, 2s)")
     return Objectives(bounds, args.quantile)
 
 
@@ -210,7 +229,10 @@ async def _model(args: argparse.Namespace) -> str:
     if args.model:
         return str(args.model)
     async with drive.session_for(1, True) as session:
-        model = await drive.served_model(session, args.url)
+        try:
+            model = await drive.served_model(session, args.url)
+        except drive.Unreachable as exc:
+            raise ConfigError(f"--url: {exc}: start the sidecar, or check the URL") from None
     if model is None:
         raise ConfigError(f"--model: {args.url}/v1/models lists no model: name one")
     return model
@@ -243,7 +265,8 @@ def run_capacity_cli(
     token = args.metrics_token if args.metrics_token is not None else env.get(TOKEN_ENV, "")
     target = drive.Target(args.url.rstrip("/"), model, args.metrics_url, token)
     curve = Curve(args.by, workload.name, workload.mean_prompt_tokens,
-                  workload.mean_output_tokens, objectives, args.url, model)  # fmt: skip
+                  workload.mean_output_tokens, objectives, args.url, model,
+                  single=args.at is not None)  # fmt: skip
     print(f"llmobs capacity: {model} at {args.url}, workload {workload.name}, by {args.by}",
           file=err)  # fmt: skip
     asyncio.run(search_curve(args, target, workload, curve, err))

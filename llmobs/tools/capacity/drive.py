@@ -248,14 +248,23 @@ async def watched(
     return samples, evidence(before, during, after)
 
 
+class Unreachable(Exception):
+    """Nothing answers at the URL the load is to go to (exit 2): the message says what."""
+
+
 async def served_model(session: aiohttp.ClientSession, url: str) -> str | None:
-    """The first model the engine lists at /v1/models (None: it lists none)."""
+    """The first model the engine lists at /v1/models (None: it lists none);
+    ``Unreachable`` when nothing answers there at all."""
     try:
         async with session.get(url.rstrip("/") + "/v1/models") as resp:
             body: Any = await resp.json(content_type=None)
+    except (aiohttp.ClientConnectionError, OSError, TimeoutError) as exc:
+        raise Unreachable(f"nothing answers at {url} ({type(exc).__name__})") from None
+    except (aiohttp.ClientError, ValueError):
+        return None
+    try:
         return str(body["data"][0]["id"])
-    except (aiohttp.ClientError, OSError, TimeoutError, ValueError, KeyError, IndexError,
-            TypeError):  # fmt: skip
+    except (KeyError, IndexError, TypeError):
         return None
 
 

@@ -42,6 +42,7 @@ class Curve:
     failed: float | None = None  # the lowest load that broke the objectives
     cause: Cause | None = None  # why it broke there
     seconds: float = 0.0
+    single: bool = False  # one level (--at), no search
 
     def sorted_points(self) -> list[Point]:
         return sorted(self.points, key=lambda p: p.level.load)
@@ -69,7 +70,11 @@ def headline(curve: Curve) -> str:
     q = f"p{curve.objectives.quantile * 100:g}"
     bounds = ", ".join(f"{name} {q} <= {bound:g} s" for name, bound in
                        curve.objectives.bounds.items())  # fmt: skip
-    if curve.knee is None:
+    if curve.single and curve.points:
+        lv = curve.points[0].level
+        verdict = "held" if lv.holds else "missed " + ", ".join(lv.misses)
+        text = f"at {_load(curve, lv.load)}: {verdict} ({bounds})"
+    elif curve.knee is None:
         text = f"no load tried held the objectives ({bounds})"
     else:
         text = f"knee: {_load(curve, curve.knee)} within {bounds}"
@@ -144,8 +149,8 @@ def to_json(curve: Curve) -> str:
             "quantile": curve.objectives.quantile,
             "bounds_s": dict(curve.objectives.bounds),
         },
-        "knee": curve.knee,
-        "failed": curve.failed,
+        "knee": None if curve.single else curve.knee,
+        "failed": None if curve.single else curve.failed,
         "cause": None
         if curve.cause is None
         else {"name": curve.cause.name, "says": curve.cause.says},

@@ -29,8 +29,21 @@ def test_prefill_when_it_takes_most_of_ttft() -> None:
 
 
 @pytest.mark.parametrize(("waiting", "cause"), [(3.0, "queue"), (0.1, "prefill")])
-def test_without_phases_the_engine_s_waiting_gauge_decides(waiting: float, cause: str) -> None:
+def test_without_a_queue_phase_the_engine_s_waiting_gauge_decides(
+    waiting: float, cause: str
+) -> None:
     assert explain(broke("ttft"), Evidence(waiting=waiting)).name == cause
+    # llama.cpp reports its prefill, not its queue: the gauge still decides
+    reported = Evidence(phases={"prefill": 0.6, "other": 0.7}, waiting=waiting)
+    assert explain(broke("ttft"), reported).name == cause
+
+
+def test_neither_a_queue_phase_nor_a_gauge_is_unknown() -> None:
+    cause = explain(broke("ttft"), Evidence(phases={"prefill": 0.6}))
+    assert (cause.name, cause.figures) == (
+        "unknown",
+        "the engine reports neither its queue time nor its queue",
+    )
 
 
 def test_preemptions_come_first_whatever_was_missed() -> None:
