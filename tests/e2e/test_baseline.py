@@ -81,6 +81,17 @@ async def test_unchanged_runs_pass_and_a_slower_decode_fails(
         url = await one_run(start_sim, start_sidecar, SLOWER)
         slower.append(await slo(capsys, "--metrics-url", url, "--baseline", base))
     caught = [doc for code, doc, _ in slower if code == 1]
+    tpot = [next(q for q in doc["quantities"] if q["quantity"] == "tpot_mean")
+            for _, doc, _ in unchanged + slower]  # fmt: skip
+    print(  # the figures, with pytest -rP (docs/benchmarks.md)
+        f"TPOT mean's band: +{tpot[0]['band_upper'] / tpot[0]['baseline_mean'] - 1:.2%};",
+        "unchanged:",
+        [f"{q['change']:+.2%}" for q in tpot[:10]],
+        "; 10 % slower decode:",
+        [f"{q['change']:+.2%}" for q in tpot[10:]],
+        "exit codes",
+        [code for code, _, _ in slower],
+    )
     assert len(caught) >= 9, [code for code, _, _ in slower]
     for doc in caught:
         assert doc["outcome"] == "regressed"

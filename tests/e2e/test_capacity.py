@@ -127,7 +127,7 @@ async def test_the_knee_and_its_cause_match_the_engine_s_settings(
         code, out, err = await capacity(
             "--url", url, "--metrics-url", metrics, "--workload",
             f"fixed:{setting.prompt},{setting.output}", *bounds, "--quantile", "0.95",
-            "--start", "4", "--requests", "20", "--rounds", "4", "--out", str(tmp_path / "c"),
+            "--start", "4", "--requests", "12", "--rounds", "2", "--out", str(tmp_path / "c"),
         )  # fmt: skip
     assert code == 0, err
     found = json.loads((tmp_path / "c.json").read_text())

@@ -200,7 +200,8 @@ async def run_level(
         else:
             run = drive.open_loop(session, target, workload, load, measured, args.seed)
         samples, ev = await drive.watched(session, target, run, args.scrape_interval)
-    figures = level(load, samples, objectives)
+    clients = int(load) if args.by == "concurrency" else None
+    figures = level(load, samples, objectives, clients)
     return Point(figures, ev, None if figures.holds else explain(figures, ev))
 
 

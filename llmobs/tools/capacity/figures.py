@@ -131,22 +131,30 @@ def judge(
     return judged, tuple(out)
 
 
-def _rate(samples: Sequence[Sample]) -> float:
-    """Requests per second, from the ends' spacing: n requests end over n - 1 intervals.
-    (Not n over the first send to the last end: that window holds one response time more
-    than the n ends take, and undercounts a closed loop by a share that grows with load.)"""
+def _rate(samples: Sequence[Sample], clients: int | None) -> float:
+    """Requests per second, per request measured (the level's rate over its count).
+
+    A closed loop of ``clients`` always has each of them waiting on one request: by Little's
+    law its throughput is the clients over the mean response time, exact whatever the
+    clients' phase (in step, a cohort's requests end together: their ends' spacing says
+    nothing). Arrivals (None): n requests end over the n - 1 intervals between their ends."""
+    if clients:
+        mean = sum(s.ended - s.sent for s in samples) / len(samples)
+        return clients / mean / len(samples) if mean > 0 else 0.0
     ends = sorted(s.ended for s in samples)
     span = ends[-1] - ends[0]
     return (len(ends) - 1) / span / len(ends) if span > 0 and len(ends) > 1 else 0.0
 
 
-def level(load: float, samples: Sequence[Sample], objectives: Objectives) -> Level:
-    """The figures of ``samples`` measured at ``load``; throughput over the window from the
-    first request's send to the last one's end."""
+def level(
+    load: float, samples: Sequence[Sample], objectives: Objectives, clients: int | None = None
+) -> Level:
+    """The figures of ``samples`` measured at ``load`` (``clients``: a closed loop's; None:
+    arrivals at a rate)."""
     if not samples:
         return Level(load, 0, 0, 0.0, 0.0, 0.0, 0.0, 0.0, misses=("no requests",))
     seconds = max(s.ended for s in samples) - min(s.sent for s in samples)
-    per_s = _rate(samples)
+    per_s = _rate(samples, clients)
     good = [s for s in samples if objectives.within(s)]
     ok = [s for s in samples if s.ok]
     judged, missed = judge(samples, objectives)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -62,8 +63,9 @@ def record(path: Path, run: Run) -> Baseline:
 
 def _row(f: Finding) -> str:
     verdict = "REGRESSED" if f.regressed else "within"
+    change = "-" if math.isnan(f.change) else f"{f.change:+.1%}"  # from 0: no share of it
     return (f"{f.quantity:<14} {f.band.mean:>10.4g} {f.band.upper:>10.4g} {f.value:>10.4g} "
-            f"{f.change:>+8.1%}  {verdict}")  # fmt: skip
+            f"{change:>8}  {verdict}")  # fmt: skip
 
 
 def table(findings: list[Finding]) -> str:

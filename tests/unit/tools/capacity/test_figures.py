@@ -61,6 +61,15 @@ def test_failures_beyond_the_quantile_s_allowance_miss_as_errors() -> None:
     assert judge([*ok, failed, failed], Objectives({"ttft": 1.0}, 0.9))[1] == ("errors",)
 
 
+def test_a_closed_loop_s_throughput_by_little_s_law() -> None:
+    # 4 clients in step: each cohort's requests end together, every 2 s: 2 requests/s
+    samples = [Sample(c * 2.0, c * 2.0 + 2.0, 0.1, (0.1, 1.9), 20) for c in range(3)
+               for _ in range(4)]  # fmt: skip
+    lv = level(4, samples, Objectives({"ttft": 0.5}), clients=4)
+    assert lv.throughput == pytest.approx(2.0)
+    assert lv.output_tps == pytest.approx(40.0)
+
+
 def test_throughput_and_goodput_over_the_ends_spacing() -> None:
     # ten requests ending one every 0.5 s, each 2 s long: 2 requests/s
     samples = [Sample(i * 0.5, i * 0.5 + 2.0, 0.1 + (i == 9), (0.1, 1.9), 20) for i in range(10)]
