@@ -45,6 +45,7 @@ _HISTOGRAMS = {"ttft": TTFT.prometheus, "tpot": TPOT.prometheus, "itl": ITL.prom
                "duration": DURATION.prometheus}  # fmt: skip
 _QUANTILES = {"ttft": (0.9, 0.99), "tpot": (0.9, 0.99)}
 _REQUESTS, _TOKENS = REQUESTS.prometheus, TOKENS.prometheus
+_LEFT = "client_disconnect"  # the outcome of a request whose client left (observe.timing)
 UNITS = {"error_share": ""}  # every other quantity is in seconds
 
 
@@ -122,7 +123,8 @@ def bucket_width(cumulative: Sequence[tuple[float, float]], value: float) -> flo
 
 def run_of(samples: Sequence[Sample]) -> Run:
     """The run the samples describe; ``NotComparable`` when they hold no request."""
-    requests = _total(samples, _REQUESTS)
+    # a client that left is the client's doing, not the build's (the SLO leaves it out too)
+    requests = _total(samples, _REQUESTS) - _total(samples, _REQUESTS, outcome=_LEFT)
     if requests <= 0:
         raise NotComparable("no request counted: send the run's load through the sidecar first")
     values: dict[str, float] = {}

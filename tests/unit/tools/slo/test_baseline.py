@@ -22,12 +22,14 @@ from llmobs.tools.slo.baseline import (
     run_of,
 )
 from llmobs.tools.slo.samples import page_samples
+from tests.support.promql import metric_names
 
 LABELS = 'gen_ai_operation_name="chat",gen_ai_request_model="m"'
 
 
 def page(tpot_sum: float = 0.8, tpot_buckets: tuple[int, int, int] = (10, 36, 40),
-         ok: int = 40, failed: int = 0, output: int = 1280, inputs: int = 2560) -> str:  # fmt: skip
+         ok: int = 40, failed: int = 0, output: int = 1280, inputs: int = 2560,
+         left: int = 0) -> str:  # fmt: skip
     """A sidecar's page after ``ok`` + ``failed`` requests (TPOT's buckets: <= 0.015,
     <= 0.025, +Inf), as its exposition writes it."""
     b = tpot_buckets
@@ -40,6 +42,7 @@ gen_ai_server_time_per_output_token_seconds_count{{{LABELS}}} {b[2]}
 # TYPE llmobs_requests_total counter
 llmobs_requests_total{{{LABELS},outcome="ok"}} {ok}
 llmobs_requests_total{{{LABELS},outcome="upstream_error"}} {failed}
+llmobs_requests_total{{{LABELS},outcome="client_disconnect"}} {left}
 # TYPE llmobs_tokens_total counter
 llmobs_tokens_total{{{LABELS},gen_ai_token_type="output"}} {output}
 llmobs_tokens_total{{{LABELS},gen_ai_token_type="input"}} {inputs}
@@ -59,6 +62,18 @@ def test_a_run_read_off_a_page() -> None:
     assert r.requests == 42 and r.models == ("m",)
     assert (r.input_tokens, r.output_tokens) == (64, 32)  # per request that ended well
     assert r.resolution["tpot_p90"] == pytest.approx(0.01)
+
+
+def test_clients_that_left_are_neither_requests_nor_errors() -> None:
+    r = run(failed=2, left=5)
+    assert r.requests == 42
+    assert r.values["error_share"] == pytest.approx(2 / 42)
+
+
+def test_the_queries_are_promql_over_the_window() -> None:
+    for name, query in queries("30m").items():
+        assert "[30m]" in query and name.split("_bucket")[0] in query
+        assert metric_names(query) == {name}, query
 
 
 def test_a_page_with_no_request_is_not_a_run() -> None:
