@@ -118,7 +118,7 @@ def _parser() -> argparse.ArgumentParser:
         "or a request rate) with a workload of prompt and output lengths, find the largest "
         "load at which the objectives hold, to --precision, and say from the sidecar's own "
         "phases and causes what bends the curve there: the queue, prefill, preemptions, the "
-        "KV cache, the decode step (docs/capacity.md).",
+        "KV cache, the decode step (docs/measure-first.md).",
         epilog=CAPACITY_EXIT_CODES,
     )
     add_capacity_arguments(capacity)

@@ -39,6 +39,7 @@ MEANINGS = {
 class Evidence:
     """What the sidecar counted over one level (counter deltas; gauges' means and peaks)."""
 
+    requests: float = 0.0  # the requests the sidecar timed over the level (all it saw)
     phases: Mapping[str, float] = field(default_factory=dict)  # mean TTFT seconds by phase
     stalls: Mapping[str, float] = field(default_factory=dict)  # stalls by cause
     preemptions: float = 0.0
@@ -60,7 +61,10 @@ class Cause:
         return f"{self.name}: {MEANINGS[self.name]} ({self.figures})"
 
 
-def _per(count: float, requests: int) -> float:
+def _per(count: float, level: Level, ev: Evidence) -> float:
+    """Per request the sidecar saw over the level (its warm-up and the requests that kept the
+    load up count too: their stalls are in the deltas); the level's own count without it."""
+    requests = ev.requests or level.requests
     return count / requests if requests else 0.0
 
 
@@ -88,8 +92,8 @@ def _ttft_cause(ev: Evidence) -> Cause:
 
 def _stream_cause(level: Level, ev: Evidence) -> Cause:
     """Why the stream slowed: prefill pausing it, engine pauses, or the decode step."""
-    prefill = _per(ev.stalls.get("prefill", 0.0), level.requests)
-    pauses = _per(ev.stalls.get("engine_pause", 0.0), level.requests)
+    prefill = _per(ev.stalls.get("prefill", 0.0), level, ev)
+    pauses = _per(ev.stalls.get("engine_pause", 0.0), level, ev)
     figures = f"{prefill:.2f} prefill and {pauses:.2f} engine stalls per request"
     if prefill >= STALLS_PER_REQUEST and prefill >= pauses:
         return Cause("prefill_interference", figures)
@@ -102,9 +106,12 @@ def _stream_cause(level: Level, ev: Evidence) -> Cause:
 
 def explain(level: Level, ev: Evidence) -> Cause:
     """The cause of ``level``'s misses (``level.misses``), from ``ev``."""
+    if level.overloaded:
+        return Cause("queue", f"arrivals outpaced the engine: {level.overloaded} requests "
+                     "not sent, too many in flight already")  # fmt: skip
     if "errors" in level.misses:
         return Cause("errors", f"{level.errors} of {level.requests} requests failed")
-    preempted = _per(ev.preemptions, level.requests)
+    preempted = _per(ev.preemptions, level, ev)
     if preempted >= PREEMPTIONS_PER_REQUEST:
         kv = f", KV cache {ev.kv_usage:.0%} full" if ev.kv_usage is not None else ""
         return Cause("preemption", f"{preempted:.2f} preemptions per request{kv}")

@@ -30,8 +30,9 @@ from llmobs.tools.slo.sources import TOKEN_ENV, check_url
 
 EXIT_CODES = (
     "Exit codes: 0 the knee found (or every load up to --max held; with --at: that load "
-    "held); 1 not even --start held the objectives (--at: that load did not); 2 it could not "
-    "run: nothing at --url, no model, a workload that cannot be read."
+    "held); 1 no load tried held the objectives, not even below --start (--at: that load did "
+    "not); 2 it could not run: nothing at --url, no model, a workload that cannot be read, "
+    "a flag out of range."
 )
 
 
@@ -39,6 +40,16 @@ def _positive(text: str) -> float:
     value = float(text)
     if not value > 0 or not math.isfinite(value):
         raise argparse.ArgumentTypeError(f"must be a positive number: {text!r}")
+    return value
+
+
+def _count(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be a whole number, 1 or more: {text!r}")
     return value
 
 
@@ -81,7 +92,7 @@ def add_capacity_arguments(parser: argparse.ArgumentParser) -> None:
         default="chat",
         metavar="SPEC",
         help="fixed:PROMPT,OUTPUT (tokens), chat, rag, or a JSONL file of lengths or prompts "
-        "(docs/capacity.md) [chat]",
+        "(docs/measure-first.md) [chat]",
     )
     add("--seed", type=int, default=0, metavar="N", help="seed of the workload and arrivals [0]")
     add(
@@ -133,14 +144,14 @@ def add_capacity_arguments(parser: argparse.ArgumentParser) -> None:
     )
     add(
         "--requests",
-        type=int,
+        type=_count,
         default=32,
         metavar="N",
         help="requests measured per level, at least [32]",
     )
     add(
         "--rounds",
-        type=int,
+        type=_count,
         default=4,
         metavar="N",
         help="... and at least N per client (rate: N seconds of arrivals) [4]",
@@ -159,6 +170,18 @@ def add_capacity_arguments(parser: argparse.ArgumentParser) -> None:
         help="write PREFIX.json, PREFIX.csv and PREFIX.png (with matplotlib) [none]",
     )
     add("--json", action="store_true", help="print the curve as JSON instead of a table")
+
+
+def check_loads(args: argparse.Namespace) -> None:
+    """Concurrency is whole clients, one at least; ``--out`` a folder that exists."""
+    if args.by == "concurrency" or args.at is not None:
+        for flag, value in (("--start", args.start), ("--max", args.max), ("--at", args.at)):
+            if value is not None and (value < 1 or value != int(value)):
+                raise ConfigError(f"{flag}: concurrency is whole clients, 1 or more: {value:g}")
+    if args.max < args.start:
+        raise ConfigError(f"--max ({args.max:g}) is below --start ({args.start:g})")
+    if args.out and not Path(args.out).resolve().parent.is_dir():
+        raise ConfigError(f"--out: no folder {Path(args.out).parent} to write {args.out}.* in")
 
 
 def objectives_of(args: argparse.Namespace) -> Objectives:
@@ -199,7 +222,7 @@ async def run_level(
             )
         else:
             run = drive.open_loop(session, target, workload, load, measured, args.seed)
-        samples, ev = await drive.watched(session, target, run, args.scrape_interval)
+        samples, ev = await drive.watched(target, run, args.scrape_interval)
     clients = int(load) if args.by == "concurrency" else None
     figures = level(load, samples, objectives, clients)
     return Point(figures, ev, None if figures.holds else explain(figures, ev))
@@ -257,6 +280,7 @@ def run_capacity_cli(
     check_url("--url", args.url)
     if args.metrics_url:
         check_url("--metrics-url", args.metrics_url)
+    check_loads(args)
     objectives = objectives_of(args)
     try:
         workload = workload_of(args.workload, args.seed)

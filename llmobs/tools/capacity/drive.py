@@ -16,6 +16,7 @@ import contextlib
 import itertools
 import math
 import random
+import resource
 import time
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
@@ -30,24 +31,27 @@ from llmobs.export.metrics.catalogue import (
     ENGINE_WAITING,
     MBU,
     STALLS,
+    TTFT,
     TTFT_PHASE,
 )
 from llmobs.tools.capacity.causes import Evidence
-from llmobs.tools.capacity.figures import Sample
+from llmobs.tools.capacity.figures import OVERLOADED, Sample
 from llmobs.tools.capacity.workload import Workload, chat_body
 from llmobs.tools.slo.samples import Sample as Metric
 from llmobs.tools.slo.samples import page_samples
 from llmobs.tools.traffic import Call, stream_call
 
 CHAT_PATH = "/v1/chat/completions"
+READ_TIMEOUT = 600.0  # seconds without a byte: a request failed, not a slow one
 _PHASES, _STALLS = TTFT_PHASE.prometheus + "_sum", STALLS.prometheus
 _PHASE_COUNTS = TTFT_PHASE.prometheus + "_count"
+_TTFT_COUNT = TTFT.prometheus + "_count"
 _PREEMPTIONS = ENGINE_PREEMPTIONS.prometheus
 _GAUGES = {
     "waiting": ENGINE_WAITING.prometheus, "running": ENGINE_RUNNING.prometheus,
     "kv_usage": ENGINE_KV_CACHE.prometheus, "mbu": MBU.prometheus,
 }  # fmt: skip
-_COUNTERS = (_PHASES, _PHASE_COUNTS, _STALLS, _PREEMPTIONS)
+_COUNTERS = (_PHASES, _PHASE_COUNTS, _STALLS, _PREEMPTIONS, _TTFT_COUNT)
 FAMILIES = frozenset({*_COUNTERS, *_GAUGES.values()})
 
 
@@ -112,6 +116,9 @@ def evidence(before: list[Metric], during: list[list[Metric]], after: list[Metri
     """The level's ``Evidence`` from the readings of the sidecar around and during it."""
     readings = [*during, after]
     return Evidence(
+        requests=sum(
+            _delta(_sums(after, _TTFT_COUNT, ""), _sums(before, _TTFT_COUNT, "")).values()
+        ),
         phases=_mean_phases(before, after),
         stalls=_delta(_sums(after, _STALLS, "cause"), _sums(before, _STALLS, "cause")),
         preemptions=sum(
@@ -169,6 +176,8 @@ async def closed_loop(
     async def client() -> None:
         while not done.is_set():
             number = next(sent)
+            if drain and number >= clients + measured:
+                return  # every request the level needs is sent: no more, none cut off
             sample = await one(session, target, workload)
             if clients <= number < clients + measured:
                 kept.append(sample)
@@ -184,12 +193,13 @@ async def closed_loop(
 
 async def open_loop(
     session: aiohttp.ClientSession, target: Target, workload: Workload, rate: float,
-    measured: int, seed: int = 0, max_in_flight: int = 4096,
+    measured: int, seed: int = 0, max_in_flight: int | None = None,
 ) -> list[Sample]:  # fmt: skip
     """Requests arriving at ``rate`` a second (Poisson, seeded): the first second's warm
     up, the next ``measured`` are kept; more than ``max_in_flight`` at once and the rest
     of the level counts as failed (the engine has fallen behind for good)."""
     rng = random.Random(f"arrivals:{seed}:{rate}")
+    cap = max_in_flight if max_in_flight is not None else in_flight_cap()
     warm = math.ceil(rate)
     kept: list[Sample] = []
     done = asyncio.Event()
@@ -205,9 +215,9 @@ async def open_loop(
     async def arrivals() -> None:
         try:
             for number in itertools.count():
-                if len(in_flight) >= max_in_flight:
+                if len(in_flight) >= cap:
                     now = time.perf_counter()
-                    kept.extend(Sample(now, now, None, (), 0, "overloaded")
+                    kept.extend(Sample(now, now, None, (), 0, OVERLOADED)
                                 for _ in range(measured - len(kept)))  # fmt: skip
                     done.set()
                     return
@@ -224,27 +234,36 @@ async def open_loop(
     return kept[:measured]
 
 
+def in_flight_cap() -> int:
+    """Requests a rate level may have open at once: what the open-files limit leaves room
+    for (a connection each), 4096 at most; past it the engine has fallen behind for good."""
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    return max(16, min(4096, soft - 64)) if soft != resource.RLIM_INFINITY else 4096
+
+
 async def watched(
-    session: aiohttp.ClientSession, target: Target, level: Coroutine[Any, Any, list[Sample]],
-    interval: float = 1.0,
-) -> tuple[list[Sample], Evidence]:  # fmt: skip
-    """Run ``level`` while reading the sidecar's /metrics: its samples and the evidence."""
-    before = await read_metrics(session, target)
-    during: list[list[Metric]] = []
+    target: Target, level: Coroutine[Any, Any, list[Sample]], interval: float = 1.0
+) -> tuple[list[Sample], Evidence]:
+    """Run ``level`` while reading the sidecar's /metrics: its samples and the evidence. The
+    readings have a session of their own: never a connection a client waits for."""
+    timeout = aiohttp.ClientTimeout(total=10)
+    async with aiohttp.ClientSession(timeout=timeout) as session:
+        before = await read_metrics(session, target)
+        during: list[list[Metric]] = []
 
-    async def watch() -> None:
-        while True:
-            await asyncio.sleep(interval)
-            during.append(await read_metrics(session, target))
+        async def watch() -> None:
+            while True:
+                await asyncio.sleep(interval)
+                during.append(await read_metrics(session, target))
 
-    watcher = asyncio.ensure_future(watch())
-    try:
-        samples = await level
-    finally:
-        watcher.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await watcher
-    after = await read_metrics(session, target)
+        watcher = asyncio.ensure_future(watch())
+        try:
+            samples = await level
+        finally:
+            watcher.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await watcher
+        after = await read_metrics(session, target)
     return samples, evidence(before, during, after)
 
 
@@ -275,6 +294,7 @@ def connector_for(load: float, integer: bool) -> aiohttp.TCPConnector:
 
 def session_for(load: float, integer: bool) -> aiohttp.ClientSession:
     """A session for one level: no overall timeout (a queued request may wait long: that is
-    what is measured), a connect that fails within ten seconds."""
-    timeout = aiohttp.ClientTimeout(total=None, sock_connect=10)
+    what is measured), a connect that fails within ten seconds, and a request that hears
+    nothing for ``READ_TIMEOUT`` fails (one stalled stream never holds a level forever)."""
+    timeout = aiohttp.ClientTimeout(total=None, sock_connect=10, sock_read=READ_TIMEOUT)
     return aiohttp.ClientSession(connector=connector_for(load, integer), timeout=timeout)

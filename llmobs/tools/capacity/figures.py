@@ -18,6 +18,7 @@ import numpy as np
 
 QUANTILES = (0.5, 0.9, 0.95, 0.99)
 QUANTITIES = ("ttft", "tpot", "max_gap")  # what an objective may bound (seconds)
+OVERLOADED = "overloaded"  # a request never sent: too many in flight already (drive)
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,6 +91,7 @@ class Level:
     quantiles: dict[str, dict[float, float]] = field(default_factory=dict)
     misses: tuple[str, ...] = ()  # the quantities whose quantile broke its bound, "errors"
     judged: dict[str, float] = field(default_factory=dict)  # each bound's quantity at its q
+    overloaded: int = 0  # requests never sent: too many in flight (a rate level)
 
     @property
     def holds(self) -> bool:
@@ -175,4 +177,5 @@ def level(
         quantiles=found,
         misses=missed,
         judged=judged,
+        overloaded=sum(s.error == OVERLOADED for s in samples),
     )

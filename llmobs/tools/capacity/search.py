@@ -55,6 +55,8 @@ class Search:
         low = held if held is not None else 0.0
         if failed - low <= self._width(low if low > 0 else failed):
             return None
+        if held is None and not self.integer and failed <= self.start * self.precision:
+            return None  # a rate this far below the start broke them too: none will hold
         middle = (low + failed) / 2
         if self.integer:
             middle = math.floor(middle)

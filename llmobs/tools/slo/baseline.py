@@ -34,11 +34,12 @@ MIN_REQUESTS = 20  # a run with fewer has no quantile worth comparing
 WORKLOAD_TOLERANCE = 0.05  # mean tokens per request further apart: another workload
 FLOOR = 0.01  # the narrowest band, as a share of the mean
 ERROR_FLOOR = 0.01  # ... and for the error share, in absolute terms (one request in 100)
-# one-sided 99.9 % Student t by degrees of freedom (the normal's 3.09 beyond the table)
+# one-sided 99.9 % Student t by degrees of freedom (between rows: the row below, a wider band)
 _T999 = {
     1: 318.31, 2: 22.327, 3: 10.215, 4: 7.173, 5: 5.893, 6: 5.208, 7: 4.785, 8: 4.501,
     9: 4.297, 10: 4.144, 11: 4.025, 12: 3.930, 13: 3.852, 14: 3.787, 15: 3.733, 16: 3.686,
     17: 3.646, 18: 3.610, 19: 3.579, 20: 3.552, 25: 3.450, 30: 3.385, 40: 3.307, 60: 3.232,
+    120: 3.160,
 }  # fmt: skip
 
 _HISTOGRAMS = {"ttft": TTFT.prometheus, "tpot": TPOT.prometheus, "itl": ITL.prometheus,
@@ -140,8 +141,10 @@ def run_of(samples: Sequence[Sample]) -> Run:
                 values[f"{name}_p{q * 100:g}"] = found
                 resolution[f"{name}_p{q * 100:g}"] = bucket_width(cumulative, found)
     values["error_share"] = 1 - _total(samples, _REQUESTS, outcome="ok") / requests
-    ok = max(1.0, _total(samples, _REQUESTS, outcome="ok"))
+    ok = _total(samples, _REQUESTS, outcome="ok")
     inputs = _total(samples, _TOKENS, gen_ai_token_type="input")
+    if ok <= 0:  # every request failed: no lengths to compare, the error share says it all
+        return Run(values, requests, (), None, math.nan, resolution)
     models = sorted({ls[MODEL] for n, ls, v in samples if n == _REQUESTS and v > 0 and MODEL in ls})
     return Run(values, requests, tuple(models), inputs / ok if inputs > 0 else None,
                _total(samples, _TOKENS, gen_ai_token_type="output") / ok, resolution)  # fmt: skip
@@ -152,7 +155,7 @@ def _t999(df: int) -> float:
     the table: a wider band, never a narrower one); infinite with none."""
     if df < 1:
         return math.inf
-    return _T999[max(k for k in _T999 if k <= df)] if df <= max(_T999) else 3.090
+    return _T999[max(k for k in _T999 if k <= df)]
 
 
 @dataclass(frozen=True)
@@ -172,7 +175,8 @@ def band(values: Sequence[float], quantity: str = "", resolution: float = 0.0) -
     sd = statistics.stdev(values) if n > 1 else 0.0
     if n < 2:
         return Band(mean, sd, math.inf)
-    floor = ERROR_FLOOR if quantity == "error_share" else max(FLOOR * abs(mean), resolution)
+    relative = ERROR_FLOOR if quantity == "error_share" else FLOOR * abs(mean)
+    floor = max(relative, resolution)
     return Band(mean, sd, mean + max(_t999(n - 1) * sd * math.sqrt(1 + 1 / n), floor))
 
 
@@ -199,9 +203,11 @@ class Baseline:
 
     def bands(self) -> dict[str, Band]:
         quantities = set.intersection(*(set(r.values) for r in self.runs))
+        # the error share resolves one request of the smallest run: one failure is not a trend
+        one = 1 / min(r.requests for r in self.runs)
         return {
             q: band([r.values[q] for r in self.runs], q,
-                    max(r.resolution.get(q, 0.0) for r in self.runs))
+                    one if q == "error_share" else max(r.resolution.get(q, 0.0) for r in self.runs))
             for q in sorted(quantities)
         }  # fmt: skip
 
@@ -235,7 +241,7 @@ def check_comparable(baseline: Baseline, run: Run, min_runs: int = MIN_RUNS) -> 
 
 def _same_lengths(baseline: Baseline, run: Run) -> None:
     output = statistics.fmean(r.output_tokens for r in baseline.runs)
-    if _apart(run.output_tokens, output):
+    if not math.isnan(run.output_tokens) and _apart(run.output_tokens, output):
         raise NotComparable(
             f"another workload: {run.output_tokens:.1f} output tokens per request, the "
             f"baseline's {output:.1f}"
@@ -270,7 +276,8 @@ class Finding:
 
     def says(self) -> str:
         unit = UNITS.get(self.quantity, " s")
-        return (f"{self.quantity} {self.value:.4g}{unit} is {self.change:+.1%} from the "
+        change = "up" if math.isnan(self.change) else f"{self.change:+.1%}"
+        return (f"{self.quantity} {self.value:.4g}{unit} is {change} from the "
                 f"baseline's {self.band.mean:.4g}{unit}, above its noise band (up to "
                 f"{self.band.upper:.4g}{unit})")  # fmt: skip
 

@@ -20,6 +20,7 @@ from llmobs.config.options import ConfigError
 from llmobs.export.metrics.catalogue import SLO_REQUESTS
 from llmobs.tools.slo import attainment, reasons, render
 from llmobs.tools.slo.gate import BASELINE_EXIT_CODES, add_baseline_arguments, run_baseline_cli
+from llmobs.tools.slo.gate import to_json as gate_json
 from llmobs.tools.slo.sources import TOKEN_ENV, CannotJudge, Source, check_url
 
 EXIT_CODES = (
@@ -165,6 +166,8 @@ def _baseline(args: argparse.Namespace, source: Source, out: Any) -> int:
         return run_baseline_cli(args, source, out, sys.stderr)
     except CannotJudge as exc:
         print(f"llmobs slo: not comparable: {exc}.", file=sys.stderr)
+        if args.json:
+            print(gate_json("not_comparable", [], str(exc)), file=out)
         return 2
 
 

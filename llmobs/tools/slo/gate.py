@@ -91,8 +91,12 @@ def run_baseline_cli(args: argparse.Namespace, source: Source, out: TextIO, err:
         run = baseline.run_of(source.read(baseline.queries(source.window or "1h")))
         if args.record_baseline:
             stored = record(Path(args.record_baseline), run)
-            print(f"recorded run {len(stored.runs)} of {args.record_baseline} "
-                  f"({run.requests:g} requests from {source})", file=out)  # fmt: skip
+            if args.json:
+                print(json.dumps({"outcome": "recorded", "baseline_runs": len(stored.runs),
+                                  "requests": run.requests}), file=out)  # fmt: skip
+            else:
+                print(f"recorded run {len(stored.runs)} of {args.record_baseline} "
+                      f"({run.requests:g} requests from {source})", file=out)  # fmt: skip
             return 0
         stored = _load(Path(args.baseline))
         baseline.check_comparable(stored, run)

@@ -76,3 +76,20 @@ def test_every_cause_says_what_it_means() -> None:
     cause = explain(broke("ttft"), Evidence(phases={"queue": 1.0}))
     assert cause.says.startswith("queue: " + MEANINGS["queue"])
     assert explain(broke(), Evidence()).name == "unknown"
+
+
+def test_counts_per_request_the_sidecar_saw_not_only_those_measured() -> None:
+    # 80 prefill stalls over 100 measured requests, but the sidecar timed 200 (warm-up and
+    # the requests that kept the load up): 0.4 a request, not the stream's cause
+    ev = Evidence(requests=200, stalls={"prefill": 80})
+    assert explain(broke("tpot"), ev).name == "decode"
+    assert explain(broke("tpot"), Evidence(requests=100, stalls={"prefill": 80})).name == (
+        "prefill_interference"
+    )
+
+
+def test_arrivals_that_outpaced_the_engine() -> None:
+    level = Level(64, 40, 12, 10.0, 3.0, 90.0, 0.0, 0.0, misses=("errors",), overloaded=12)
+    cause = explain(level, Evidence())
+    assert cause.name == "queue"
+    assert "12 requests not sent" in cause.figures

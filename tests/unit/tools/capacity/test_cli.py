@@ -44,3 +44,25 @@ def test_nothing_listening_is_exit_2_before_any_load(capsys: pytest.CaptureFixtu
     err = capsys.readouterr().err
     assert f"--url: nothing answers at {url}" in err
     assert "Traceback" not in err
+
+
+@pytest.mark.parametrize(
+    ("argv", "said"),
+    [
+        (["--at", "0.5"], "--at: concurrency is whole clients, 1 or more: 0.5"),
+        (["--start", "2.5"], "--start: concurrency is whole clients"),
+        (["--start", "8", "--max", "4"], "--max (4) is below --start (8)"),
+        (["--out", "/no/such/folder/c"], "--out: no folder /no/such/folder"),
+    ],
+)
+def test_loads_out_of_range_are_refused_before_any_load(
+    capsys: pytest.CaptureFixture[str], argv: list[str], said: str
+) -> None:
+    assert main(["capacity", "--url", "http://127.0.0.1:1", "--ttft", "1s", *argv], {}) == 2
+    assert said in capsys.readouterr().err
+
+
+def test_requests_are_whole_and_one_at_least(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        main(["capacity", "--url", "http://127.0.0.1:1", "--ttft", "1s", "--requests", "0"], {})
+    assert "--requests: must be a whole number, 1 or more" in capsys.readouterr().err

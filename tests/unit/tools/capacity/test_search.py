@@ -75,3 +75,11 @@ def test_a_noisy_pass_above_a_failure_is_not_the_knee() -> None:
         search.record(load, holds)
     assert (search.knee, search.failed) == (2, 4)
     assert search.next() == 3
+
+
+def test_a_rate_that_never_holds_gives_up_a_precision_below_the_start() -> None:
+    search = Search(start=1.0, precision=0.1, integer=False)
+    tried = run(search, knee=0.0)
+    assert search.knee is None
+    assert min(tried) <= 0.1 < min(tried) * 2
+    assert len(tried) <= 6

@@ -99,6 +99,28 @@ def test_the_band_is_a_prediction_interval_of_the_runs() -> None:
     assert band(values * 2).upper < b.upper
 
 
+def test_the_t_of_a_large_baseline_is_never_narrower_than_its_row() -> None:
+    values = [1.0, 1.1] * 40  # 80 runs: between the rows for 60 and 120
+    sd = statistics.stdev(values)
+    assert band(values).upper == pytest.approx(1.05 + 3.232 * sd * math.sqrt(1 + 1 / 80))
+
+
+def test_one_failed_request_is_not_a_trend() -> None:
+    base = baseline_of(0.80, 0.801, 0.799)  # 40 requests a run, none failed
+    one = {f.quantity: f for f in compare(base, run(failed=1))}["error_share"]
+    assert not one.regressed  # 1 in 41: within one request of the smallest run
+    two = {f.quantity: f for f in compare(base, run(failed=3))}["error_share"]
+    assert two.regressed
+    assert two.says().startswith("error_share 0.06977 is up from the baseline's 0")
+
+
+def test_a_run_whose_requests_all_failed_regresses_rather_than_differs() -> None:
+    base = baseline_of(0.80, 0.801, 0.799)
+    failed = run(ok=0, failed=40, tpot_buckets=(0, 0, 0), tpot_sum=0, output=0, inputs=0)
+    check_comparable(base, failed)
+    assert {f.quantity for f in compare(base, failed) if f.regressed} == {"error_share"}
+
+
 def test_runs_that_do_not_vary_get_the_floor_or_the_bucket() -> None:
     assert band([2.0, 2.0, 2.0]).upper == pytest.approx(2.0 * (1 + FLOOR))
     assert band([0.02] * 3, "tpot_p90", resolution=0.005).upper == pytest.approx(0.025)
