@@ -2,12 +2,16 @@
 the baseline; ten more runs of the same build pass it, every one; ten runs of a build whose
 decode is 10 % slower (a sim setting) fail it, at least nine of them, naming the quantity and
 by how much. Runs that cannot be compared (another workload, too few requests, a baseline
-too thin) exit 2. Each run is a fresh sidecar in front of a fresh engine, as in CI."""
+too thin) exit 2. The engine and each run's fresh sidecar are processes of their own, as in
+CI; the clients run here."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
+import os
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +20,7 @@ import pytest
 from llmobs.__main__ import main
 from llmobs.tools.capacity import drive
 from llmobs.tools.capacity.workload import workload_of
-from tests.support.servers import SidecarFactory, SimFactory
+from tests.support.ports import SERVE, SIM, running
 
 # half the sim's default pace; every request 32 tokens long (the workload's max_tokens)
 ENGINE: dict[str, Any] = {
@@ -25,23 +29,36 @@ ENGINE: dict[str, Any] = {
 }  # fmt: skip
 SLOWER = {**ENGINE, "decode_base": 0.0075 * 1.1, "decode_per_seq": 0.00025 * 1.1}
 CLIENTS, REQUESTS = 4, 24
+ENV = {**os.environ, "LLMOBS_HOST": "127.0.0.1", "LLMOBS_METRICS_HOST": "127.0.0.1"}
+
+
+@contextlib.asynccontextmanager
+async def engine(settings: dict[str, Any]) -> AsyncIterator[str]:
+    """The sim in a process of its own, as in CI: its URL."""
+    flags = [part for k, v in settings.items() for part in (f"--{k.replace('_', '-')}", f"{v:g}")]
+    async with running("sim", "--port", "0", *flags, pattern=SIM, env=ENV) as (port,):
+        yield f"http://127.0.0.1:{port}"
 
 
 async def one_run(
-    start_sim: SimFactory, start_sidecar: SidecarFactory, engine: dict[str, Any],
-    workload: str = "fixed:64,32", requests: int = REQUESTS,
-) -> str:  # fmt: skip
-    """A fresh engine and sidecar, ``requests`` closed-loop requests through it (plus one
-    warm-up per client, all let end): the sidecar's /metrics."""
-    sim = await start_sim(**engine)
-    side = await start_sidecar(sim.url)
-    target = drive.Target(side.url, "sim-llama-3-8b")
-    async with drive.session_for(CLIENTS, True) as session:
-        samples = await drive.closed_loop(
-            session, target, workload_of(workload), CLIENTS, requests, drain=True
-        )
-    assert all(s.ok for s in samples)
-    return f"{side.metrics_url}/metrics"
+    capsys: pytest.CaptureFixture[str], sim: str, *gate: str, workload: str = "fixed:64,32",
+    requests: int = REQUESTS,
+) -> tuple[int, dict[str, Any], str]:  # fmt: skip
+    """A fresh sidecar (a process of its own: no hiccup of this one's heap in what it
+    measures) in front of ``sim``, ``requests`` closed-loop requests through it (plus one
+    warm-up per client, all let end), then ``llmobs slo --metrics-url ITS_METRICS GATE``."""
+    async with running(
+        "serve", "--port", "0", "--metrics-port", "0", "--upstream", sim,
+        "--engine-scrape-interval", "0", pattern=SERVE, env=ENV,
+    ) as (port, metrics_port):  # fmt: skip
+        target = drive.Target(f"http://127.0.0.1:{port}", "sim-llama-3-8b")
+        async with drive.session_for(CLIENTS, True) as session:
+            samples = await drive.closed_loop(
+                session, target, workload_of(workload), CLIENTS, requests, drain=True
+            )
+        assert all(s.ok for s in samples)
+        return await slo(capsys, "--metrics-url", f"http://127.0.0.1:{metrics_port}/metrics",
+                         *gate)  # fmt: skip
 
 
 def runs_in(path: str) -> int:
@@ -57,29 +74,23 @@ async def slo(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, dict
 
 
 async def test_unchanged_runs_pass_and_a_slower_decode_fails(
-    start_sim: SimFactory, start_sidecar: SidecarFactory, tmp_path: Path,
-    capsys: pytest.CaptureFixture[str],
-) -> None:  # fmt: skip
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     base = str(tmp_path / "baseline.json")
-    for _ in range(5):
-        url = await one_run(start_sim, start_sidecar, ENGINE)
-        code, _, err = await slo(capsys, "--metrics-url", url, "--record-baseline", base)
-        assert code == 0, err
-    assert runs_in(base) == 5
-
-    unchanged = []
-    for _ in range(10):
-        url = await one_run(start_sim, start_sidecar, ENGINE)
-        unchanged.append(await slo(capsys, "--metrics-url", url, "--baseline", base))
+    async with engine(ENGINE) as sim:
+        for _ in range(5):
+            code, _, err = await one_run(capsys, sim, "--record-baseline", base)
+            assert code == 0, err
+        assert runs_in(base) == 5
+        unchanged = [await one_run(capsys, sim, "--baseline", base) for _ in range(10)]
     assert [code for code, _, _ in unchanged] == [0] * 10, [
-        [q for q in doc["quantities"] if q["regressed"]] for _, doc, _ in unchanged
-    ]
+        (i, q) for i, (_, doc, _) in enumerate(unchanged) for q in doc["quantities"]
+        if q["regressed"]
+    ]  # fmt: skip
     assert all(doc["outcome"] == "within" for _, doc, _ in unchanged)
 
-    slower = []
-    for _ in range(10):
-        url = await one_run(start_sim, start_sidecar, SLOWER)
-        slower.append(await slo(capsys, "--metrics-url", url, "--baseline", base))
+    async with engine(SLOWER) as sim:
+        slower = [await one_run(capsys, sim, "--baseline", base) for _ in range(10)]
     caught = [doc for code, doc, _ in slower if code == 1]
     tpot = [next(q for q in doc["quantities"] if q["quantity"] == "tpot_mean")
             for _, doc, _ in unchanged + slower]  # fmt: skip
@@ -101,34 +112,30 @@ async def test_unchanged_runs_pass_and_a_slower_decode_fails(
 
 
 async def test_runs_that_cannot_be_compared_exit_2(
-    start_sim: SimFactory, start_sidecar: SidecarFactory, tmp_path: Path,
-    capsys: pytest.CaptureFixture[str],
-) -> None:  # fmt: skip
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     base = str(tmp_path / "baseline.json")
-    url = await one_run(start_sim, start_sidecar, ENGINE)
-    assert (await slo(capsys, "--metrics-url", url, "--record-baseline", base))[0] == 0
-    code, doc, err = await slo(capsys, "--metrics-url", url, "--baseline", base)
-    assert (code, doc["outcome"]) == (2, "not_comparable")
-    assert "a noise band needs 3 at least" in err
-
-    for _ in range(2):
-        url = await one_run(start_sim, start_sidecar, ENGINE)
-        assert (await slo(capsys, "--metrics-url", url, "--record-baseline", base))[0] == 0
-    longer = await one_run(start_sim, start_sidecar, ENGINE, workload="fixed:64,64")
-    code, _, err = await slo(capsys, "--metrics-url", longer, "--baseline", base)
-    assert code == 2
-    assert "another workload: 64.0 output tokens per request, the baseline's 32.0" in err
-    code, _, err = await slo(capsys, "--metrics-url", longer, "--record-baseline", base)
-    assert code == 2, "another workload is not added to the baseline"
-    assert runs_in(base) == 3
-
-    few = await one_run(start_sim, start_sidecar, ENGINE, requests=8)
-    code, _, err = await slo(capsys, "--metrics-url", few, "--baseline", base)
-    assert code == 2
-    assert "too few to compare" in err
-
     other = tmp_path / "other.json"
     other.write_text('{"kind": "something else"}')
-    code, _, err = await slo(capsys, "--metrics-url", url, "--baseline", str(other))
-    assert code == 2
-    assert "cannot read the baseline" in err
+    async with engine(ENGINE) as sim:
+        assert (await one_run(capsys, sim, "--record-baseline", base))[0] == 0
+        code, doc, err = await one_run(capsys, sim, "--baseline", base)
+        assert (code, doc["outcome"]) == (2, "not_comparable")
+        assert "a noise band needs 3 at least" in err
+
+        for _ in range(2):
+            assert (await one_run(capsys, sim, "--record-baseline", base))[0] == 0
+        code, _, err = await one_run(capsys, sim, "--baseline", base, workload="fixed:64,64")
+        assert code == 2
+        assert "another workload: 64.0 output tokens per request, the baseline's 32.0" in err
+        code, _, err = await one_run(capsys, sim, "--record-baseline", base, workload="fixed:64,64")
+        assert code == 2, "another workload is not added to the baseline"
+        assert runs_in(base) == 3
+
+        code, _, err = await one_run(capsys, sim, "--baseline", base, requests=8)
+        assert code == 2
+        assert "too few to compare" in err
+
+        code, _, err = await one_run(capsys, sim, "--baseline", str(other))
+        assert code == 2
+        assert "cannot read the baseline" in err

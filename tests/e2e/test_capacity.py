@@ -24,7 +24,6 @@ import contextlib
 import csv
 import json
 import os
-import signal
 import sys
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -32,7 +31,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.ports import SERVE, SIM, listening
+from tests.support.ports import SERVE, SIM, running
 from tests.support.processes import ROOT
 
 PACE = {"decode_base": 0.0075, "decode_per_seq": 0.00025}  # half the sim's defaults
@@ -76,20 +75,6 @@ SETTINGS = {
 
 def _flags(values: dict[str, float]) -> list[str]:
     return [part for k, v in values.items() for part in (f"--{k.replace('_', '-')}", f"{v:g}")]
-
-
-@contextlib.asynccontextmanager
-async def running(*argv: str, pattern: str, env: dict[str, str]) -> AsyncIterator[tuple[int, ...]]:
-    """``llmobs ARGV`` until the block ends, its output drained (the sim logs each request)."""
-    proc, ports, _ = await listening(*argv, pattern=pattern, env=env)
-    assert proc.stdout is not None
-    drain = asyncio.ensure_future(proc.stdout.read())
-    try:
-        yield ports
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        await proc.wait()
-        await drain
 
 
 @contextlib.asynccontextmanager

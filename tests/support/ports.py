@@ -16,9 +16,10 @@ import asyncio
 import contextlib
 import random
 import re
+import signal
 import socket
 import sys
-from collections.abc import Iterator, Mapping
+from collections.abc import AsyncIterator, Iterator, Mapping
 from pathlib import Path
 
 from tests.support import ROOT
@@ -101,3 +102,20 @@ async def listening(
 # what ``llmobs serve`` (its proxy's and metrics' ports) and ``llmobs sim`` say once listening
 SERVE = r"proxy on [^ ]+:(\d+).* -> .*; metrics on https?://[^ ]+:(\d+)/metrics"
 SIM = r"llmobs sim: listening on https?://[^ ]+:(\d+)"
+
+
+@contextlib.asynccontextmanager
+async def running(
+    *argv: str, pattern: str, env: Mapping[str, str] | None = None
+) -> AsyncIterator[tuple[int, ...]]:
+    """``python -m llmobs ARGV`` (told port 0) until the block ends, its ports yielded and its
+    output drained (the sim logs every request: an undrained pipe would stop it)."""
+    proc, ports, _ = await listening(*argv, pattern=pattern, env=env)
+    assert proc.stdout is not None
+    drain = asyncio.ensure_future(proc.stdout.read())
+    try:
+        yield ports
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        await proc.wait()
+        await drain
