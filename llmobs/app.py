@@ -27,6 +27,7 @@ from llmobs.certificates import Certificates
 from llmobs.collectors import Collectors, NvmlBackend
 from llmobs.config.settings import ConfigError, Settings
 from llmobs.config.tenants import Tenancy
+from llmobs.export.metrics.apis import ApiMetrics
 from llmobs.export.metrics.mapping import RequestMapping
 from llmobs.export.metrics.otel import OtelMetrics
 from llmobs.export.metrics.pd import PdMetrics
@@ -130,10 +131,12 @@ def observer_factory(
     return _Observers(recorder, config, tracing, timeline, tenancy)
 
 
-def engine_pool(settings: Settings, h1: Upstream, tls: EngineTls | None) -> H2Upstream | None:
-    """The engine over HTTP/2 (``--upstream-http2``), addressed as HTTP/1.1's pool is; None:
-    requests go on HTTP/1.1's."""
-    if not settings.upstream_http2:
+def engine_pool(
+    settings: Settings, h1: Upstream, tls: EngineTls | None, always: bool = False
+) -> H2Upstream | None:
+    """The engine over HTTP/2 (``--upstream-http2``, or ``always``: gRPC's), addressed as
+    HTTP/1.1's pool is; None: requests go on HTTP/1.1's."""
+    if not settings.upstream_http2 and not always:
         return None
     h2 = tls.h2 if tls is not None and h1.https else None  # (https: always a context)
     server_name = tls.server_name if tls is not None else ""
@@ -242,7 +245,7 @@ class Proxy:
         self.provider.subscribe(self.sink.set_provider)
         # What takes each finished request's record after the sink (which counts it first):
         # a new consumer is a class with ``consume(record)`` and one line here.
-        consumers = [*consumers]
+        consumers = [*consumers, ApiMetrics(telemetry.meter)]
         push = telemetry.push_meter
         if push is not None:  # request metrics pushed over OTLP too
             consumers.append(OtelMetrics(push, mapping, self.sink.live, self.provider))
@@ -263,6 +266,7 @@ class Proxy:
         self.relay: Relay | None = None
         self._upstream: Upstream | None = None
         self._pool: H2Upstream | None = None
+        self._grpc_pool: H2Upstream | None = None  # gRPC's, when requests go on HTTP/1.1
         self._server: ProxyServer | None = None
         # the P/D listeners (``--pd-decode-port``, ``--pd-prefill-port``): position, port bound
         self.pd_ports: dict[str, int] = {}
@@ -285,7 +289,10 @@ class Proxy:
             traced = SessionTracing(self.tracing) if self.tracing is not None else None
             sessions = SessionExport(self.session_metrics, traced)
         self._pool = engine_pool(settings, self._upstream, tls.engine())
-        self.relay = Relay(settings, self._upstream, factory, sessions, self._pool)
+        if self._pool is None:  # gRPC goes over HTTP/2 whatever the other requests take
+            self._grpc_pool = engine_pool(settings, self._upstream, tls.engine(), always=True)
+        grpc_pool = self._grpc_pool or self._pool
+        self.relay = Relay(settings, self._upstream, factory, sessions, self._pool, grpc_pool)
         self._server = ProxyServer(
             self.relay,
             client_timeout=settings.client_timeout,
@@ -379,9 +386,10 @@ class Proxy:
         if self._upstream is not None:
             self._upstream.close()
             self._upstream = None
-        if self._pool is not None:
-            self._pool.close()
-            self._pool = None
+        for pool in (self._pool, self._grpc_pool):
+            if pool is not None:
+                pool.close()
+        self._pool = self._grpc_pool = None
         if self.relay is not None:
             self.relay.flush()
         tracing, self.tracing = self.tracing, None

@@ -5,8 +5,8 @@ ratio, finish reasons, and whether the engine or the sidecar counted the tokens.
 from __future__ import annotations
 
 from panels.builders import Json, target, thresholds, timeseries
-from panels.names import FAILURE_RATIO_MAX, REQUESTS, TOKENS
-from panels.promql import FAILURE_RATIO, MODEL, OUTPUT, rate
+from panels.names import API_REQUESTS, FAILURE_RATIO_MAX, REQUESTS, TOKENS
+from panels.promql import FAILURE_RATIO, MODEL, OUTPUT, POD, rate
 
 
 def errors_row() -> list[Json]:
@@ -58,5 +58,20 @@ def errors_row() -> list[Json]:
             "short",
             stack=True,
             width=12,
+        ),
+        timeseries(
+            "Requests by API and transport",
+            "The API each request spoke (openai, anthropic, ..., vllm-grpc, triton-grpc) over "
+            "http or grpc; a gRPC call's status code (none: HTTP). Every model's: the family has "
+            "no model label.",
+            [
+                target(
+                    f"sum by (api, transport, rpc_grpc_status_code) ({rate(API_REQUESTS, POD)})",
+                    "{{api}} {{transport}} {{rpc_grpc_status_code}}",
+                )
+            ],
+            "reqps",
+            stack=True,
+            width=24,
         ),
     ]

@@ -395,6 +395,9 @@ def _attributes(
         attrs[CACHE_READ_TOKENS] = stats.cached_tokens
     if stats.reasoning_tokens:
         attrs[REASONING_TOKENS] = stats.reasoning_tokens
+    if stats.grpc_status is not None:  # OpenTelemetry's RPC conventions, for a gRPC call
+        attrs["rpc.system"] = "grpc"
+        attrs["rpc.grpc.status_code"] = stats.grpc_status
     attrs.update(_judged(record))
     attrs.update(_itl(record.windows))
     return attrs

@@ -19,7 +19,8 @@ from llmobs.observe.causes import EngineTimeline, Stall, stall_gaps
 from llmobs.observe.clock import RequestClock
 from llmobs.observe.dialects import OTHER_ROUTE, Route
 from llmobs.observe.dialects.base import ABORTED, ERROR, NONE
-from llmobs.observe.dialects.request import NO_BODY, parse_request, truncate
+from llmobs.observe.dialects.grpc import STATUS_OK, GrpcDialect, http_status, status_of
+from llmobs.observe.dialects.request import NO_BODY, parse_grpc_request, parse_request, truncate
 from llmobs.observe.disagg import Claim, PdRequest, PdRole, PdSettings, Position, pd_request
 from llmobs.observe.phases import TtftPhases
 from llmobs.observe.provider import Provider
@@ -77,6 +78,7 @@ class Observer:
         "_trace",
         "_traceparent",
         "chunk",
+        "grpc_status",
         "info",
         "operation",
         "pd",
@@ -112,6 +114,7 @@ class Observer:
         # its model's and tenant's labels, once admitted at a 2xx/3xx head (None: not yet)
         self._labels: tuple[str, str] | None = None
         self.status = 0
+        self.grpc_status: int | None = None  # a gRPC call's, from its trailers
         self._finished = False
         # its part in P/D (None: none, as a plain pod's requests; ``disagg``)
         pd = config.pd
@@ -160,7 +163,11 @@ class Observer:
             if confirm is not None and confirm not in body:  # not the route's API after all
                 self._use(OTHER_ROUTE)
             self._size = len(body)
-            self.info = parse_request(body, self.route, self._config.capture_content)
+            route = self.route
+            if route.grpc:
+                self.info = parse_grpc_request(body, route)
+            else:
+                self.info = parse_request(body, route, self._config.capture_content)
             if self.info.claim is not _NO_CLAIM or self.pd is not None:
                 self._claimed(self.info.claim)
         except Exception:
@@ -233,11 +240,11 @@ class Observer:
         """The relay reads the engine again."""
         self._guard("released", self._clock.released, t_ns)
 
-    def response(self, status: int, content_type: str) -> None:
-        """Response headers arrived: choose how to read the body."""
+    def response(self, status: int, content_type: str, encoding: str = "") -> None:
+        """Response headers arrived: choose how to read the body (``encoding``: gRPC's)."""
         self.status = status
         try:
-            self._reader.response(content_type)
+            self._reader.response(content_type, encoding)
             pd = self.pd  # its series appear now, before it ends (a leg's never)
             if 200 <= status < 400 and (pd is None or not pd.leg):
                 provider = self._config.provider
@@ -249,6 +256,23 @@ class Observer:
                 self._sink.answered(self.operation, *labels)
         except Exception:
             self._fail("response")
+
+    def trailers(self, fields: list[tuple[str, str]]) -> None:
+        """The response's trailers (or a gRPC "trailers-only" head): a gRPC call's status,
+        which then stands for its HTTP status (``grpc.http_status``), so that its outcome,
+        status class and verdict follow the rules every request's do."""
+        try:
+            code = status_of(fields)
+            dialect = self._reader.dialect
+            if code is None:
+                return
+            if isinstance(dialect, GrpcDialect):
+                dialect.on_status(code)
+            self.grpc_status = code
+            if code != STATUS_OK and self.status < 400:
+                self.status = http_status(code)
+        except Exception:
+            self._fail("trailers")
 
     def _window_full(self, window: TokenWindow) -> None:
         """A window of a long stream filled: its ITLs go to the sink now (a leg's nowhere:
@@ -441,6 +465,7 @@ class Observer:
             engine_load_s=dialect.engine_load_s,
             dialect=self.route.name,
             engine_queue_s=dialect.engine_queue_s,
+            grpc_status=self.grpc_status,
         )
         return record, windows, malformed
 

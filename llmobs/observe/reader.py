@@ -18,7 +18,7 @@ from llmobs.observe.clock import RequestClock
 from llmobs.observe.dialects import detect_stream
 from llmobs.observe.dialects.base import Dialect, loads
 from llmobs.observe.dialects.openai import PLAIN, OpenAIStream, Template, WholeEvent
-from llmobs.observe.framing import Framing, NdjsonDecoder, SseDecoder
+from llmobs.observe.framing import Framing, GrpcDecoder, NdjsonDecoder, SseDecoder
 from llmobs.observe.record import LiveCounts
 from llmobs.observe.saturation import PrefillBacklog
 
@@ -144,8 +144,9 @@ class StreamReader:
         self._template_event = self._fast_event = self._openai = None
         self._body = None
 
-    def response(self, content_type: str) -> None:
-        """Response headers arrived: choose how to read the body."""
+    def response(self, content_type: str, encoding: str = "") -> None:
+        """Response headers arrived: choose how to read the body (``encoding``: a gRPC
+        stream's ``grpc-encoding``)."""
         # this body's decoder only
         self._sse = self._template_event = self._fast_event = self._template_of = None
         kind = detect_stream(content_type)
@@ -153,6 +154,8 @@ class StreamReader:
             self._decoder = self._sse = SseDecoder(self._max_line)
         elif kind == "ndjson":
             self._decoder = NdjsonDecoder(self._max_line)
+        elif kind == "grpc":
+            self._decoder = GrpcDecoder(self._max_line, encoding or "identity")
         elif kind == "json":
             self._body = []
 

@@ -80,6 +80,7 @@ class RequestStats(NamedTuple):
     engine_load_s: float | None = None
     dialect: str = "openai"
     engine_queue_s: float | None = None  # the engine's queue as it reports it (vLLM metrics)
+    grpc_status: int | None = None  # a gRPC call's status code (None: not gRPC, or not said)
 
 
 def unparsed(status: int, duration_s: float) -> RequestStats:
@@ -287,6 +288,7 @@ def finish_request(
     engine_load_s: float | None = None,
     dialect: str = "openai",
     engine_queue_s: float | None = None,
+    grpc_status: int | None = None,
 ) -> RequestStats:
     """The request's record from its choices' timers (one, or one per choice for n > 1).
 
@@ -354,4 +356,5 @@ def finish_request(
         engine_load_s,
         dialect,
         engine_queue_s,
+        grpc_status,
     )

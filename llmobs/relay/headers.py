@@ -55,11 +55,14 @@ _NOT_FORWARDED = HOP_BY_HOP | {"host", "content-length", "expect", "x-forwarded-
 NOT_RETURNED = HOP_BY_HOP | {"content-length"}
 
 
-def upstream_headers(request: Request) -> list[tuple[str, str]]:
+def upstream_headers(request: Request, grpc: bool = False) -> list[tuple[str, str]]:
     """Headers to send upstream: the client's, minus hop-by-hop ones, ``Host``, ``Expect``
-    (the sidecar answered it) and the framing, plus ``X-Forwarded-For``/``-Proto``."""
+    (the sidecar answered it) and the framing, plus ``X-Forwarded-For``/``-Proto``. A gRPC
+    request keeps ``TE: trailers``: HTTP/2 allows it, and gRPC servers require it."""
     headers = request.headers
     out = filter_headers(request.head.fields, _NOT_FORWARDED)
+    if grpc:
+        out.append(("te", "trailers"))
     chain = [v for v in headers.getall("X-Forwarded-For", ()) if v.strip()]
     if request.remote:
         chain.append(request.remote)

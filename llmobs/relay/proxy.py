@@ -40,6 +40,7 @@ from llmobs.observe.dialects.openai import OpenAIStream
 from llmobs.observe.timing import Outcome
 from llmobs.relay.deferred import Deferred
 from llmobs.relay.failures import INTERNAL, ShutDown, connection_failed, failure_for
+from llmobs.relay.grpc import first_message, grpc_error, is_grpc
 from llmobs.relay.headers import upstream_headers, with_trace
 from llmobs.relay.inject import UsageStripper, inject_usage
 from llmobs.relay.observing import NULL_OBSERVER, ObserverFactory, RequestObserver
@@ -52,6 +53,7 @@ from llmobs.relay.upgrade import (
     is_websocket,
     upgrade_headers,
 )
+from llmobs.wire.connection import Tail
 from llmobs.wire.server import Request
 from llmobs.wire.upstream import Connection, Exchange, Pool, Upstream, UpstreamClosed
 
@@ -72,13 +74,16 @@ class Relay:
         new_observer: ObserverFactory | None,
         sessions: SessionSink | None = None,
         pool: Pool | None = None,
+        grpc_pool: Pool | None = None,
     ) -> None:
         """``sessions``: where WebSocket sessions are told (None: relayed, not observed);
         ``pool``: the engine's connections requests go on (HTTP/2's, ``--upstream-http2``),
-        else ``upstream``, HTTP/1.1's, which WebSocket upgrades take either way."""
+        else ``upstream``, HTTP/1.1's, which WebSocket upgrades take either way;
+        ``grpc_pool``: HTTP/2's, which gRPC requests take whatever ``pool`` is."""
         self.settings = settings
         self.upstream = upstream
         self.pool: Pool = pool if pool is not None else upstream
+        self.grpc_pool: Pool = grpc_pool if grpc_pool is not None else self.pool
         self.websocket = settings.websocket  # upgrades relayed (else refused by the engine)
         self.sessions = sessions
         self.limits = Limits(
@@ -102,7 +107,13 @@ class Relay:
         return _Exchange(self, request).run()
 
     async def send(
-        self, method: str, raw_head: bytes, body: bytes, stream: ResponseRelay, pool: Pool
+        self,
+        method: str,
+        raw_head: bytes,
+        body: bytes,
+        stream: ResponseRelay,
+        pool: Pool,
+        tail: Tail | None = None,
     ) -> None:
         """Send the request and relay its response through ``stream``, to its end.
 
@@ -111,7 +122,8 @@ class Relay:
         (a POST to a completions route) are not: the engine may have read one and failed on
         it, and a proxy must not repeat it (RFC 9110 section 9.2.2; nginx's default too). The
         pool's idle timeout keeps that race rare. Until a head has come the connection is
-        this method's to discard; after, the exchange's (``stream.conn``).
+        this method's to discard; after, the exchange's (``stream.conn``). A ``tail`` (the
+        rest of a gRPC stream's body, still coming) goes on the HTTP/2 exchange as it comes.
         """
         for attempt in (0, 1):
             conn, reused = await pool.acquire()
@@ -120,7 +132,10 @@ class Relay:
                 raise ShutDown()
             self._pending.add(conn)
             try:
-                conn.send(method, raw_head, body, stream.on_head)
+                if tail is None:
+                    conn.send(method, raw_head, body, stream.on_head)
+                else:  # (HTTP/2's exchange: ``grpc_pool``'s)
+                    conn.send(method, raw_head, body, stream.on_head, tail)  # type: ignore[call-arg]
                 stream.sent()  # the first time: observation starts
                 await conn.wait(self.settings.read_timeout)
                 return
@@ -131,7 +146,8 @@ class Relay:
                 if conn in self.aborted:  # no head by the end of a shutdown's grace
                     self.aborted.discard(conn)
                     raise ShutDown() from None
-                if not reused or attempt or not conn.unanswered or method not in _IDEMPOTENT:
+                retry = method in _IDEMPOTENT and tail is None
+                if not reused or attempt or not conn.unanswered or not retry:
                     raise
             except BaseException:
                 if stream.conn is None:
@@ -191,8 +207,8 @@ class _Exchange:
     records exactly one outcome."""
 
     __slots__ = (
-        "_obs", "observed", "outcome", "relay", "request", "route", "start", "stream", "switched",
-        "upgrade",
+        "_obs", "grpc", "observed", "outcome", "relay", "request", "route", "start", "stream",
+        "switched", "upgrade",
     )  # fmt: skip
 
     def __init__(self, relay: Relay, request: Request) -> None:
@@ -213,6 +229,10 @@ class _Exchange:
         # session once it switched (``switched``)
         self.upgrade = request.method == "GET" and relay.websocket and is_websocket(request)
         self.switched = False
+        # gRPC: HTTP/2's alone (an HTTP/1.1 client saying so is relayed as any other)
+        self.grpc = request.head.version >= (2, 0) and is_grpc(
+            request.headers.get("Content-Type", "")
+        )
         factory = relay.new_observer
         if (
             factory is not None
@@ -234,13 +254,16 @@ class _Exchange:
                 self._refuse_too_large()  # before a byte of the body is read
                 return
             body: bytes | None = None
-            if request.has_body:  # read whole (bounded, within the client timeout)
-                body = await request.read_body(self.relay.settings.client_timeout)
-            method, raw_head, body, stream = self._prepare(body)
+            tail: Tail | None = None
+            budget = self.relay.settings.client_timeout
+            if request.has_body and self.grpc:  # its first message; the rest as it comes
+                body = await request.read_start(budget, first_message)
+                tail = None if request.body_complete else request
+            elif request.has_body:  # read whole (bounded, within the client timeout)
+                body = await request.read_body(budget)
+            method, raw_head, body, stream = self._prepare(body, tail is not None)
             try:
-                relay = self.relay
-                pool: Pool = relay.upstream if self.upgrade else relay.pool
-                await relay.send(method, raw_head, body, stream, pool)
+                await self.relay.send(method, raw_head, body, stream, self._pool(), tail)
             except ConnectionError:
                 if not stream.gone:
                     raise
@@ -255,6 +278,14 @@ class _Exchange:
             self._failed(exc)
         finally:
             self._finish()
+
+    def _pool(self) -> Pool:
+        """The engine's connections this exchange goes on: an upgrade's HTTP/1.1, gRPC's
+        HTTP/2, the others' as configured."""
+        relay = self.relay
+        if self.upgrade:
+            return relay.upstream
+        return relay.grpc_pool if self.grpc else relay.pool
 
     async def _session(self, handshake: Handshake) -> None:
         """The engine switched to a WebSocket: relay the session to its end."""
@@ -277,12 +308,15 @@ class _Exchange:
         limit = self.relay.settings.max_body_bytes
         self._answer(413, f"request body larger than {limit} bytes", close=True)
 
-    def _prepare(self, body: bytes | None) -> tuple[str, bytes, bytes, ResponseRelay]:
-        """The request as it goes upstream, with its ``body`` (read; None: it has none) and
+    def _prepare(
+        self, body: bytes | None, streamed: bool = False
+    ) -> tuple[str, bytes, bytes, ResponseRelay]:
+        """The request as it goes upstream, with its ``body`` (read; None: it has none; its
+        start when ``streamed``, a gRPC stream's, whose length is then unknown) and
         ``--inject-usage`` applied: method, head, body, and the stream its response will
         take."""
         request, relay = self.request, self.relay
-        headers = upstream_headers(request)
+        headers = upstream_headers(request, self.grpc)
         if self.upgrade:
             headers += upgrade_headers(request)
         elif self._obs is not None:
@@ -295,7 +329,9 @@ class _Exchange:
                     body, stripper = self._inject_usage(body)
         elif request.method in ("POST", "PUT", "PATCH"):
             body = b""
-        raw_head = relay.upstream.request_head(request.method, request.target, headers, body)
+        raw_head = relay.upstream.request_head(
+            request.method, request.target, headers, None if streamed else body
+        )
         on_sent = self._observe if relay.new_observer is not None else None
         if self.upgrade:
             stream: ResponseRelay = Handshake(request, relay.streams, self._refused)
@@ -326,12 +362,14 @@ class _Exchange:
         self.stream.observe(obs)
 
     def _end(self, stream: ResponseRelay) -> None:
-        """The response came to its end (or the client went away during it)."""
+        """The response came to its end (or the client went away during it); the engine's
+        trailers (gRPC's status), if it sent some, end it as they came."""
         if stream.gone:
             self.outcome = Outcome.CLIENT_DISCONNECT
             return
         self._flush(stream)
-        self.request.end()
+        trailers = stream.trailers()
+        self.request.end(trailers)
         if stream.conn in self.relay.aborted:
             self.outcome = Outcome.SHUTDOWN
 
@@ -381,8 +419,15 @@ class _Exchange:
             self._answer(status, message, close=failure.close)
 
     def _answer(self, status: int, message: str, close: bool = False) -> None:
-        """A response the sidecar produces itself (the observer records its status)."""
-        self._observer().response(status, "")
+        """A response the sidecar produces itself (the observer records its status); to a
+        gRPC client, a gRPC status ("trailers-only"), which its library can read."""
+        obs = self._observer()
+        obs.response(status, "")
+        if self.grpc:
+            fields = grpc_error(status, message)
+            obs.trailers(fields)
+            self.request.begin(200, "OK", fields, None, last=True)
+            return
         body = error_body(self.route.name, status, message)  # in the API's own shape
         self.request.respond_error(status, message, close=close, body=body)
 
@@ -401,7 +446,7 @@ class _Exchange:
         if conn is not None:
             relay.streams.discard(conn)
             relay.aborted.discard(conn)
-            pool: Pool = relay.upstream if self.upgrade else relay.pool
+            pool = self._pool()
             if self.outcome is Outcome.OK:
                 pool.release(conn)
             else:

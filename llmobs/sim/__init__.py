@@ -5,7 +5,8 @@ prefill and decode steps whose durations come from ``SimSettings``, optional sta
 injected errors, all deterministic from a seed. See ``engine`` for the timing model,
 ``dialects`` for the APIs it speaks (OpenAI, Ollama, TGI, Anthropic, OpenAI Responses),
 ``faults`` for the broken-engine mode (resets, stalls, truncated or odd bodies) and ``pd`` for
-either side of disaggregated prefill/decode (vLLM's NixlConnector over HTTP).
+either side of disaggregated prefill/decode (vLLM's NixlConnector over HTTP); ``grpc_engine``
+serves the engines' gRPC APIs too (``--grpc-port``: vLLM, SGLang, TensorRT-LLM, Triton).
 """
 
 from llmobs.sim.config import SimSettings, add_sim_arguments, sim_settings_from_args

@@ -236,6 +236,12 @@ class SimSettings:
         "--upstream-http2)", "BOOL",
     )  # fmt: skip
 
+    grpc_port: int | None = option(
+        None, int, "serve the engines' gRPC APIs too, on this port (h2c; 0: one the system "
+        "picks): vLLM's, SGLang's, TensorRT-LLM's and Triton's, with llmobs[grpc]; default: "
+        "off", "PORT", check=tcp_port,
+    )  # fmt: skip
+
     def __post_init__(self) -> None:
         check_fields(self, SIM_OPTIONS)  # each option's own bounds, then what binds two
         _check_lengths(self)

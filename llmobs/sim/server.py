@@ -19,15 +19,17 @@ import asyncio
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from dataclasses import dataclass
+from typing import Any
 
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector, CollectorRegistry
 
+from llmobs.config.options import ConfigError
 from llmobs.sim.config import SimSettings, sim_source
 from llmobs.sim.dialects import BadRequest, Context, Endpoint, Exchange, endpoints_for
-from llmobs.sim.dialects.base import Chunk, Plan
+from llmobs.sim.dialects.base import ChunkReader, Plan
 from llmobs.sim.engine import SimEngine
 from llmobs.sim.faults import Faulted, Out, fault_of, serve_fault
 from llmobs.sim.front import serve_front
@@ -131,35 +133,11 @@ def _error(engine: SimEngine, endpoint: Endpoint, message: str, status: int) -> 
     return _json(endpoint.error(message, status), status)
 
 
-class _ChunkReader:
-    """Groups one sequence's tokens into chunks: the first alone, then ``every`` at a time.
-
-    A chunk is complete the moment the engine emits its last token, so each write happens at
-    an engine step's deadline, as vLLM's ``--stream-interval`` does.
-    """
-
-    def __init__(self, job: SimRequest, every: int) -> None:
-        self._job = job
-        self._every = every
-        self._sent = 0
-
-    async def read(self) -> Chunk | None:
-        """The next chunk, or None once every token has been read."""
-        total = self._job.completion_tokens
-        if self._sent == total:
-            return None
-        size = 1 if self._sent == 0 else min(self._every, total - self._sent)
-        tokens = tuple([await self._job.next_token() for _ in range(size)])
-        chunk = Chunk(tokens, self._sent, self._sent + size == total)
-        self._sent += size
-        return chunk
-
-
 async def _relay(resp: Out, exchange: Exchange, jobs: list[SimRequest], every: int) -> None:
     """Write head, chunks and tail; the choices of one request take turns, chunk by chunk."""
     if head := exchange.head():
         await resp.write(head)
-    readers = [(index, _ChunkReader(job, every)) for index, job in enumerate(jobs)]
+    readers = [(index, ChunkReader(job, every)) for index, job in enumerate(jobs)]
     while readers:
         live = []
         for index, reader in readers:
@@ -366,12 +344,15 @@ async def run_sim(settings: SimSettings) -> None:
     The runner is created with ``handler_cancellation=True`` so that a client disconnect
     cancels its handler and frees the request's place in the batch. With ``http2`` the
     application listens on a loopback port of its own, behind the HTTP/2 front (``front``).
+    With ``grpc_port`` the engines' gRPC APIs are served too, on that port, by the same engine
+    (``grpc_engine``).
     """
     app = build_sim_app(settings)
     runner = web.AppRunner(app, handler_cancellation=True)
     watched = sim_tls(settings)
     await runner.setup()
     front = None
+    grpc_server: Any = None
     try:
         with listening(settings.host, settings.port):
             if settings.http2:
@@ -389,14 +370,34 @@ async def run_sim(settings: SimSettings) -> None:
             f"(model {settings.model}{served})",
             flush=True,
         )
+        if settings.grpc_port is not None:
+            grpc_server, grpc_port = await _grpc(app[ENGINE_KEY], settings)
+            print(f"llmobs sim: gRPC on {settings.host}:{grpc_port}", flush=True)
         if watched is None:
             await asyncio.Event().wait()
         else:  # as vLLM's --enable-ssl-refresh: a rotated certificate for new connections
             await keep_current(watched, TLS_CHECK_EVERY, _told)
     finally:
+        if grpc_server is not None:
+            await grpc_server.stop(GRPC_GRACE)
         if front is not None:
             await front.shutdown(1.0)
         await runner.cleanup()
+
+
+GRPC_GRACE = 1.0  # seconds the gRPC calls in flight get when the sim stops
+
+
+async def _grpc(engine: SimEngine, settings: SimSettings) -> tuple[Any, int]:
+    """The engines' gRPC APIs on ``--grpc-port``, in front of the HTTP face's engine: imported
+    only here, an optional extra whose absence is told as the configuration error it is."""
+    try:
+        from llmobs.sim.grpc_engine import start_grpc  # noqa: PLC0415 - the grpc extra
+    except ImportError as exc:
+        raise ConfigError(f"{sim_source('grpc_port')}: {exc}") from None
+    port = settings.grpc_port or 0
+    with listening(settings.host, port, port_field="grpc_port"):
+        return await start_grpc(engine, settings.host, port)
 
 
 async def _front(

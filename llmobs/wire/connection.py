@@ -47,6 +47,13 @@ OnBody = Callable[[bytes, bytes | None, bool], None]
 OnHead = Callable[["Exchange", ResponseHead], OnBody]
 
 
+class Tail(Protocol):
+    """The rest of a request body still on its way (a gRPC stream's messages): ``follow``
+    hands each part to ``sink`` as it comes, and ``(b"", True)`` at its end."""
+
+    def follow(self, sink: Callable[[bytes, bool], None]) -> None: ...
+
+
 class Exchange(Protocol):
     """What the relay uses of an exchange with the engine, whichever its protocol: HTTP/1.1
     (``Connection``) or HTTP/2 (``h2.client.H2Exchange``)."""

@@ -311,6 +311,15 @@ class Request(Hooks):
         parts = self._parts
         return parts[0] if len(parts) == 1 else b"".join(parts)
 
+    async def read_start(self, budget: float, enough: Callable[[bytes], bool]) -> bytes:
+        """The body whole: over HTTP/1.1 a body does not stream both ways (HTTP/2's
+        ``H2Stream.read_start`` may hand back its start alone)."""
+        return await self.read_body(budget)
+
+    def follow(self, sink: Callable[[bytes, bool], None]) -> None:
+        """Nothing follows a body read whole: its end at once."""
+        sink(b"", True)
+
     # -- the response -----------------------------------------------------------------------
     def begin(
         self,
@@ -320,6 +329,7 @@ class Request(Hooks):
         length: int | None,
         *,
         close: bool = False,
+        last: bool = False,
     ) -> None:
         """Write the response head: ``headers`` as given (no framing headers among them),
         then the framing: ``length`` bytes, else chunked (HTTP/1.1) or until close. The
@@ -364,9 +374,11 @@ class Request(Hooks):
         self.transport.write(chunks)
         self._conn.ending()
 
-    def end(self) -> None:
+    def end(self, trailers: list[tuple[str, str]] | None = None) -> None:
         """The end of the response (the last chunk, when chunked), unless written already
-        (``write_last``) or the connection is closing."""
+        (``write_last``) or the connection is closing. ``trailers`` (an HTTP/2 engine's) are
+        not written: HTTP/1.1 clients do not ask for them, and gRPC is HTTP/2's alone;
+        ``begin``'s ``last`` is HTTP/2's too."""
         if (
             self._conn.ending()
             and self.chunked

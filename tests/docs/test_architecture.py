@@ -99,7 +99,10 @@ def test_a_request_familys_observations_are_the_mappings_alone() -> None:
 
 
 def _routes() -> set[Route]:
-    return {v for v in vars(dialects).values() if isinstance(v, Route)} - {OTHER_ROUTE}
+    """The HTTP APIs' routes (gRPC's methods: ``test_every_grpc_method_...``)."""
+    return {v for v in vars(dialects).values() if isinstance(v, Route) and not v.grpc} - {
+        OTHER_ROUTE
+    }
 
 
 def test_every_dialect_has_its_sim_side_its_client_and_a_transcript() -> None:

@@ -398,6 +398,19 @@ PD_JOINS = MetricDef(
 )  # fmt: skip
 PD_METRICS: tuple[MetricDef, ...] = (PD_REQUESTS, PD_LEG_DURATION, PD_LEG_PHASE, PD_JOINS)
 
+# The API and transport each request spoke (llmobs/export/metrics/apis.py): an HTTP API's or
+# an engine's gRPC one; the request families above hold them all alike. See docs/metrics.md.
+TRANSPORT = "transport"  # http (HTTP/1.1 or HTTP/2) or grpc
+GRPC_STATUS = "rpc_grpc_status_code"  # a gRPC call's status code (0-16), or none
+API_REQUESTS = MetricDef(
+    "llmobs.api.requests", Kind.COUNTER, "{request}",
+    "Requests by the API they spoke (openai, anthropic, ollama, tgi, triton, openai-responses, "
+    "vllm-grpc, sglang-grpc, trtllm-grpc, triton-grpc, none), transport (http or grpc), "
+    "outcome and gRPC status code (none for HTTP).",
+    (API, TRANSPORT, OUTCOME, GRPC_STATUS),
+)  # fmt: skip
+API_METRICS: tuple[MetricDef, ...] = (API_REQUESTS,)
+
 # Saturation (llmobs/observe/saturation.py, slo.latency_ratio): what an autoscaler may scale
 # on, read by the recording rules (docs/metrics.md, "Saturation").
 RATIO_BUCKETS = (
@@ -651,7 +664,7 @@ CATALOGUE: tuple[MetricDef, ...] = (
     SMOOTHNESS, REQUESTS, TOKENS, ENGINE_PROMPT_EVAL, ENGINE_LOAD, ACTIVE, QUEUE_DEPTH, MALFORMED,
     OBSERVER_ERRORS, SPANS_DROPPED, SLO_REQUESTS, SLO_MISSES, SLO_OUTPUT_TOKENS, SLO_TARGET,
     SLO_WINDOW, SLO_BOUND, SLO_LATENCY_RATIO, COST, *TRANSPORT_METRICS, *SESSION_METRICS,
-    *PD_METRICS, *SATURATION_METRICS, *COLLECTOR_METRICS,
+    *PD_METRICS, *API_METRICS, *SATURATION_METRICS, *COLLECTOR_METRICS,
     *PROCESS_METRICS,
 )  # fmt: skip
 

@@ -14,6 +14,13 @@ from typing import Literal
 
 from llmobs.observe.dialects.anthropic import AnthropicStream
 from llmobs.observe.dialects.base import MAX_MODEL_LENGTH, Dialect, Passthrough
+from llmobs.observe.dialects.grpc import (
+    GenerateStream,
+    SglangStream,
+    TritonGrpcStream,
+    TritonInfer,
+    TrtllmStream,
+)
 from llmobs.observe.dialects.ollama import OllamaStream
 from llmobs.observe.dialects.openai import OpenAIStream
 from llmobs.observe.dialects.responses import ResponsesStream
@@ -39,6 +46,7 @@ class Route:
     # all); a body without it is measured as an unknown route
     confirm: bytes | None = None
     model: str | None = None  # the model the path names (Triton), for a body without one
+    grpc: bool = False  # a gRPC method's: its body is length-prefixed protobuf, not JSON
 
     def __str__(self) -> str:
         """How a request is named in a log line: its operation and dialect (closed sets)."""
@@ -71,6 +79,25 @@ TRITON_STREAM = Route(TEXT_COMPLETION, TritonStream, "triton", always_streams=Tr
 TRITON = Route(TEXT_COMPLETION, TritonStream, "triton")
 _TRITON_PATH = re.compile(r"/v2/models/([^/]+)(?:/versions/[0-9]+)?/(generate(?:_stream)?)$")
 
+# gRPC methods (the path is /package.Service/Method): the engines' token streams, whose
+# request says whether it streams (Triton's stream always does)
+VLLM_GRPC = Route(TEXT_COMPLETION, GenerateStream, "vllm-grpc", grpc=True)
+SGLANG_GRPC = Route(TEXT_COMPLETION, SglangStream, "sglang-grpc", grpc=True)
+TRTLLM_GRPC = Route(TEXT_COMPLETION, TrtllmStream, "trtllm-grpc", grpc=True)
+TRITON_GRPC_STREAM = Route(
+    TEXT_COMPLETION, TritonGrpcStream, "triton-grpc", always_streams=True, grpc=True
+)
+TRITON_GRPC = Route(TEXT_COMPLETION, TritonInfer, "triton-grpc", grpc=True)
+# any other method of a gRPC service: relayed and timed (health, model info, aborts)
+OTHER_GRPC = Route(OTHER, Passthrough, "none", grpc=True)
+GRPC_METHODS = {
+    "/vllm.grpc.engine.VllmEngine/Generate": VLLM_GRPC,
+    "/sglang.grpc.scheduler.SglangScheduler/Generate": SGLANG_GRPC,
+    "/trtllm.TrtllmService/Generate": TRTLLM_GRPC,
+    "/inference.GRPCInferenceService/ModelStreamInfer": TRITON_GRPC_STREAM,
+    "/inference.GRPCInferenceService/ModelInfer": TRITON_GRPC,
+}
+
 _SUFFIXES = (
     ("/chat/completions", OPENAI_CHAT),
     ("/completions", OPENAI_COMPLETIONS),
@@ -85,6 +112,9 @@ _SUFFIXES = (
 
 def route_for_path(path: str) -> Route:
     """The route of a request path (query string excluded)."""
+    method = GRPC_METHODS.get(path)
+    if method is not None:
+        return method
     path = path.rstrip("/")
     if "/v2/models/" in path:
         found = _triton_route(path)
@@ -115,11 +145,13 @@ def route_for_request(method: str, path: str) -> Route:
     return route_for_path(path)
 
 
-def detect_stream(content_type: str) -> Literal["sse", "ndjson", "json", "other"]:
+def detect_stream(content_type: str) -> Literal["sse", "ndjson", "json", "grpc", "other"]:
     """How to read a response body, from its Content-Type."""
     media = content_type.split(";", 1)[0].strip().lower()
     if media == "text/event-stream":
         return "sse"
+    if media == "application/grpc" or media.startswith("application/grpc+"):
+        return "grpc"
     if media in ("application/x-ndjson", "application/ndjson", "application/jsonl"):
         return "ndjson"
     if media == "application/json" or media.endswith("+json"):

@@ -53,6 +53,8 @@ _FINISH_MAP = {
     "pause_turn": OTHER,
     # TGI finish_reason
     "eos_token": STOP,
+    # TensorRT-LLM's gRPC Generate
+    "stop_word": STOP,
     # Responses API incomplete_details.reason
     "max_output_tokens": LENGTH,
 }

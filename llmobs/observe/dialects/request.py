@@ -11,6 +11,7 @@ from typing import Any, NamedTuple
 
 from llmobs.observe.dialects import OTHER_ROUTE, Route
 from llmobs.observe.dialects.base import MAX_MODEL_LENGTH, loads
+from llmobs.observe.dialects.grpc import GrpcDialect
 from llmobs.observe.disagg import Claim, claim_of
 
 CONTENT_LIMIT = 1024  # characters of prompt / completion kept with --capture-content
@@ -90,6 +91,20 @@ def parse_request(body: bytes, route: Route = OTHER_ROUTE, capture: bool = False
         prompt,
         claim,
     )
+
+
+def parse_grpc_request(body: bytes, route: Route) -> RequestInfo:
+    """What a gRPC request's first message says (its stream flag, max tokens, Triton's
+    model); a compressed, cut or broken one says nothing. Never raises."""
+    dialect = route.dialect
+    if len(body) < 5 or body[0] or not issubclass(dialect, GrpcDialect):
+        return _no_body(route)
+    message = body[5 : 5 + int.from_bytes(body[1:5], "big")]
+    try:
+        stream, limit, model = dialect.read_request(message)
+    except Exception:  # a malformed message: google.protobuf's DecodeError, and the like
+        return _no_body(route)
+    return RequestInfo(model or route.model, route.streams(stream), max_tokens=limit)
 
 
 def _scanned_claim(ends: bytes) -> Claim:

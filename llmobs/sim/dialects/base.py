@@ -166,6 +166,30 @@ class Chunk:
         return self.start + len(self.tokens)
 
 
+class ChunkReader:
+    """Groups one sequence's tokens into chunks: the first alone, then ``every`` at a time.
+
+    A chunk is complete the moment the engine emits its last token, so each write happens at
+    an engine step's deadline, as vLLM's ``--stream-interval`` does.
+    """
+
+    def __init__(self, job: SimRequest, every: int) -> None:
+        self._job = job
+        self._every = every
+        self._sent = 0
+
+    async def read(self) -> Chunk | None:
+        """The next chunk, or None once every token has been read."""
+        total = self._job.completion_tokens
+        if self._sent == total:
+            return None
+        size = 1 if self._sent == 0 else min(self._every, total - self._sent)
+        tokens = tuple([await self._job.next_token() for _ in range(size)])
+        chunk = Chunk(tokens, self._sent, self._sent + size == total)
+        self._sent += size
+        return chunk
+
+
 class Exchange(ABC):
     """One request in one dialect: the parsed call and the renderer of its answer.
 

@@ -33,7 +33,7 @@ import h2.settings
 from h2.errors import ErrorCodes
 from multidict import CIMultiDict
 
-from llmobs.wire.connection import OnBody, OnHead, UpstreamClosed, UpstreamTimeout
+from llmobs.wire.connection import OnBody, OnHead, Tail, UpstreamClosed, UpstreamTimeout
 from llmobs.wire.http1 import ResponseHead, parse_request_head
 
 log = logging.getLogger("llmobs.upstream")
@@ -49,7 +49,8 @@ class H2Exchange:
 
     __slots__ = (
         "_conn", "_done", "_last", "_on_body", "_on_head", "_owed", "_paused", "_timer",
-        "answered", "ended", "stream_id", "transport", "unsent",
+        "answered", "body_open", "ended", "head_ended", "sent_end", "stream_id", "trailers",
+        "transport", "unsent",
     )  # fmt: skip
 
     def __init__(self, conn: H2EngineConnection) -> None:
@@ -66,6 +67,10 @@ class H2Exchange:
         self._timer: asyncio.TimerHandle | None = None
         self.answered = False  # its response head came
         self.ended = False
+        self.head_ended = False  # the head ended the stream: a gRPC "trailers-only" answer
+        self.trailers: list[tuple[str, str]] | None = None  # the engine's, when it sent some
+        self.body_open = False  # the request body still comes (``more``): a gRPC stream
+        self.sent_end = False  # the request's END_STREAM went
 
     @property
     def relaying(self) -> bool:
@@ -77,10 +82,25 @@ class H2Exchange:
         """The engine ended it before any of its response: refused, never processed."""
         return not self.answered
 
-    def send(self, method: str, head: bytes, body: bytes, on_head: OnHead) -> None:
-        """Send the request: ``head`` as the HTTP/1.1 writer made it, then ``body``."""
+    def send(
+        self, method: str, head: bytes, body: bytes, on_head: OnHead, tail: Tail | None = None
+    ) -> None:
+        """Send the request: ``head`` as the HTTP/1.1 writer made it, then ``body``; with a
+        ``tail``, the rest of the body follows as the client sends it (``more``), while the
+        response streams back (full duplex: a gRPC client or bidirectional stream)."""
         self._on_head = on_head
+        self.body_open = tail is not None
         self._conn.open(self, _block(head, self._conn.authority, self._conn.scheme), body)
+        if tail is not None:
+            tail.follow(self.more)
+
+    def more(self, data: bytes, end: bool) -> None:
+        """More of the request body (``end``: its last): sent as the engine's window admits."""
+        if self.ended or not self.body_open:
+            return
+        self.body_open = not end
+        self.unsent += data
+        self._conn.send_more(self)
 
     async def wait(self, read_timeout: float) -> None:
         """Until the response ends; ``UpstreamTimeout`` after ``read_timeout`` seconds with
@@ -130,6 +150,7 @@ class H2Exchange:
 
     def finished(self) -> None:
         self.ended = True
+        self.body_open = False
         on_body, self._on_body = self._on_body, None
         if on_body is not None:
             on_body(b"", None, True)
@@ -214,21 +235,40 @@ class H2EngineConnection(asyncio.Protocol):
         stream_id = self._h2.get_next_available_stream_id()
         exchange.stream_id = stream_id
         self._exchanges[stream_id] = exchange
-        self._h2.send_headers(stream_id, block, end_stream=not body)
+        exchange.sent_end = not body and not exchange.body_open
+        self._h2.send_headers(stream_id, block, end_stream=exchange.sent_end)
         if body:
             exchange.unsent = body  # the connection's to send
             self._send_body(exchange)
         self._flush()
 
+    def send_more(self, exchange: H2Exchange) -> None:
+        """More of an open request body came (``H2Exchange.more``): send what the window
+        admits, and the stream's end once it is all sent, if it was the last."""
+        if exchange.stream_id in self._exchanges:
+            self._send_body(exchange)
+            self._flush()
+
     def _send_body(self, exchange: H2Exchange) -> None:
-        """As much of ``exchange``'s body as the windows admit; the rest when they open."""
+        """As much of ``exchange``'s body as the windows admit; the rest when they open. The
+        stream ends with the body's last byte, unless more of it is still to come."""
         body, stream_id, h2conn = exchange.unsent, exchange.stream_id, self._h2
-        while body:
-            room = min(h2conn.local_flow_control_window(stream_id), h2conn.max_outbound_frame_size)
-            if room <= 0:
-                break
-            h2conn.send_data(stream_id, body[:room], end_stream=len(body) <= room)
-            body = body[room:]
+        last = not exchange.body_open
+        try:
+            while body:
+                window = h2conn.local_flow_control_window(stream_id)
+                room = min(window, h2conn.max_outbound_frame_size)
+                if room <= 0:
+                    break
+                end = last and len(body) <= room
+                h2conn.send_data(stream_id, body[:room], end_stream=end)
+                exchange.sent_end = end
+                body = body[room:]
+            if last and not body and not exchange.sent_end:  # the last of it came empty
+                h2conn.end_stream(stream_id)
+                exchange.sent_end = True
+        except h2.exceptions.StreamClosedError:
+            body = b""  # the engine ended the stream: what it did not read is not wanted
         exchange.unsent = body
         if body:
             self._bodies[stream_id] = exchange
@@ -277,7 +317,14 @@ class H2EngineConnection(asyncio.Protocol):
     def _response(self, event: h2.events.ResponseReceived) -> None:
         exchange = self._exchanges.get(event.stream_id)
         if exchange is not None:
+            exchange.head_ended = event.stream_ended is not None
             exchange.headed(_response_head(event.headers or []))
+
+    def _trailers(self, event: h2.events.TrailersReceived) -> None:
+        """The engine's trailers (gRPC's status): kept for the client's, as they came."""
+        exchange = self._exchanges.get(event.stream_id)
+        if exchange is not None:
+            exchange.trailers = _fields(event.headers or [])
 
     def _data(self, event: h2.events.DataReceived) -> None:
         exchange = self._exchanges.get(event.stream_id)
@@ -335,6 +382,7 @@ class H2EngineConnection(asyncio.Protocol):
 _HANDLERS: dict[type, Callable[[H2EngineConnection, Any], None]] = {
     h2.events.ResponseReceived: H2EngineConnection._response,
     h2.events.DataReceived: H2EngineConnection._data,
+    h2.events.TrailersReceived: H2EngineConnection._trailers,
     h2.events.StreamEnded: H2EngineConnection._ended,
     h2.events.StreamReset: H2EngineConnection._reset,
     h2.events.WindowUpdated: H2EngineConnection._window,
@@ -420,20 +468,23 @@ def _block(head: bytes, authority: str, scheme: str) -> list[tuple[bytes, bytes]
     ]  # fmt: skip
     for name, value in parsed.fields:
         lower = name.lower()
-        if lower not in _NOT_SENT:
+        if lower not in _NOT_SENT or (lower == "te" and value.strip().lower() == "trailers"):
             block.append((lower.encode("ascii"), value.encode("latin-1")))
     return block
+
+
+def _fields(block: list[tuple[bytes, bytes]]) -> list[tuple[str, str]]:
+    """A header block's fields, in order, without its pseudo-headers."""
+    return [(n.decode("ascii"), v.decode("latin-1")) for n, v in block if n[:1] != b":"]
 
 
 def _response_head(block: list[tuple[bytes, bytes]]) -> ResponseHead:
     """The engine's header block as an HTTP/1.1 response head (its fields in order)."""
     status = 0
-    fields: list[tuple[str, str]] = []
     for name, value in block:
         if name == b":status":
             status = int(value)
-        elif name[:1] != b":":
-            fields.append((name.decode("ascii"), value.decode("latin-1")))
+    fields = _fields(block)
     try:
         reason = HTTPStatus(status).phrase  # what the client's HTTP/1.1 status line says
     except ValueError:

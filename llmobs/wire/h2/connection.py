@@ -95,7 +95,8 @@ class H2ServerConnection(asyncio.Protocol):
         self._streams: dict[int, H2Stream] = {}
         self._tasks: dict[int, asyncio.Task[None]] = {}
         self._backlog: dict[int, list[bytes]] = {}  # a stream's bytes the windows hold back
-        self._ending: set[int] = set()  # streams to end once their backlog is sent
+        # streams to end once their backlog is sent, with the trailers to end them (or None)
+        self._ending: dict[int, list[tuple[bytes, bytes]] | None] = {}
         self._held: set[int] = set()  # streams whose engine is paused (backlog past the mark)
         self._stuck: dict[int, asyncio.TimerHandle] = {}  # a backlog's reset, if it stays
         self._writing_paused = False
@@ -334,7 +335,7 @@ class H2ServerConnection(asyncio.Protocol):
     def _forget(self, sid: int) -> None:
         self._streams.pop(sid, None)
         self._backlog.pop(sid, None)
-        self._ending.discard(sid)
+        self._ending.pop(sid, None)
         self._held.discard(sid)
         timer = self._stuck.pop(sid, None)
         if timer is not None:
@@ -366,6 +367,16 @@ class H2ServerConnection(asyncio.Protocol):
             stream.ended = True
         self._flush()
 
+    def send_trailers(self, stream: H2Stream, fields: Iterable[tuple[str, str]]) -> None:
+        """End ``stream`` with trailers (gRPC's status), after what its backlog holds."""
+        if stream.closed:
+            return
+        block = [(n.lower().encode("latin-1"), v.encode("latin-1")) for n, v in fields
+                 if n.lower().encode("latin-1") not in _CONNECTION_FIELDS]  # fmt: skip
+        self._ending[stream.id] = block
+        self._pump(stream)
+        self._flush()
+
     def send(self, stream: H2Stream, data: bytes, end: bool) -> None:
         """Body bytes for ``stream`` (``end``: its last), sent as far as the windows admit."""
         if stream.closed:
@@ -382,7 +393,7 @@ class H2ServerConnection(asyncio.Protocol):
         if data:
             self._backlog.setdefault(stream.id, []).append(data)
         if end:
-            self._ending.add(stream.id)
+            self._ending[stream.id] = None
         self._pump(stream)
         self._flush()
 
@@ -408,8 +419,11 @@ class H2ServerConnection(asyncio.Protocol):
                 sent = True
                 self._floods[1] -= 2  # a DATA frame earns its WINDOW_UPDATEs (stream, connection)
             if not parts and sid in self._ending:
-                self._ending.discard(sid)
-                h2conn.end_stream(sid)
+                trailers = self._ending.pop(sid)
+                if trailers is None:
+                    h2conn.end_stream(sid)
+                else:
+                    h2conn.send_headers(sid, trailers, end_stream=True)
         except h2.exceptions.StreamClosedError:
             stream.tell_gone()
             self._forget(sid)

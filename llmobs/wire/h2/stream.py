@@ -38,6 +38,7 @@ class Carrier(Protocol):
         self, stream: H2Stream, status: int, fields: Iterable[tuple[str, str]], length: int | None
     ) -> None: ...
     def send(self, stream: H2Stream, data: bytes, end: bool) -> None: ...
+    def send_trailers(self, stream: H2Stream, fields: Iterable[tuple[str, str]]) -> None: ...
     def held(self, stream: H2Stream) -> bool: ...
     def reset(self, stream: H2Stream) -> None: ...
 
@@ -47,9 +48,11 @@ class H2Stream(Hooks):
 
     __slots__ = (
         "_conn",
+        "_enough",
         "_limit",
         "_parts",
         "_received",
+        "_sink",
         "_waiter",
         "body_complete",
         "bodyless",
@@ -94,6 +97,8 @@ class H2Stream(Hooks):
         self._parts: list[bytes] = []
         self._received = 0
         self._waiter: asyncio.Future[None] | None = None
+        self._enough: Callable[[bytes], bool] | None = None  # ``read_start``'s test
+        self._sink: Callable[[bytes, bool], None] | None = None  # ``follow``'s
         self.too_large = False
         self.started = False  # the response's head was sent
         self.bodyless = False  # HEAD, 204, 304: a head alone
@@ -103,7 +108,12 @@ class H2Stream(Hooks):
 
     # -- the request ------------------------------------------------------------------------
     def feed(self, data: bytes) -> None:
-        """A DATA frame's payload: kept up to the limit, past it dropped (a 413 follows)."""
+        """A DATA frame's payload: kept up to the limit, past it dropped (a 413 follows); once
+        followed (``follow``), passed on as it comes."""
+        sink = self._sink
+        if sink is not None:
+            sink(data, False)
+            return
         self._received += len(data)
         if self._received > self._limit:
             if not self.too_large:  # answered (413) at once, not after the rest
@@ -112,10 +122,15 @@ class H2Stream(Hooks):
                 self.complete()
         elif data:
             self._parts.append(data)
+            if self._enough is not None:
+                self._check_start()
 
     def complete(self) -> None:
         """The client ended its half of the stream: the body is whole."""
         self.body_complete = True
+        sink, self._sink = self._sink, None
+        if sink is not None and not self.reset:
+            sink(b"", True)
         waiter = self._waiter
         if waiter is not None and not waiter.done():
             waiter.set_result(None)
@@ -139,6 +154,47 @@ class H2Stream(Hooks):
         parts = self._parts
         return parts[0] if len(parts) == 1 else b"".join(parts)
 
+    async def read_start(self, budget: float, enough: Callable[[bytes], bool]) -> bytes:
+        """What the body holds once ``enough`` says it is enough (a gRPC stream's first
+        message) or the body is whole, whichever comes first; the rest then goes on through
+        ``follow`` (unless the body was whole: ``body_complete``). ``BodyTooSlow`` after
+        ``budget`` seconds, ``BodyTooLarge`` past the limit before it was enough."""
+        if not self.body_complete and not enough(b"".join(self._parts)):
+            self._enough = enough
+            self._waiter = asyncio.get_running_loop().create_future()
+            try:
+                async with asyncio.timeout(budget):
+                    await self._waiter
+            except TimeoutError:
+                raise BodyTooSlow from None
+            finally:
+                self._waiter = self._enough = None
+        if self.reset:
+            raise ConnectionResetError("the client reset the stream")
+        if self.too_large:
+            raise BodyTooLarge
+        start = b"".join(self._parts)
+        self._parts = []
+        return start
+
+    def follow(self, sink: Callable[[bytes, bool], None]) -> None:
+        """Hand the rest of the body to ``sink`` as it comes, and its end (``Tail``)."""
+        if self.body_complete:
+            sink(b"", True)
+        else:
+            self._sink = sink
+
+    def _check_start(self) -> None:
+        """``read_start``'s wait ends once the body holds enough."""
+        enough, waiter = self._enough, self._waiter
+        if (
+            enough is not None
+            and waiter is not None
+            and not waiter.done()
+            and enough(b"".join(self._parts))
+        ):
+            waiter.set_result(None)
+
     # -- the response -----------------------------------------------------------------------
     def begin(
         self,
@@ -148,10 +204,11 @@ class H2Stream(Hooks):
         length: int | None,
         *,
         close: bool = False,
+        last: bool = False,
     ) -> None:
-        """The response's head; ``reason`` and ``close`` mean nothing on HTTP/2 (a stream
-        ends alone)."""
-        self.bodyless = self.method == "HEAD" or status in (204, 304) or 100 <= status < 200
+        """The response's head (``last``: the whole response, as a gRPC "trailers-only"
+        answer is); ``reason`` and ``close`` mean nothing on HTTP/2 (a stream ends alone)."""
+        self.bodyless = last or self.method == "HEAD" or status in (204, 304) or 100 <= status < 200
         self.started = True
         self._conn.send_head(self, status, headers, length)
         if not self.bodyless:
@@ -173,10 +230,14 @@ class H2Stream(Hooks):
             self.ended = True
             self._conn.send(self, b"".join(parts), True)
 
-    def end(self) -> None:
+    def end(self, trailers: list[tuple[str, str]] | None = None) -> None:
+        """The response's end, with ``trailers`` if the engine sent some (gRPC's status)."""
         if not self.ended:
             self.ended = True
-            self._conn.send(self, b"", True)
+            if trailers:
+                self._conn.send_trailers(self, trailers)
+            else:
+                self._conn.send(self, b"", True)
 
     def respond(
         self, status: int, body: bytes, content_type: str = "application/json", *,

@@ -250,6 +250,7 @@ def test_the_record_has_every_field_where_it_belongs() -> None:
         "response_id": "ri", "finish_reasons": ("a", "b"), "finish_reason": "fr",
         "reasoning_tokens": 17, "reasoning_source": TokenSource.COUNTED, "cached_tokens": 19,
         "engine_prompt_eval_s": 0.25, "engine_load_s": 0.5, "dialect": "di", "engine_queue_s": 0.75,
+        "grpc_status": 14,
     }  # fmt: skip
     record = timer.finish(10**9, **meta)
     assert {k: getattr(record, k) for k in meta} == meta
@@ -259,7 +260,7 @@ def test_the_record_has_every_field_where_it_belongs() -> None:
     assert record.itl_sum == pytest.approx(0.04) and record.itl_max == pytest.approx(0.02)
     assert record.itl_sumsq == pytest.approx(0.0008) and record.smoothness == pytest.approx(1.0)
     assert record.tpot_s == pytest.approx(0.04 / 12)
-    assert len(record) == len(RequestStats._fields) == 29
+    assert len(record) == len(RequestStats._fields) == 30
 
 
 # Edges of the rules, on literal numbers: gaps that are binary fractions of a second, so the

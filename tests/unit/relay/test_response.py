@@ -42,7 +42,7 @@ class Told(NullObserver):
         self.responses: list[tuple[int, str]] = []
         self.chunks: list[bytes] = []
 
-    def response(self, status: int, content_type: str) -> None:
+    def response(self, status: int, content_type: str, encoding: str = "") -> None:
         self.responses.append((status, content_type))
 
     def chunk(self, t_ns: int, data: bytes) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 
 from llmobs.export.metrics.catalogue import (
+    API_METRICS,
     CATALOGUE,
     COLLECTOR_METRICS,
     COST,
@@ -38,6 +39,8 @@ def test_every_catalogue_metric_is_exposed_with_its_labels() -> None:
         if metric in SESSION_METRICS:  # once a session ran: tests/e2e/test_websocket.py
             continue
         if metric in PD_METRICS:  # once a leg ran: tests/e2e/test_disaggregated.py
+            continue
+        if metric in API_METRICS:  # the app's consumer: tests/e2e/test_grpc.py
             continue
         if metric in SATURATION_METRICS:  # the app's backlogs: tests/e2e/test_saturation.py
             continue

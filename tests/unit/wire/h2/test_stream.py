@@ -33,6 +33,9 @@ class Recorded:
     def send(self, stream: H2Stream, data: bytes, end: bool) -> None:
         self.sent.append(("end" if end else "data", data))
 
+    def send_trailers(self, stream: H2Stream, fields: Iterable[tuple[str, str]]) -> None:
+        self.sent.append(("trailers", list(fields)))
+
     def held(self, stream: H2Stream) -> bool:
         return self.holding
 
@@ -114,3 +117,60 @@ def test_an_error_in_the_openai_shape_and_flow_told() -> None:
     assert told == ["pause", "resume"]
     stream.abort()
     assert conn.sent[-1] == ("reset", None)
+
+
+def _whole_message(data: bytes) -> bool:
+    return len(data) >= 5 and len(data) >= 5 + int.from_bytes(data[1:5], "big")
+
+
+async def test_a_grpc_streams_start_is_its_first_message_and_the_rest_follows() -> None:
+    """``read_start`` hands back the body once it holds enough (a gRPC stream's first message),
+    not at its end; ``follow`` then hands on each later part as it comes, and the end."""
+    stream, _ = _stream()
+    starting = asyncio.ensure_future(stream.read_start(5, _whole_message))
+    stream.feed(b"\x00\x00\x00")
+    await asyncio.sleep(0)
+    assert not starting.done()  # the prefix is not whole yet
+    stream.feed(b"\x00\x02ab\x00")  # the first message whole, a byte of the next
+    assert await starting == b"\x00\x00\x00\x00\x02ab\x00"
+    assert not stream.body_complete
+    parts: list[tuple[bytes, bool]] = []
+    stream.follow(lambda data, end: parts.append((data, end)))
+    stream.feed(b"\x00\x00\x00\x01c")
+    stream.complete()
+    assert parts == [(b"\x00\x00\x00\x01c", False), (b"", True)]
+
+
+async def test_a_whole_body_needs_no_follow_and_a_reset_ends_nothing_downstream() -> None:
+    whole, _ = _stream()
+    whole.feed(b"\x00\x00\x00\x00\x09abc")  # a message cut short ...
+    whole.complete()  # ... by the body's end: the start is what came
+    assert await whole.read_start(5, _whole_message) == b"\x00\x00\x00\x00\x09abc"
+    ended: list[tuple[bytes, bool]] = []
+    whole.follow(lambda data, end: ended.append((data, end)))
+    assert ended == [(b"", True)]
+    gone, _ = _stream()
+    gone.feed(b"\x00\x00\x00\x00\x00")
+    assert await gone.read_start(5, _whole_message) == b"\x00\x00\x00\x00\x00"
+    told: list[tuple[bytes, bool]] = []
+    gone.follow(lambda data, end: told.append((data, end)))
+    gone.tell_gone()  # reset by the client: the relay's on_gone ends the engine's stream
+    assert told == []
+    slow, _ = _stream()
+    with pytest.raises(BodyTooSlow):
+        await slow.read_start(0.01, _whole_message)
+
+
+def test_trailers_end_the_response_and_a_head_may_be_the_whole_of_it() -> None:
+    stream, conn = _stream()
+    stream.begin(200, "OK", [("content-type", "application/grpc")], None)
+    stream.write(b"\x00\x00\x00\x00\x00")
+    stream.end([("grpc-status", "0")])
+    assert conn.sent[-1] == ("trailers", [("grpc-status", "0")])
+    only, conn = _stream()
+    only.begin(200, "OK", [("grpc-status", "5")], None, last=True)
+    assert only.bodyless and conn.sent == [("head", (200, [("grpc-status", "5")], None))]
+    plain, conn = _stream()
+    plain.begin(200, "OK", [], None)
+    plain.end()
+    assert conn.sent[-1] == ("end", b"")
