@@ -433,6 +433,8 @@ class Observer:
     def _close(self, t_ns: int, outcome: Outcome) -> tuple[RequestStats, list[TokenWindow], int]:
         """The final record, last windows and malformed count; no sink is called here."""
         stream, malformed = self._reader.close(outcome is Outcome.OK)
+        if self.route.grpc and not self.info.stream:
+            stream = False  # a gRPC answer not streamed: one message, no first token to time
         dialect = self._reader.dialect
         if outcome is Outcome.OK and (self.status >= 500 or (self.status < 400 and dialect.error)):
             outcome = Outcome.UPSTREAM_ERROR  # an engine error: 5xx, or an error in a 2xx stream

@@ -10,7 +10,8 @@ unparsed. A message is a gRPC stream's payload (``framing.GrpcDecoder`` took off
 What is read per API:
 - Generate: each ``chunk``'s ``token_ids`` (its output tokens, ``index`` its choice), the
   running ``prompt_tokens``/``completion_tokens``/``cached_tokens``; the ``complete`` message's
-  ``finish_reason`` (and, for an answer not streamed, its ``output_ids``: all its tokens);
+  ``finish_reason`` (and, for an answer not streamed, its ``output_ids``: all its tokens,
+  counted as a JSON answer's usage is, not timed);
 - Triton: each response with outputs is one token (TensorRT-LLM's streaming sends one per
   response) unless it carries ``num_output_tokens``; ``triton_final_response`` ends it;
   ``error_message`` is an error; the model from ``model_name``;
@@ -132,7 +133,6 @@ class GenerateStream(GrpcDialect):
 
     def __init__(self) -> None:
         super().__init__()
-        self.per_chunk_usage = True  # token ids: exact, not assumed one per message
         self._chunks = 0
 
     def on_message(self, message: Any) -> int:
@@ -141,15 +141,15 @@ class GenerateStream(GrpcDialect):
             chunk = message.chunk
             self._usage(chunk)
             self._chunks += 1
+            self.per_chunk_usage = True  # token ids: exact, not assumed one per message
             return self.output(len(chunk.token_ids), getattr(chunk, self.CHOICE))
         if kind == "complete":
             complete = message.complete
             self._usage(complete)
             self.finish(complete.finish_reason)
             self.done = True
-            if self._chunks:  # streamed: its tokens came in chunks already
-                return 0
-            return self.output(len(getattr(complete, self.OUTPUT_IDS)), 0)
+            if not self._chunks and self.output_tokens is None:  # an answer not streamed:
+                self.output_tokens = len(getattr(complete, self.OUTPUT_IDS))  # counted, untimed
         return 0
 
     def _usage(self, part: Any) -> None:
@@ -240,8 +240,14 @@ class TritonInfer(TritonGrpcStream):
     RESPONSE = "ModelInferResponse"
 
     def on_message(self, message: Any) -> int:
+        """The whole answer: its tokens counted (TensorRT-LLM's ``num_output_tokens``, when
+        asked for), not timed, as a JSON answer's."""
         self.done = True
-        return self.on_response(message)
+        if message.model_name and self.response_model is None:
+            self.response_model = message.model_name[:MAX_MODEL_LENGTH]
+        if message.outputs:
+            self.output_tokens = _num_output_tokens(message)
+        return 0
 
 
 def _num_output_tokens(response: Any) -> int | None:

@@ -297,10 +297,13 @@ class H2EngineConnection(asyncio.Protocol):
 
     # -- asyncio.Protocol -------------------------------------------------------------------
     def data_received(self, data: bytes) -> None:
+        if not self.usable and self.transport.is_closing():
+            return  # closed on our side (GOAWAY sent): what still comes is no one's
         try:
             events = self._h2.receive_data(data)
         except h2.exceptions.H2Error as exc:
-            log.warning("the engine's HTTP/2 broke the protocol (%s): closing", type(exc).__name__)
+            log.warning("the engine's HTTP/2 broke the protocol (%s: %s): closing",
+                        type(exc).__name__, exc)  # fmt: skip
             self._flush()
             self._lose(UpstreamClosed("upstream HTTP/2 protocol error"))
             self.transport.close()

@@ -9,7 +9,6 @@ import asyncio
 import dataclasses
 import errno
 import importlib
-import queue
 import re
 import struct
 import sys
@@ -18,9 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import grpc  # type: ignore[import-untyped, unused-ignore]
-import numpy as np
 import pytest
-import tritonclient.grpc as triton_client
 import uvloop
 from aiohttp import web
 from grpc import aio  # type: ignore[import-untyped, unused-ignore]
@@ -28,19 +25,10 @@ from smg_grpc_proto.generated import (  # type: ignore[import-untyped, unused-ig
     sglang_scheduler_pb2 as sglang,
 )
 from smg_grpc_proto.generated import (  # type: ignore[import-untyped, unused-ignore]
-    sglang_scheduler_pb2_grpc as sglang_grpc,
-)
-from smg_grpc_proto.generated import (  # type: ignore[import-untyped, unused-ignore]
     trtllm_service_pb2 as trtllm,
 )
 from smg_grpc_proto.generated import (  # type: ignore[import-untyped, unused-ignore]
-    trtllm_service_pb2_grpc as trtllm_grpc,
-)
-from smg_grpc_proto.generated import (  # type: ignore[import-untyped, unused-ignore]
     vllm_engine_pb2 as vllm,
-)
-from smg_grpc_proto.generated import (  # type: ignore[import-untyped, unused-ignore]
-    vllm_engine_pb2_grpc as vllm_grpc,
 )
 from tritonclient.grpc import service_pb2 as kserve
 from tritonclient.grpc import service_pb2_grpc as kserve_grpc
@@ -50,15 +38,24 @@ from llmobs.sim import ENGINE_KEY, SimEngine, SimSettings, build_sim_app, run_si
 from llmobs.sim.dialects.base import count_prompt_tokens
 from llmobs.sim.grpc_engine import start_grpc
 from llmobs.sim.request import TOKENS, token_id
+from tests.support.grpc_apis import (
+    LOCAL,
+    PROMPT,
+    SGLANG,
+    TRTLLM,
+    VLLM,
+    Api,
+    Requests,
+    final,
+    infer_request,
+    responses,
+    tritonclient_stream,
+)
 from tests.support.servers import SimFactory, eventually
 
 FAST: dict[str, Any] = {"prefill_base": 0.001, "prefill_per_token": 0.0, "decode_base": 0.001}
 LONG = 100_000  # tokens a request asks for when it is to be ended before its last
-PROMPT = [1, 2, 3, 4, 5]
 VOCABULARY = {token_id(text) for text in TOKENS}
-# a channel's connection its own, closed with it (not left in grpc's global pool, where the
-# server's stop would cancel it: grpc logs that GOAWAY)
-LOCAL = [("grpc.use_local_subchannel_pool", 1)]
 
 
 @dataclass
@@ -89,58 +86,7 @@ async def start_grpc_sim(start_sim: SimFactory) -> AsyncIterator[GrpcSimFactory]
         await server.stop(None)
 
 
-@dataclass(frozen=True)
-class Api:
-    """One of the smg-grpc-proto engine APIs, as a test drives its Generate."""
-
-    name: str
-    stub: Callable[[Any], Any]
-    request: Callable[[str, int, bool], Any]  # (request id, max tokens, stream) -> request
-    output_ids: Callable[[Any], list[int]]  # a complete message's ids
-    abort: Callable[[str], Any]  # request id -> AbortRequest
-    echoes: bool  # whether each response carries the request id
-
-
-def _vllm(request_id: str, max_tokens: int, stream: bool) -> Any:
-    params = vllm.SamplingParams(max_tokens=max_tokens, ignore_eos=True)
-    tokens = vllm.TokenizedInput(input_ids=PROMPT)
-    return vllm.GenerateRequest(
-        request_id=request_id, tokenized=tokens, sampling_params=params, stream=stream
-    )
-
-
-def _sglang(request_id: str, max_tokens: int, stream: bool) -> Any:
-    params = sglang.SamplingParams(max_new_tokens=max_tokens, ignore_eos=True)
-    tokens = sglang.TokenizedInput(input_ids=PROMPT)
-    return sglang.GenerateRequest(
-        request_id=request_id, tokenized=tokens, sampling_params=params, stream=stream
-    )
-
-
-def _trtllm(request_id: str, max_tokens: int, stream: bool) -> Any:
-    tokens = trtllm.TokenizedInput(input_token_ids=PROMPT)
-    return trtllm.GenerateRequest(
-        request_id=request_id, tokenized=tokens, max_tokens=max_tokens, streaming=stream,
-        ignore_eos=True,
-    )  # fmt: skip
-
-
-VLLM = Api("vllm", vllm_grpc.VllmEngineStub, _vllm, lambda c: list(c.output_ids),
-           lambda i: vllm.AbortRequest(request_ids=[i]), echoes=False)  # fmt: skip
-SGLANG = Api("sglang", sglang_grpc.SglangSchedulerStub, _sglang, lambda c: list(c.output_ids),
-             lambda i: sglang.AbortRequest(request_id=i), echoes=True)  # fmt: skip
-TRTLLM = Api("trtllm", trtllm_grpc.TrtllmServiceStub, _trtllm,
-             lambda c: list(c.output_token_ids), lambda i: trtllm.AbortRequest(request_id=i),
-             echoes=True)  # fmt: skip
 APIS = [pytest.param(api, id=api.name) for api in (VLLM, SGLANG, TRTLLM)]
-
-
-async def _responses(call: Any) -> list[Any]:
-    """Every message of a server-streaming call, read one at a time."""
-    out = []
-    while (message := await call.read()) is not aio.EOF:
-        out.append(message)
-    return out
 
 
 @pytest.mark.parametrize("every", [1, 3])
@@ -150,7 +96,7 @@ async def test_a_streamed_generate_gives_max_tokens_in_cumulative_chunks(
 ) -> None:
     sim = await start_grpc_sim(tokens_per_chunk=every, output_tokens_min=8, output_tokens_max=8)
     call = api.stub(sim.channel).Generate(api.request("r-1", 10, True))
-    *chunks, last = [message for message in await _responses(call)]
+    *chunks, last = [message for message in await responses(call)]
 
     sizes = [len(m.chunk.token_ids) for m in chunks]
     assert sizes == ([1] * 10 if every == 1 else [1, 3, 3, 3])  # the first alone, then `every`
@@ -174,7 +120,7 @@ async def test_an_unstreamed_generate_is_the_complete_message_alone(
     start_grpc_sim: GrpcSimFactory, api: Api
 ) -> None:
     sim = await start_grpc_sim()
-    (only,) = await _responses(api.stub(sim.channel).Generate(api.request("r-2", 4, False)))
+    (only,) = await responses(api.stub(sim.channel).Generate(api.request("r-2", 4, False)))
     assert only.WhichOneof("response") == "complete"
     assert len(api.output_ids(only.complete)) == only.complete.completion_tokens == 4
 
@@ -187,7 +133,7 @@ async def test_a_vllm_text_prompt_is_counted_as_the_http_dialects_count_one(
     request = vllm.GenerateRequest(
         request_id="t", text=text, sampling_params=vllm.SamplingParams(max_tokens=2), stream=True
     )
-    messages = await _responses(VLLM.stub(sim.channel).Generate(request))
+    messages = await responses(VLLM.stub(sim.channel).Generate(request))
     assert messages[-1].complete.prompt_tokens == count_prompt_tokens(text)
     assert sim.engine.counters.prompt_tokens == count_prompt_tokens(text)
 
@@ -214,7 +160,7 @@ async def test_abort_ends_the_named_request_as_abort(
     call = stub.Generate(api.request("victim", LONG, True))
     first = await call.read()
     await stub.Abort(api.abort("victim"))
-    *chunks, last = [first, *await _responses(call)]
+    *chunks, last = [first, *await responses(call)]
 
     assert last.complete.finish_reason == "abort"
     sent = [i for m in chunks for i in m.chunk.token_ids]
@@ -230,7 +176,7 @@ async def test_abort_of_an_unknown_or_finished_request_changes_nothing(
 ) -> None:
     sim = await start_grpc_sim()
     stub = SGLANG.stub(sim.channel)
-    await _responses(stub.Generate(SGLANG.request("done", 2, True)))
+    await responses(stub.Generate(SGLANG.request("done", 2, True)))
     for request_id in ("done", "never"):
         answer = await stub.Abort(sglang.AbortRequest(request_id=request_id))
         assert not answer.success
@@ -240,7 +186,7 @@ async def test_abort_of_an_unknown_or_finished_request_changes_nothing(
 async def test_an_injected_error_is_internal_and_counted(start_grpc_sim: GrpcSimFactory) -> None:
     sim = await start_grpc_sim(error_rate=1.0)
     with pytest.raises(aio.AioRpcError) as raised:
-        await _responses(VLLM.stub(sim.channel).Generate(VLLM.request("e", 3, True)))
+        await responses(VLLM.stub(sim.channel).Generate(VLLM.request("e", 3, True)))
     assert raised.value.code() == grpc.StatusCode.INTERNAL
     assert raised.value.details() == "simulated engine failure"
     assert sim.engine.counters.errors == 1
@@ -250,7 +196,7 @@ async def test_a_request_without_a_prompt_is_invalid(start_grpc_sim: GrpcSimFact
     sim = await start_grpc_sim()
     bad = vllm.GenerateRequest(request_id="b", sampling_params=vllm.SamplingParams(max_tokens=0))
     with pytest.raises(aio.AioRpcError) as raised:
-        await _responses(VLLM.stub(sim.channel).Generate(bad))
+        await responses(VLLM.stub(sim.channel).Generate(bad))
     assert raised.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert sim.engine.counters.errors == 1
 
@@ -286,23 +232,6 @@ async def test_the_info_methods_describe_the_sims_model_and_load(
 # --- Triton -------------------------------------------------------------------------------
 
 
-def _raw_bytes(text: str) -> bytes:
-    data = text.encode()
-    return struct.pack("<I", len(data)) + data
-
-
-def _infer_request(request_id: str, max_tokens: int, prompt: str = "Hello there") -> Any:
-    """A ModelInferRequest as tritonclient makes one: every input in raw_input_contents."""
-    tensor = kserve.ModelInferRequest.InferInputTensor
-    inputs = [tensor(name="text_input", datatype="BYTES", shape=[1, 1]),
-              tensor(name="max_tokens", datatype="INT32", shape=[1, 1]),
-              tensor(name="stream", datatype="BOOL", shape=[1, 1])]  # fmt: skip
-    raw = [_raw_bytes(prompt), struct.pack("<i", max_tokens), b"\x01"]
-    return kserve.ModelInferRequest(
-        model_name="ensemble", id=request_id, inputs=inputs, raw_input_contents=raw
-    )
-
-
 def _text(response: Any) -> str:
     """A response's text_output, read back from its raw BYTES tensor."""
     (raw,) = response.raw_output_contents
@@ -311,41 +240,20 @@ def _text(response: Any) -> str:
     return bytes(raw[4:]).decode()
 
 
-def _final(response: Any) -> bool:
-    return bool(response.parameters["triton_final_response"].bool_param)
-
-
-class _Requests:
-    """A ModelStreamInfer call's request stream, fed by the test as it goes."""
-
-    def __init__(self) -> None:
-        self._queue: asyncio.Queue[Any] = asyncio.Queue()
-
-    def send(self, request: Any) -> None:
-        self._queue.put_nowait(request)
-
-    def close(self) -> None:
-        self._queue.put_nowait(None)
-
-    async def __aiter__(self) -> AsyncIterator[Any]:
-        while (request := await self._queue.get()) is not None:
-            yield request
-
-
 async def test_triton_streams_a_text_output_per_token_then_an_empty_final_response(
     start_grpc_sim: GrpcSimFactory,
 ) -> None:
     sim = await start_grpc_sim(output_tokens_min=64, output_tokens_max=64)
-    requests = _Requests()
+    requests = Requests()
     call = kserve_grpc.GRPCInferenceServiceStub(sim.channel).ModelStreamInfer(requests)
-    requests.send(_infer_request("t-1", 5, "Say five words."))
+    requests.send(infer_request("t-1", 5, "Say five words."))
     requests.close()
-    *tokens, last = [m.infer_response for m in await _responses(call)]
+    *tokens, last = [m.infer_response for m in await responses(call)]
 
     assert len(tokens) == 5
     assert all(_text(r).count(" ") == 1 for r in tokens)  # a token each: " word"
-    assert all(not _final(r) and r.id == "t-1" and r.model_name == "ensemble" for r in tokens)
-    assert _final(last) and last.id == "t-1" and not last.outputs
+    assert all(not final(r) and r.id == "t-1" and r.model_name == "ensemble" for r in tokens)
+    assert final(last) and last.id == "t-1" and not last.outputs
     assert sim.engine.counters.prompt_tokens == count_prompt_tokens("Say five words.")
     assert sim.engine.counters.completed == 1
 
@@ -354,23 +262,23 @@ async def test_overlapping_requests_on_one_triton_stream_complete_with_their_own
     start_grpc_sim: GrpcSimFactory,
 ) -> None:
     sim = await start_grpc_sim(output_tokens_min=400, output_tokens_max=400)
-    requests = _Requests()
+    requests = Requests()
     call = kserve_grpc.GRPCInferenceServiceStub(sim.channel).ModelStreamInfer(requests)
-    requests.send(_infer_request("long", 400))
+    requests.send(infer_request("long", 400))
     first = (await call.read()).infer_response
-    requests.send(_infer_request("short", 3))  # while the long one runs
+    requests.send(infer_request("short", 3))  # while the long one runs
     requests.close()
-    responses = [first, *[m.infer_response for m in await _responses(call)]]
+    answers = [first, *[m.infer_response for m in await responses(call)]]
 
     by_id: dict[str, list[Any]] = {"long": [], "short": []}
-    for response in responses:
+    for response in answers:
         by_id[response.id].append(response)
     for request_id, tokens in (("long", 400), ("short", 3)):
         *deltas, last = by_id[request_id]
-        assert len(deltas) == tokens and _final(last), request_id
-        assert not any(_final(r) for r in deltas)
+        assert len(deltas) == tokens and final(last), request_id
+        assert not any(final(r) for r in deltas)
     # served in parallel: the short one ended while the long one still ran
-    ends = [r.id for r in responses if _final(r)]
+    ends = [r.id for r in answers if final(r)]
     assert ends == ["short", "long"]
     assert sim.engine.counters.completed == 2
 
@@ -379,10 +287,10 @@ async def test_a_cancelled_triton_stream_cancels_its_requests(
     start_grpc_sim: GrpcSimFactory,
 ) -> None:
     sim = await start_grpc_sim()
-    requests = _Requests()
+    requests = Requests()
     call = kserve_grpc.GRPCInferenceServiceStub(sim.channel).ModelStreamInfer(requests)
-    requests.send(_infer_request("a", LONG))
-    requests.send(_infer_request("b", LONG))
+    requests.send(infer_request("a", LONG))
+    requests.send(infer_request("b", LONG))
     await eventually(lambda: sim.engine.counters.running == 2)
     await call.read()
     call.cancel()
@@ -394,12 +302,12 @@ async def test_a_refused_triton_request_is_an_error_message_on_a_stream_that_goe
     start_grpc_sim: GrpcSimFactory,
 ) -> None:
     sim = await start_grpc_sim()
-    requests = _Requests()
+    requests = Requests()
     call = kserve_grpc.GRPCInferenceServiceStub(sim.channel).ModelStreamInfer(requests)
     requests.send(kserve.ModelInferRequest(model_name="ensemble", id="bad"))  # no text_input
-    requests.send(_infer_request("good", 2))
+    requests.send(infer_request("good", 2))
     requests.close()
-    messages = await _responses(call)
+    messages = await responses(call)
 
     assert "'text_input' is required" in messages[0].error_message
     assert messages[0].infer_response.id == "bad"
@@ -431,43 +339,10 @@ async def test_tritonclients_own_client_streams_from_the_sim(
     start_grpc_sim: GrpcSimFactory,
 ) -> None:
     sim = await start_grpc_sim(output_tokens_min=64, output_tokens_max=64, model="ensemble")
-    texts = await asyncio.to_thread(_tritonclient_stream, f"127.0.0.1:{sim.port}", 6)
+    texts = await asyncio.to_thread(tritonclient_stream, f"127.0.0.1:{sim.port}", 6)
     assert len(texts) == 6
     assert all(text.count(" ") == 1 for text in texts)
     assert sim.engine.counters.completed == 1
-
-
-def _tritonclient_stream(url: str, max_tokens: int) -> list[str]:
-    """A decoupled model's stream as tritonclient's (threaded) client reads one."""
-    client = triton_client.InferenceServerClient(url)
-    try:
-        assert client.is_server_live() and client.is_server_ready()
-        assert client.is_model_ready("ensemble")
-        assert client.get_model_metadata("ensemble").platform == "ensemble"
-        results: queue.Queue[tuple[Any, Any]] = queue.Queue()
-        client.start_stream(callback=lambda result, error: results.put((result, error)))
-        text = triton_client.InferInput("text_input", [1, 1], "BYTES")
-        text.set_data_from_numpy(np.array([["Tell me a story."]], dtype=object))
-        limit = triton_client.InferInput("max_tokens", [1, 1], "INT32")
-        limit.set_data_from_numpy(np.array([[max_tokens]], dtype=np.int32))
-        stream = triton_client.InferInput("stream", [1, 1], "BOOL")
-        stream.set_data_from_numpy(np.array([[True]], dtype=bool))
-        client.async_stream_infer(
-            "ensemble", [text, limit, stream], request_id="tc", enable_empty_final_response=True
-        )
-        texts = []
-        while True:
-            result, error = results.get(timeout=30)
-            assert error is None, error
-            response = result.get_response()
-            assert response.id == "tc"
-            if response.parameters["triton_final_response"].bool_param:
-                break
-            texts.append(result.as_numpy("text_output")[0][0].decode())
-        client.stop_stream()
-        return texts
-    finally:
-        client.close()
 
 
 async def test_an_engine_that_stops_ends_its_calls_unavailable(
@@ -476,14 +351,14 @@ async def test_an_engine_that_stops_ends_its_calls_unavailable(
     sim = await start_grpc_sim()
     call = VLLM.stub(sim.channel).Generate(VLLM.request("v", LONG, True))
     await call.read()
-    requests = _Requests()
+    requests = Requests()
     stream = kserve_grpc.GRPCInferenceServiceStub(sim.channel).ModelStreamInfer(requests)
-    requests.send(_infer_request("t", LONG))
+    requests.send(infer_request("t", LONG))
     await stream.read()
     await sim.engine.stop()
     for ended in (call, stream):
         with pytest.raises(aio.AioRpcError) as raised:
-            await _responses(ended)
+            await responses(ended)
         assert raised.value.code() == grpc.StatusCode.UNAVAILABLE
         assert raised.value.details() == "engine shutting down"
 
@@ -509,7 +384,7 @@ async def test_run_sim_serves_grpc_on_the_port_it_prints(
     async with aio.insecure_channel(f"127.0.0.1:{match.group(1)}", options=LOCAL) as channel:
         stub = VLLM.stub(channel)
         assert (await stub.HealthCheck(vllm.HealthCheckRequest())).healthy
-        messages = await _responses(stub.Generate(VLLM.request("cli", 3, True)))
+        messages = await responses(stub.Generate(VLLM.request("cli", 3, True)))
         assert messages[-1].complete.completion_tokens == 3
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
@@ -557,7 +432,7 @@ def test_grpc_aio_serves_and_cancels_on_uvloop() -> None:
         try:
             async with aio.insecure_channel(f"127.0.0.1:{port}", options=LOCAL) as channel:
                 stub = VLLM.stub(channel)
-                messages = await _responses(stub.Generate(VLLM.request("u", 5, True)))
+                messages = await responses(stub.Generate(VLLM.request("u", 5, True)))
                 assert messages[-1].complete.finish_reason == "length"
                 call = stub.Generate(VLLM.request("c", LONG, True))
                 await call.read()
