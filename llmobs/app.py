@@ -41,6 +41,7 @@ from llmobs.export.tracing import RequestMeta, Tracing
 from llmobs.export.ui import LivePage
 from llmobs.observe.causes import EngineTimeline
 from llmobs.observe.dialects import Route
+from llmobs.observe.dialects.grpc import ServedModel
 from llmobs.observe.disagg import PdJoin, PdSettings, Position, has_prefiller
 from llmobs.observe.labels import LabelAdmission
 from llmobs.observe.observer import Observer, ObserveSettings
@@ -109,13 +110,15 @@ def observer_factory(
     provider: Provider | None = None,
     pd: PdSettings | None = None,
     backlogs: Backlogs | None = None,
+    served: ServedModel | None = None,
 ) -> ObserverFactory:
     """New ``Observer`` per request, sharing the recorder (where each request's record is
     made and delivered: the sink, then the consumers), the tracer, the engine's timeline
     (stall causes), the tenants' rules and the settings' knobs; the provider name learns from
     answered requests' dialects until settled; ``pd``: the listener's part in P/D (default:
     at the entry, roles read unless ``--pd-roles off``); ``backlogs``: the sidecar's prefill
-    backlogs, by role (None: not measured)."""
+    backlogs, by role (None: not measured); ``served``: the model an engine's gRPC API
+    serves, learned from its answers (shared by the listeners: one engine's)."""
     if pd is None:
         pd = PdSettings(on=settings.pd_roles != "off")
     config = ObserveSettings(
@@ -126,6 +129,7 @@ def observer_factory(
         provider=provider if provider is not None and not provider.settled else None,
         pd=pd if pd.on else None,
         backlogs=backlogs,
+        served=served,
     )
     tenancy = tenancy if tenancy is not None and tenancy.on else None
     return _Observers(recorder, config, tracing, timeline, tenancy)
@@ -259,6 +263,7 @@ class Proxy:
         self.session_metrics = SessionMetrics(telemetry.meter, settings.max_models)
         # the prompts waiting for a first token at each listener's engine, by P/D role
         self.backlogs = Backlogs()
+        self.served = ServedModel()  # an engine's gRPC API's model (``observe.dialects.grpc``)
         SaturationMetrics(telemetry.meter, self.backlogs)
         # the engine's streams and preemptions, against which each stall is judged
         self.timeline = EngineTimeline()
@@ -318,7 +323,7 @@ class Proxy:
         pd = PdSettings(position, on, self.join, lambda: ids(64), claims)
         return observer_factory(
             settings, self.recorder, self.tracing, timeline, self.tenancy, self.provider, pd,
-            self.backlogs,
+            self.backlogs, self.served,
         )  # fmt: skip
 
     async def _start_pd(self) -> None:

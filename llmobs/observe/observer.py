@@ -18,8 +18,15 @@ from dataclasses import dataclass
 from llmobs.observe.causes import EngineTimeline, Stall, stall_gaps
 from llmobs.observe.clock import RequestClock
 from llmobs.observe.dialects import OTHER_ROUTE, Route
-from llmobs.observe.dialects.base import ABORTED, ERROR, NONE
-from llmobs.observe.dialects.grpc import STATUS_OK, GrpcDialect, http_status, status_of
+from llmobs.observe.dialects.base import ABORTED, ERROR, NONE, Dialect
+from llmobs.observe.dialects.grpc import (
+    STATUS_OK,
+    GrpcDialect,
+    ModelInfoReply,
+    ServedModel,
+    http_status,
+    status_of,
+)
 from llmobs.observe.dialects.request import NO_BODY, parse_grpc_request, parse_request, truncate
 from llmobs.observe.disagg import Claim, PdRequest, PdRole, PdSettings, Position, pd_request
 from llmobs.observe.phases import TtftPhases
@@ -56,6 +63,8 @@ class ObserveSettings:
     pd: PdSettings | None = None
     # the sidecar's prefill backlogs, shared by its listeners (None: not measured)
     backlogs: Backlogs | None = None
+    # the model an engine's gRPC API serves, learned from its GetModelInfo answers
+    served: ServedModel | None = None
 
 
 class Observer:
@@ -165,7 +174,7 @@ class Observer:
             self._size = len(body)
             route = self.route
             if route.grpc:
-                self.info = parse_grpc_request(body, route)
+                self.info = parse_grpc_request(body, route, self._config.served)
             else:
                 self.info = parse_request(body, route, self._config.capture_content)
             if self.info.claim is not _NO_CLAIM or self.pd is not None:
@@ -273,6 +282,19 @@ class Observer:
                 self.status = http_status(code)
         except Exception:
             self._fail("trailers")
+
+    def _learn(self, dialect: Dialect) -> None:
+        """An engine's ``GetModelInfo`` answer (OK) names the model its Generate requests
+        are then counted under (``ServedModel``)."""
+        served = self._config.served
+        if (
+            served is not None
+            and isinstance(dialect, ModelInfoReply)
+            and dialect.response_model
+            and dialect.grpc_status in (None, STATUS_OK)
+            and 200 <= self.status < 300
+        ):
+            served.name = dialect.response_model
 
     def _window_full(self, window: TokenWindow) -> None:
         """A window of a long stream filled: its ITLs go to the sink now (a leg's nowhere:
@@ -433,9 +455,10 @@ class Observer:
     def _close(self, t_ns: int, outcome: Outcome) -> tuple[RequestStats, list[TokenWindow], int]:
         """The final record, last windows and malformed count; no sink is called here."""
         stream, malformed = self._reader.close(outcome is Outcome.OK)
-        if self.route.grpc and not self.info.stream:
-            stream = False  # a gRPC answer not streamed: one message, no first token to time
         dialect = self._reader.dialect
+        if self.route.grpc:
+            stream = stream and self.info.stream  # not streamed: one message, nothing to time
+            self._learn(dialect)
         if outcome is Outcome.OK and (self.status >= 500 or (self.status < 400 and dialect.error)):
             outcome = Outcome.UPSTREAM_ERROR  # an engine error: 5xx, or an error in a 2xx stream
         reasoning, reasoning_source = dialect.reasoning_tokens, TokenSource.USAGE

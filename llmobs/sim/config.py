@@ -236,6 +236,12 @@ class SimSettings:
         "--upstream-http2)", "BOOL",
     )  # fmt: skip
 
+    tokenizer_path: str = option(
+        "", str, "the tokenizer the gRPC APIs' GetModelInfo names (vLLM's and SGLang's "
+        "tokenizer_path): a directory a gateway in front (smg) loads the model's tokenizer "
+        "from, on its own filesystem; default: the model's name, as vLLM's", "PATH",
+    )  # fmt: skip
+
     grpc_port: int | None = option(
         None, int, "serve the engines' gRPC APIs too, on this port (h2c; 0: one the system "
         "picks): vLLM's, SGLang's, TensorRT-LLM's and Triton's, with llmobs[grpc]; default: "

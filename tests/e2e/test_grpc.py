@@ -171,6 +171,23 @@ async def test_every_other_method_and_status_passes_unchanged(start_stack: Stack
     assert side.value("llmobs_requests_total", status_class="5xx") == 1
 
 
+async def test_the_served_model_is_learned_from_the_engines_model_info(
+    start_stack: StackFactory,
+) -> None:
+    """vLLM's Generate names no model: until the engine's GetModelInfo answer passed (a
+    gateway asks when it registers the engine), its requests are under ``unknown``."""
+    stack = await start_stack(model="served-llm")
+    stub = VLLM.stub(stack.channel)
+    [m async for m in stub.Generate(VLLM.request("before", 2, True))]
+    await stub.GetModelInfo(vllm.GetModelInfoRequest())
+    [m async for m in stub.Generate(VLLM.request("after", 2, True))]
+    side = stack.side
+    await eventually(lambda: side.value("llmobs_requests_total") == 3)
+    ops = {"gen_ai_operation_name": "text_completion"}
+    assert side.value("llmobs_requests_total", gen_ai_request_model="unknown", **ops) == 1
+    assert side.value("llmobs_requests_total", gen_ai_request_model="served-llm", **ops) == 1
+
+
 async def test_a_cancelled_call_is_cancelled_at_the_engine(start_stack: StackFactory) -> None:
     stack = await start_stack(output_tokens_min=100_000, output_tokens_max=100_000)
     call = VLLM.stub(stack.channel).Generate(VLLM.request("gone", 100_000, True))

@@ -16,9 +16,12 @@ from llmobs.observe.dialects.anthropic import AnthropicStream
 from llmobs.observe.dialects.base import MAX_MODEL_LENGTH, Dialect, Passthrough
 from llmobs.observe.dialects.grpc import (
     GenerateStream,
+    ModelInfoReply,
+    SglangModelInfo,
     SglangStream,
     TritonGrpcStream,
     TritonInfer,
+    TrtllmModelInfo,
     TrtllmStream,
 )
 from llmobs.observe.dialects.ollama import OllamaStream
@@ -88,9 +91,14 @@ TRITON_GRPC_STREAM = Route(
     TEXT_COMPLETION, TritonGrpcStream, "triton-grpc", always_streams=True, grpc=True
 )
 TRITON_GRPC = Route(TEXT_COMPLETION, TritonInfer, "triton-grpc", grpc=True)
-# any other method of a gRPC service: relayed and timed (health, model info, aborts)
-OTHER_GRPC = Route(OTHER, Passthrough, "none", grpc=True)
+# the engines' model info: the served model, learned for their Generate requests (no model)
+VLLM_MODEL_INFO = Route(OTHER, ModelInfoReply, "none", grpc=True)
+SGLANG_MODEL_INFO = Route(OTHER, SglangModelInfo, "none", grpc=True)
+TRTLLM_MODEL_INFO = Route(OTHER, TrtllmModelInfo, "none", grpc=True)
 GRPC_METHODS = {
+    "/vllm.grpc.engine.VllmEngine/GetModelInfo": VLLM_MODEL_INFO,
+    "/sglang.grpc.scheduler.SglangScheduler/GetModelInfo": SGLANG_MODEL_INFO,
+    "/trtllm.TrtllmService/GetModelInfo": TRTLLM_MODEL_INFO,
     "/vllm.grpc.engine.VllmEngine/Generate": VLLM_GRPC,
     "/sglang.grpc.scheduler.SglangScheduler/Generate": SGLANG_GRPC,
     "/trtllm.TrtllmService/Generate": TRTLLM_GRPC,

@@ -16,7 +16,8 @@ What is read per API:
   response) unless it carries ``num_output_tokens``; ``triton_final_response`` ends it;
   ``error_message`` is an error; the model from ``model_name``;
 - every API: the status in the trailers (``grpc-status``; ``status_of``).
-Requests (``read_request``): the stream flag, ``max_tokens`` and, for Triton, the model.
+Requests (``read_request``): the stream flag, ``max_tokens`` and, for Triton, the model; for
+the others, the model their engine's ``GetModelInfo`` answered (``ServedModel``).
 """
 
 from __future__ import annotations
@@ -250,6 +251,60 @@ class TritonInfer(TritonGrpcStream):
         return 0
 
 
+class ServedModel:
+    """The model an engine's gRPC API serves: its Generate requests name none (a gateway that
+    tokenizes picks the engine, not a model), so it is learned from the ``GetModelInfo``
+    answers the sidecar relays (a gateway asks when it registers the engine: smg, Dynamo).
+    One per sidecar; None until an answer named it."""
+
+    __slots__ = ("name",)
+
+    def __init__(self) -> None:
+        self.name: str | None = None
+
+
+class ModelInfoReply(GrpcDialect):
+    """vLLM's ``GetModelInfo`` answer: the served model's name (``served_model_name``, else
+    ``model_path``), kept as the response's model for ``ServedModel``."""
+
+    __slots__ = ()
+
+    MODULE = _SMG + "vllm_engine_pb2"
+    RESPONSE = "GetModelInfoResponse"
+    REQUEST = "GetModelInfoRequest"
+    NAMES: ClassVar[tuple[str, ...]] = ("served_model_name", "model_path")
+
+    def on_message(self, message: Any) -> int:
+        self.done = True
+        for field in self.NAMES:
+            name = getattr(message, field, "")
+            if name:
+                self.response_model = name[:MAX_MODEL_LENGTH]
+                break
+        return 0
+
+    @classmethod
+    def request_fields(cls, request: Any) -> tuple[bool | None, int | None, str | None]:
+        return None, None, None
+
+
+class SglangModelInfo(ModelInfoReply):
+    """SGLang's: the same fields."""
+
+    __slots__ = ()
+
+    MODULE = _SMG + "sglang_scheduler_pb2"
+
+
+class TrtllmModelInfo(ModelInfoReply):
+    """TensorRT-LLM's: ``model_id``."""
+
+    __slots__ = ()
+
+    MODULE = _SMG + "trtllm_service_pb2"
+    NAMES = ("model_id",)
+
+
 def _num_output_tokens(response: Any) -> int | None:
     """TensorRT-LLM's ``num_output_tokens`` output, when the response carries it."""
     for i, tensor in enumerate(response.outputs):
@@ -265,9 +320,13 @@ def _num_output_tokens(response: Any) -> int | None:
 __all__ = [
     "GenerateStream",
     "GrpcDialect",
+    "ModelInfoReply",
+    "ServedModel",
+    "SglangModelInfo",
     "SglangStream",
     "TritonGrpcStream",
     "TritonInfer",
+    "TrtllmModelInfo",
     "TrtllmStream",
     "http_status",
     "normalize_finish",

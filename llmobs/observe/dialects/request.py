@@ -11,7 +11,7 @@ from typing import Any, NamedTuple
 
 from llmobs.observe.dialects import OTHER_ROUTE, Route
 from llmobs.observe.dialects.base import MAX_MODEL_LENGTH, loads
-from llmobs.observe.dialects.grpc import GrpcDialect
+from llmobs.observe.dialects.grpc import GrpcDialect, ServedModel
 from llmobs.observe.disagg import Claim, claim_of
 
 CONTENT_LIMIT = 1024  # characters of prompt / completion kept with --capture-content
@@ -93,9 +93,10 @@ def parse_request(body: bytes, route: Route = OTHER_ROUTE, capture: bool = False
     )
 
 
-def parse_grpc_request(body: bytes, route: Route) -> RequestInfo:
+def parse_grpc_request(body: bytes, route: Route, served: ServedModel | None = None) -> RequestInfo:
     """What a gRPC request's first message says (its stream flag, max tokens, Triton's
-    model); a compressed, cut or broken one says nothing. Never raises."""
+    model; else the model ``served`` learned); a compressed, cut or broken one says nothing.
+    Never raises."""
     dialect = route.dialect
     if len(body) < 5 or body[0] or not issubclass(dialect, GrpcDialect):
         return _no_body(route)
@@ -104,6 +105,8 @@ def parse_grpc_request(body: bytes, route: Route) -> RequestInfo:
         stream, limit, model = dialect.read_request(message)
     except Exception:  # a malformed message: google.protobuf's DecodeError, and the like
         return _no_body(route)
+    if model is None and served is not None:
+        model = served.name
     return RequestInfo(model or route.model, route.streams(stream), max_tokens=limit)
 
 

@@ -172,10 +172,11 @@ class Served:
 
     def model_card(self) -> dict[str, Any]:
         """The model as vLLM's and SGLang's GetModelInfo describe it (their fields' names)."""
-        model = self.engine.settings.model
+        settings = self.engine.settings
+        model = settings.model
         return {
             "model_path": model,
-            "tokenizer_path": model,
+            "tokenizer_path": settings.tokenizer_path or model,
             "served_model_name": model,
             "is_generation": True,
             "max_context_length": MAX_CONTEXT,

@@ -204,11 +204,12 @@ async def test_a_request_without_a_prompt_is_invalid(start_grpc_sim: GrpcSimFact
 async def test_the_info_methods_describe_the_sims_model_and_load(
     start_grpc_sim: GrpcSimFactory,
 ) -> None:
-    sim = await start_grpc_sim(model="tiny", max_batch=4)
+    sim = await start_grpc_sim(model="tiny", max_batch=4, tokenizer_path="/models/tiny")
     stub = VLLM.stub(sim.channel)
     assert (await stub.HealthCheck(vllm.HealthCheckRequest())).healthy
     info = await stub.GetModelInfo(vllm.GetModelInfoRequest())
     assert (info.served_model_name, info.is_generation) == ("tiny", True)
+    assert info.tokenizer_path == "/models/tiny"  # where a gateway loads the tokenizer from
     assert info.max_context_length > 0
     assert max(VOCABULARY) < info.vocab_size
 
@@ -219,8 +220,8 @@ async def test_the_info_methods_describe_the_sims_model_and_load(
     assert (await stub.GetServerInfo(vllm.GetServerInfoRequest())).active_requests == 1
     call.cancel()
 
-    assert (await SGLANG.stub(sim.channel).GetModelInfo(
-        sglang.GetModelInfoRequest())).served_model_name == "tiny"  # fmt: skip
+    sglang_info = await SGLANG.stub(sim.channel).GetModelInfo(sglang.GetModelInfoRequest())
+    assert (sglang_info.served_model_name, sglang_info.tokenizer_path) == ("tiny", "/models/tiny")
     trt = TRTLLM.stub(sim.channel)
     assert (await trt.HealthCheck(trtllm.HealthCheckRequest())).status == "OK"
     assert (await trt.GetModelInfo(trtllm.GetModelInfoRequest())).model_id == "tiny"
