@@ -461,6 +461,8 @@ class Observer:
             self._learn(dialect)
         if outcome is Outcome.OK and (self.status >= 500 or (self.status < 400 and dialect.error)):
             outcome = Outcome.UPSTREAM_ERROR  # an engine error: 5xx, or an error in a 2xx stream
+        elif outcome is Outcome.OK and self._reader.grpc and self.grpc_status is None:
+            outcome = Outcome.UPSTREAM_ERROR  # a gRPC stream that ended with no status
         reasoning, reasoning_source = dialect.reasoning_tokens, TokenSource.USAGE
         if reasoning is None and dialect.reasoning_chunks:
             reasoning, reasoning_source = dialect.reasoning_chunks, TokenSource.COUNTED

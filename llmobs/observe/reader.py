@@ -54,6 +54,7 @@ class StreamReader:
         "_template_of",
         "dialect",
         "failed",
+        "grpc",
         "queued",
     )
 
@@ -86,6 +87,7 @@ class StreamReader:
         self._backlog: PrefillBacklog | None = None  # ... and in this prefill backlog
         self._size = 0  # ... with a prompt of so many bytes
         self.failed = False
+        self.grpc = False  # the response is a gRPC stream (its status due in its trailers)
         # arrival of the latest read not taken by the fast path: what a flush at the end
         # finds, a read left there (the fast path takes reads only while nothing is pending)
         self._last_ns = 0
@@ -155,6 +157,7 @@ class StreamReader:
         elif kind == "ndjson":
             self._decoder = NdjsonDecoder(self._max_line)
         elif kind == "grpc":
+            self.grpc = True
             self._decoder = GrpcDecoder(self._max_line, encoding or "identity")
         elif kind == "json":
             self._body = []

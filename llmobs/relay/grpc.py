@@ -13,6 +13,7 @@ from __future__ import annotations
 from urllib.parse import quote
 
 PREFIX = 5  # a message's prefix: its compressed flag, then its length (4 bytes, big-endian)
+FIRST_LIMIT = 1 << 20  # a first message the relay waits for whole before it sends the request
 
 # gRPC's codes (grpc/doc/statuscodes.md) for the HTTP statuses the sidecar answers with, as
 # its HTTP-to-gRPC mapping (doc/http-grpc-status-mapping.md) reads them
@@ -28,8 +29,13 @@ def is_grpc(content_type: str) -> bool:
 
 
 def first_message(data: bytes) -> bool:
-    """Whether ``data`` holds the stream's first message whole (its prefix says how long)."""
-    return len(data) >= PREFIX and len(data) >= PREFIX + int.from_bytes(data[1:PREFIX], "big")
+    """Whether the request may go: ``data`` holds its first message whole (its prefix says
+    how long), or a prefix declaring more than ``FIRST_LIMIT``, which is not waited for (it
+    streams on; the engine's own limit refuses it, or takes it)."""
+    if len(data) < PREFIX:
+        return False
+    length = int.from_bytes(data[1:PREFIX], "big")
+    return length > FIRST_LIMIT or len(data) >= PREFIX + length
 
 
 def grpc_code(status: int) -> int:

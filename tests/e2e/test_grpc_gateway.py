@@ -28,10 +28,8 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
-import httpx
 import pytest
-from grpc import aio  # type: ignore[import-untyped, unused-ignore]
-from openai import AsyncOpenAI
+from openai import AsyncOpenAI, DefaultAsyncHttpxClient
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 
 from llmobs.sim.grpc_engine import start_grpc
@@ -48,10 +46,10 @@ def _smg() -> str | None:
 
 
 SMG = _smg()
-_PLATFORM = sys.platform == "linux" and platform.machine() in ("x86_64", "AMD64")
+_PLATFORM = sys.platform == "linux" and platform.machine() == "x86_64"
 pytestmark = pytest.mark.skipif(
     not _PLATFORM or SMG is None,
-    reason="the Shepherd Model Gateway runs here on Linux x86_64 only"
+    reason="smg (the Shepherd Model Gateway) is a test dependency on Linux x86_64 only"
     if not _PLATFORM
     else "smg (the Shepherd Model Gateway) is not installed: pip install smg==1.13.0",
 )
@@ -89,9 +87,9 @@ def make_tokenizer(directory: Path) -> Path:
     with its chat template and special tokens."""
     directory.mkdir()
     tok = Tokenizer(models.BPE(unk_token=None))
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)  # type: ignore[assignment]
-    tok.decoder = decoders.ByteLevel()  # type: ignore[assignment]
-    tok.post_processor = processors.ByteLevel(trim_offsets=False)  # type: ignore[assignment]
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.post_processor = processors.ByteLevel(trim_offsets=False)
     trainer = trainers.BpeTrainer(
         vocab_size=400,
         special_tokens=list(SPECIAL),
@@ -136,7 +134,10 @@ async def gateway(worker: str, log: Path) -> AsyncIterator[str]:
         "--worker-urls", f"grpc://{worker}", "--worker-startup-check-interval", "1",
         "--health-check-interval-secs", "5", "--load-monitor-interval", "3",
     ]  # fmt: skip
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "NO_COLOR": "1"}
+    env = {
+        **os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "NO_COLOR": "1",
+        "NO_PROXY": "127.0.0.1,localhost", "no_proxy": "127.0.0.1,localhost",
+    }  # fmt: skip
     with log.open("wb") as out:
         proc = await asyncio.create_subprocess_exec(
             *argv, env=env, stdin=asyncio.subprocess.DEVNULL, stdout=out, stderr=out
@@ -146,7 +147,7 @@ async def gateway(worker: str, log: Path) -> AsyncIterator[str]:
         await _until_serving(proc, base)
         yield base + "/v1"
     except BaseException:
-        print(f"--- smg ({' '.join(argv)}):\n{log.read_text(errors='replace')}")
+        _show(argv, log)
         raise
     finally:
         if proc.returncode is None:
@@ -154,18 +155,43 @@ async def gateway(worker: str, log: Path) -> AsyncIterator[str]:
         await proc.wait()
 
 
+def _show(argv: list[str], log: Path) -> None:
+    """What smg was told and wrote (pytest shows it with the failure)."""
+    print(f"--- smg ({' '.join(argv)}):\n{log.read_text(errors='replace')}")
+
+
 async def _until_serving(proc: asyncio.subprocess.Process, base: str) -> None:
-    """Wait until smg lists the model (its worker registered, the tokenizer loaded)."""
+    """Wait until smg lists the model (its worker registered) and its tokenizer (loaded in
+    the background once the worker's GetModelInfo named it: until then a request is a 503)."""
     async with asyncio.timeout(STARTUP), aiohttp.ClientSession() as session:
         while True:
             assert proc.returncode is None, f"smg exited ({proc.returncode})"
-            with contextlib.suppress(aiohttp.ClientError):
-                async with session.get(base + "/v1/models") as response:
-                    if response.status == 200:
-                        listed = await response.json()
-                        if MODEL in {m.get("id") for m in listed.get("data", ())}:
-                            return
+            models = await _listed(session, base + "/v1/models", "data", "id")
+            tokenizers = await _listed(session, base + "/v1/tokenizers", "tokenizers", "name")
+            if MODEL in models and MODEL in tokenizers:
+                return
             await asyncio.sleep(0.05)
+
+
+async def _listed(session: aiohttp.ClientSession, url: str, key: str, field: str) -> set[str]:
+    """The ``field`` of each item a JSON list at ``url`` holds under ``key`` (none yet: {})."""
+    with contextlib.suppress(aiohttp.ClientError):
+        async with session.get(url) as response:
+            if response.status == 200:
+                listed = await response.json()
+                return {str(item.get(field)) for item in listed.get(key) or ()}
+    return set()
+
+
+def _counts(side: SidecarHandle) -> str:
+    """The sidecar's request and token counts, one sample a line."""
+    names = ("llmobs_requests_total", "llmobs_api_requests_total", "llmobs_tokens_total")
+    return "\n".join(
+        f"{sample.name}{sample.labels} {sample.value}"
+        for family in side.registry.collect()
+        for sample in family.samples
+        if sample.name in names
+    )
 
 
 def _labels(side: SidecarHandle, name: str, label: str, **labels: str) -> set[str]:
@@ -185,22 +211,51 @@ async def test_what_a_gateway_client_was_told_the_sidecar_measured(
 ) -> None:
     tokenizer = make_tokenizer(tmp_path / "tokenizer")
     sim = await start_sim(**SCHEDULE, tokenizer_path=str(tokenizer))
-    server, port = await start_grpc(sim.engine, "127.0.0.1", 0)
+    # vLLM's API alone, as a vLLM engine serves it: smg asks every API's HealthCheck at once
+    # and takes SGLang's where that answers too
+    server, port = await start_grpc(sim.engine, "127.0.0.1", 0, apis=("vllm",))
     try:
         side = await start_sidecar(f"http://127.0.0.1:{port}")
         worker = side.url.removeprefix("http://")
         async with (
             gateway(worker, tmp_path / "smg.log") as base_url,
-            httpx.AsyncClient(trust_env=False) as http,  # loopback: no proxy from the env
+            DefaultAsyncHttpxClient(trust_env=False) as http,  # loopback: no proxy from the env
         ):
             client = AsyncOpenAI(
                 base_url=base_url, api_key="x", http_client=http, max_retries=0, timeout=CALLS
             )
             async with asyncio.timeout(CALLS):
                 usages = await _drive(client)
-            await _measured(side, usages)
+            try:
+                # the gateway tokenized each prompt with the tokenizer the sim named
+                words = Tokenizer.from_file(str(tokenizer / "tokenizer.json"))
+                assert [prompt for prompt, _ in usages] == [
+                    len(words.encode(text).ids) for text in _prompts()
+                ]
+                await _measured(side, usages)
+            except AssertionError:
+                print(f"--- the client's usages (prompt, completion): {usages}")
+                print(f"--- the sidecar's counts:\n{_counts(side)}")
+                raise
     finally:
         await server.stop(None)
+
+
+def _chat(i: int) -> str:
+    return f"Say hi to the lazy dog number {i}."
+
+
+def _completion(i: int) -> str:
+    return f"hello world {i}, the quick brown fox"
+
+
+def _prompts() -> list[str]:
+    """What the engine is sent for each request ``_drive`` makes, in its order: the chats'
+    message rendered by the chat template, the completions' prompt as it is."""
+    chats = [
+        f"<|im_start|>user\n{_chat(i)}<|im_end|>\n<|im_start|>assistant\n" for i in range(CHATS)
+    ]
+    return chats + [_completion(i) for i in range(COMPLETIONS)]
 
 
 async def _drive(client: AsyncOpenAI) -> list[tuple[int, int]]:
@@ -212,7 +267,7 @@ async def _drive(client: AsyncOpenAI) -> list[tuple[int, int]]:
         async with gate:
             stream = await client.chat.completions.create(
                 model=MODEL,
-                messages=[{"role": "user", "content": f"Say hi to the lazy dog number {i}."}],
+                messages=[{"role": "user", "content": _chat(i)}],
                 max_tokens=MAX_TOKENS,
                 stream=True,
                 stream_options={"include_usage": True},
@@ -226,7 +281,7 @@ async def _drive(client: AsyncOpenAI) -> list[tuple[int, int]]:
 
     async def completion(i: int) -> tuple[int, int]:
         answer = await client.completions.create(
-            model=MODEL, prompt=f"hello world {i}, the quick brown fox", max_tokens=MAX_TOKENS
+            model=MODEL, prompt=_completion(i), max_tokens=MAX_TOKENS
         )
         assert answer.usage is not None and answer.choices[0].finish_reason == "length"
         return answer.usage.prompt_tokens, answer.usage.completion_tokens

@@ -32,6 +32,16 @@ from aiohttp import web
 
 from llmobs.wire.h2.connection import MAX_CONTROL, MAX_RESETS, MAX_STREAMS
 from tests.support.h2client import SETTINGS, RawH2
+from tests.support.h2engine import (
+    GRPC_HEAD,
+    RESET,
+    Step,
+    data,
+    head,
+    message,
+    scripted_engine,
+    trailers,
+)
 from tests.support.ports import SERVE, listening, port_of, refused_port
 from tests.support.rawhttp import status_of
 from tests.support.servers import (
@@ -539,3 +549,110 @@ async def test_a_websocket_client_that_never_reads_is_cut_off_and_its_engine_hel
     writer.close()
     # the engine was held back: what it could send is the buffers' worth, not a flood
     assert 0 < sent[0] < 64 * 1024**2
+
+
+# -- gRPC: a broken engine's messages and streams, a client's outsized prefix --------------
+GENERATE = "/vllm.grpc.engine.VllmEngine/Generate"
+GRPC_REQUEST = [("content-type", "application/grpc"), ("te", "trailers")]
+
+
+def _token_chunk(ids: list[int]) -> bytes:
+    """A well-formed vLLM Generate chunk with ``ids``, as a gRPC message."""
+    from smg_grpc_proto.generated import (  # type: ignore[import-untyped, unused-ignore]  # noqa: PLC0415
+        vllm_engine_pb2 as vllm,
+    )
+
+    chunk = vllm.GenerateStreamChunk(token_ids=ids, completion_tokens=len(ids))
+    return message(bytes(vllm.GenerateResponse(chunk=chunk).SerializeToString()))
+
+
+async def _grpc_call(port: int, body: bytes) -> tuple[RawH2, int]:
+    """A Generate call from a client at the frame level: its stream, read to its end."""
+    client = await RawH2.connect(port)
+    sid = client.request(GENERATE, None, headers=GRPC_REQUEST, end=False)
+    client.conn.send_data(sid, body, end_stream=True)
+    await client.flush()
+    await client.until(lambda _: client.ended(sid), within=10)
+    return client, sid
+
+
+def _trailers(client: RawH2, sid: int) -> dict[str, str]:
+    for e in client.events:
+        if isinstance(e, h2.events.TrailersReceived) and e.stream_id == sid:
+            return {str(k): str(v) for k, v in e.headers or []}
+    return {}
+
+
+@pytest.mark.parametrize(
+    ("name", "answer", "malformed", "outcome", "tokens"),
+    [
+        # a message past --max-line-bytes: skipped with bounded memory, the next one read
+        ("over_long", [message(b"x" * 4000), _token_chunk([1, 2])], 1, "ok", 2),
+        ("not_protobuf", [message(b"\xff\xff\xff"), _token_chunk([3])], 1, "ok", 1),
+        ("unknown_encoding", [message(b"\x01\x02\x03", compressed=True), _token_chunk([4])],
+         1, "ok", 1),
+        # cut short by the stream's end, no status: relayed as it came, counted, an error
+        ("truncated", [_token_chunk([5]), message(b"abcdef")[:7]], 1, "upstream_error", 1),
+    ],
+)  # fmt: skip
+async def test_a_broken_grpc_answer_is_relayed_unchanged_and_counted(
+    start_sidecar: SidecarFactory,
+    name: str,
+    answer: list[bytes],
+    malformed: int,
+    outcome: str,
+    tokens: int,
+) -> None:
+    grpc_head = [*GRPC_HEAD, ("grpc-encoding", "snappy")] if name == "unknown_encoding" else None
+    script = [head(grpc_head or GRPC_HEAD), *(data(part) for part in answer)]
+    script.append(Step("end") if name == "truncated" else trailers(0))
+    async with scripted_engine(script) as (url, _):
+        side = await start_sidecar(url, max_line_bytes=1024, **QUIET)
+        client, sid = await _grpc_call(int(side.url.rsplit(":", 1)[1]), message(b"\x2a\x00"))
+        assert client.body(sid) == b"".join(answer)  # byte for byte
+        assert _trailers(client, sid) == ({} if name == "truncated" else {"grpc-status": "0"})
+        await client.close()
+        await eventually(lambda: side.value("llmobs_requests_total") == 1)
+    assert side.value("llmobs_stream_malformed_events_total") == malformed
+    assert side.value("llmobs_observer_errors_total") == 0
+    assert side.value("llmobs_requests_total", outcome=outcome) == 1
+    assert side.value("llmobs_tokens_total", gen_ai_token_type="output") == tokens
+
+
+async def test_an_engine_reset_in_mid_message_resets_the_clients_stream(
+    start_sidecar: SidecarFactory,
+) -> None:
+    cut = _token_chunk([1, 2, 3])[:9]
+    script = [head(), data(_token_chunk([7])), data(cut), RESET]
+    async with scripted_engine(script) as (url, _):
+        side = await start_sidecar(url, **QUIET)
+        client, sid = await _grpc_call(int(side.url.rsplit(":", 1)[1]), message(b""))
+        resets = [e for e in client.events if isinstance(e, h2.events.StreamReset)]
+        assert [e.stream_id for e in resets] == [sid]
+        assert client.body(sid) == _token_chunk([7]) + cut  # what came before the reset
+        await client.close()
+        await eventually(lambda: side.value("llmobs_requests_total") == 1)
+    assert side.value("llmobs_requests_total", outcome="upstream_error") == 1
+    assert side.value("llmobs_observer_errors_total") == 0
+
+
+async def test_a_clients_prefix_claiming_a_huge_message_is_not_waited_for(
+    start_sidecar: SidecarFactory,
+) -> None:
+    """The first message's prefix declares 64 MiB and the client sends 10 bytes of it: the
+    relay does not wait for the rest (nor buffer it), and the engine gets what came, as it
+    came, to refuse as its own limit says."""
+    sent = b"\x00" + (64 << 20).to_bytes(4, "big") + b"0123456789"
+    script = [head(), trailers(8, "message larger than max")]
+    async with scripted_engine(script, early=True) as (url, seen):
+        side = await start_sidecar(url, **QUIET)
+        client = await RawH2.connect(int(side.url.rsplit(":", 1)[1]))
+        sid = client.request(GENERATE, None, headers=GRPC_REQUEST, end=False)
+        client.conn.send_data(sid, sent, end_stream=False)  # ... and the rest never comes
+        await client.flush()
+        await client.until(lambda _: client.ended(sid), within=10)
+        assert _trailers(client, sid) == {"grpc-status": "8",
+                                          "grpc-message": "message larger than max"}  # fmt: skip
+        await eventually(lambda: bytes(seen.bodies[0]) == sent)
+        await client.close()
+    assert ("te", "trailers") in seen.heads[0]

@@ -9,6 +9,7 @@ subclassed and a method not served answers UNIMPLEMENTED, as grpc does for any u
 from __future__ import annotations
 
 import socket
+from collections.abc import Collection
 from typing import Any
 
 import grpc  # type: ignore[import-untyped, unused-ignore]
@@ -26,7 +27,7 @@ _KINDS = {
     (True, False): grpc.stream_unary_rpc_method_handler,
     (True, True): grpc.stream_stream_rpc_method_handler,
 }
-APIS = (vllm, sglang, trtllm, triton)
+APIS = {"vllm": vllm, "sglang": sglang, "trtllm": trtllm, "triton": triton}
 # grpc sets SO_REUSEPORT by default: a second sim on the same port would share it, unnoticed
 _OPTIONS = [("grpc.so_reuseport", 0)]
 
@@ -48,15 +49,24 @@ def rpc_handler(api: Service) -> Any:
     return grpc.method_handlers_generic_handler(descriptor.full_name, handlers)
 
 
-async def start_grpc(engine: SimEngine, host: str, port: int) -> tuple[Any, int]:
+async def start_grpc(
+    engine: SimEngine, host: str, port: int, apis: Collection[str] = tuple(APIS)
+) -> tuple[Any, int]:
     """Serve the engine's gRPC APIs on ``host``:``port`` (0: a port the system picks) on the
     running loop; the started ``grpc.aio.Server`` (``await server.stop(grace)``) and its port.
 
-    A port that cannot be bound raises the ``OSError`` a plain bind there raises.
+    ``apis`` (names in ``APIS``) narrows them to those an engine of one kind serves: a gateway
+    that detects the engine's kind by which API answers (smg asks every API's HealthCheck)
+    then sees that engine alone. A port that cannot be bound raises the ``OSError`` a plain
+    bind there raises.
     """
+    unknown = set(apis) - APIS.keys()
+    if unknown or not apis:
+        raise ValueError(f"gRPC APIs are some of {', '.join(APIS)}; got {sorted(apis)}")
     served = Served(engine)
     server = aio.server(options=_OPTIONS)
-    server.add_generic_rpc_handlers(tuple(rpc_handler(api.service(served)) for api in APIS))
+    services = tuple(rpc_handler(APIS[name].service(served)) for name in APIS if name in apis)
+    server.add_generic_rpc_handlers(services)
     address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
     try:
         bound = server.add_insecure_port(address)
