@@ -40,7 +40,7 @@ from llmobs.export.telemetry import Telemetry
 from llmobs.export.tracing import RequestMeta, Tracing
 from llmobs.export.ui import LivePage
 from llmobs.observe.causes import EngineTimeline
-from llmobs.observe.dialects import Route
+from llmobs.observe.dialects import OTHER_ROUTE, Route, route_for_grpc
 from llmobs.observe.dialects.grpc import ServedModel
 from llmobs.observe.disagg import PdJoin, PdSettings, Position, has_prefiller
 from llmobs.observe.labels import LabelAdmission
@@ -172,6 +172,8 @@ class _Observers:
         self.traces = tracing is not None or (pd is not None and pd.join is not None)
 
     def __call__(self, route: Route, start_ns: int, arrival: Arrival) -> Observer:
+        if route is OTHER_ROUTE:  # (a gRPC method of no API measured: under gRPC's)
+            route = route_for_grpc(route, arrival.headers.get("Content-Type", ""))
         tracing = self._tracing
         trace = None
         if tracing is not None:  # what a span needs of the request: made only for one

@@ -160,15 +160,16 @@ async def test_every_other_method_and_status_passes_unchanged(start_stack: Stack
     assert invalid.value.details()  # the engine's message, as it wrote it
     side = stack.side
     await eventually(lambda: side.value("llmobs_requests_total") == 4)
-    assert side.value("llmobs_api_requests_total", api="none", transport="grpc",
+    assert side.value("llmobs_api_requests_total", api="grpc", transport="grpc",
                       rpc_grpc_status_code="0") == 2  # fmt: skip
     assert side.value("llmobs_api_requests_total", rpc_grpc_status_code="12") == 1
-    # an invalid argument is the client's mistake: a 4xx, judged in no SLO series; a method
-    # the engine does not serve is its 501, as grpc-gateway maps UNIMPLEMENTED
+    # an invalid argument is the client's mistake: a 4xx, judged in no SLO series; so is a
+    # method the engine does not serve (UNIMPLEMENTED: an unknown path's 404), not a failure
     assert side.value("llmobs_requests_total", gen_ai_operation_name="text_completion",
                       status_class="4xx", finish_reason="error") == 1  # fmt: skip
-    assert side.value("llmobs_slo_requests_total", gen_ai_operation_name="text_completion") == 0
-    assert side.value("llmobs_requests_total", status_class="5xx") == 1
+    assert side.value("llmobs_slo_requests_total", verdict="bad") == 0
+    assert side.value("llmobs_requests_total", status_class="4xx") == 2
+    assert side.value("llmobs_requests_total", outcome="upstream_error") == 0
 
 
 async def test_the_served_model_is_learned_from_the_engines_model_info(

@@ -312,7 +312,7 @@ async def _measured(side: SidecarHandle, usages: list[tuple[int, int]]) -> None:
         prompt for prompt, _ in usages
     )
     # the gateway's own calls (HealthCheck, GetModelInfo, GetServerInfo, GetLoads) relayed
-    assert side.value("llmobs_api_requests_total", api="none", transport="grpc") > 0
+    assert side.value("llmobs_api_requests_total", api="grpc", transport="grpc") > 0
     # each request's model: the one the engine's GetModelInfo answer named to the gateway
     models = _labels(side, "llmobs_requests_total", "gen_ai_request_model", **operation)
     assert models == {MODEL}

@@ -29,7 +29,7 @@ class ApiMetrics:
         """A finished request, under its API, transport, outcome and gRPC status."""
         stats = record.stats
         code = stats.grpc_status
-        grpc = code is not None or stats.dialect.endswith("-grpc")
+        grpc = code is not None or stats.dialect == "grpc" or stats.dialect.endswith("-grpc")
         status = NONE if code is None else _CODES.get(code, OTHER)
         self._requests.add(1, {
             API: stats.dialect, TRANSPORT: "grpc" if grpc else "http",

@@ -405,7 +405,8 @@ GRPC_STATUS = "rpc_grpc_status_code"  # a gRPC call's status code (0-16), or non
 API_REQUESTS = MetricDef(
     "llmobs.api.requests", Kind.COUNTER, "{request}",
     "Requests by the API they spoke (openai, anthropic, ollama, tgi, triton, openai-responses, "
-    "vllm-grpc, sglang-grpc, trtllm-grpc, triton-grpc, none), transport (http or grpc), "
+    "vllm-grpc, sglang-grpc, trtllm-grpc, triton-grpc; grpc: another gRPC method; none), "
+    "transport (http or grpc), "
     "outcome and gRPC status code (none for HTTP).",
     (API, TRANSPORT, OUTCOME, GRPC_STATUS),
 )  # fmt: skip

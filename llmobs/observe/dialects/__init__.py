@@ -92,9 +92,12 @@ TRITON_GRPC_STREAM = Route(
 )
 TRITON_GRPC = Route(TEXT_COMPLETION, TritonInfer, "triton-grpc", grpc=True)
 # the engines' model info: the served model, learned for their Generate requests (no model)
-VLLM_MODEL_INFO = Route(OTHER, ModelInfoReply, "none", grpc=True)
-SGLANG_MODEL_INFO = Route(OTHER, SglangModelInfo, "none", grpc=True)
-TRTLLM_MODEL_INFO = Route(OTHER, TrtllmModelInfo, "none", grpc=True)
+VLLM_MODEL_INFO = Route(OTHER, ModelInfoReply, "grpc", grpc=True)
+SGLANG_MODEL_INFO = Route(OTHER, SglangModelInfo, "grpc", grpc=True)
+TRTLLM_MODEL_INFO = Route(OTHER, TrtllmModelInfo, "grpc", grpc=True)
+# any other gRPC method (health, aborts, loads: a gRPC request's content type says so): relayed
+# and timed, its API ``grpc``
+OTHER_GRPC = Route(OTHER, Passthrough, "grpc", grpc=True)
 GRPC_METHODS = {
     "/vllm.grpc.engine.VllmEngine/GetModelInfo": VLLM_MODEL_INFO,
     "/sglang.grpc.scheduler.SglangScheduler/GetModelInfo": SGLANG_MODEL_INFO,
@@ -151,6 +154,14 @@ def route_for_request(method: str, path: str) -> Route:
     if method == "POST" and not path.rstrip("/"):
         return TGI_COMPAT
     return route_for_path(path)
+
+
+def route_for_grpc(route: Route, content_type: str) -> Route:
+    """A request's route, given its Content-Type: a gRPC request on no measured method's
+    path is ``OTHER_GRPC`` (its API ``grpc``, its answer a gRPC stream)."""
+    if route is OTHER_ROUTE and detect_stream(content_type) == "grpc":
+        return OTHER_GRPC
+    return route
 
 
 def detect_stream(content_type: str) -> Literal["sse", "ndjson", "json", "grpc", "other"]:

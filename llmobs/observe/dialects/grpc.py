@@ -34,10 +34,13 @@ STATUS_OK = 0
 
 # gRPC's status codes as an HTTP status, so that a gRPC request's outcome, status class and
 # SLO verdict follow the HTTP rules (grpc-gateway's mapping, runtime/errors.go): a client's
-# mistake is a 4xx, the engine's failure a 5xx
+# mistake is a 4xx, the engine's failure a 5xx. One change: UNIMPLEMENTED is 404, as gRPC's
+# own mapping reads a 404 (doc/http-grpc-status-mapping.md), not 501: a method the engine
+# does not serve is an unknown path, and gateways probe for the API an engine speaks (smg
+# asks five), which must not read as the engine failing
 _HTTP_STATUS = {
     0: 200, 1: 499, 2: 500, 3: 400, 4: 504, 5: 404, 6: 409, 7: 403, 8: 429, 9: 400, 10: 409,
-    11: 400, 12: 501, 13: 500, 14: 503, 15: 500, 16: 401,
+    11: 400, 12: 404, 13: 500, 14: 503, 15: 500, 16: 401,
 }  # fmt: skip
 
 
