@@ -263,7 +263,11 @@ class _Exchange:
                 body = await request.read_body(budget)
             method, raw_head, body, stream = self._prepare(body, tail is not None)
             try:
-                await self.relay.send(method, raw_head, body, stream, self._pool(), tail)
+                relay = self.relay  # its pool: an upgrade's HTTP/1.1, gRPC's HTTP/2, the rest's
+                pool = (
+                    relay.upstream if self.upgrade else relay.grpc_pool if self.grpc else relay.pool
+                )
+                await relay.send(method, raw_head, body, stream, pool, tail)
             except ConnectionError:
                 if not stream.gone:
                     raise
@@ -278,14 +282,6 @@ class _Exchange:
             self._failed(exc)
         finally:
             self._finish()
-
-    def _pool(self) -> Pool:
-        """The engine's connections this exchange goes on: an upgrade's HTTP/1.1, gRPC's
-        HTTP/2, the others' as configured."""
-        relay = self.relay
-        if self.upgrade:
-            return relay.upstream
-        return relay.grpc_pool if self.grpc else relay.pool
 
     async def _session(self, handshake: Handshake) -> None:
         """The engine switched to a WebSocket: relay the session to its end."""
@@ -368,7 +364,10 @@ class _Exchange:
             self.outcome = Outcome.CLIENT_DISCONNECT
             return
         self._flush(stream)
-        trailers = stream.trailers()
+        conn = stream.conn
+        trailers = conn.trailers if conn is not None else None
+        if trailers:  # (HTTP/2's: gRPC's status)
+            self._observer().trailers(trailers)
         self.request.end(trailers)
         if stream.conn in self.relay.aborted:
             self.outcome = Outcome.SHUTDOWN
@@ -446,7 +445,9 @@ class _Exchange:
         if conn is not None:
             relay.streams.discard(conn)
             relay.aborted.discard(conn)
-            pool = self._pool()
+            pool: Pool = (
+                relay.upstream if self.upgrade else relay.grpc_pool if self.grpc else relay.pool
+            )
             if self.outcome is Outcome.OK:
                 pool.release(conn)
             else:

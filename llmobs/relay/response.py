@@ -95,11 +95,14 @@ class ResponseRelay:
         content_type = response_headers.get("Content-Type", "")
         if response_headers.get("Content-Encoding", "").lower() not in ("", "identity"):
             content_type = ""  # compressed: relayed and timed, not parsed (not malformed)
-        self._obs.response(head.status, content_type, response_headers.get("grpc-encoding", ""))
+        if content_type[:16] == "application/grpc":  # its messages' encoding, for reading
+            self._obs.response(head.status, content_type, response_headers.get("grpc-encoding", ""))
+        else:
+            self._obs.response(head.status, content_type)
         if self.stripper is not None and detect_stream(content_type) != "sse":
             self.stripper = None  # an error body, say: nothing to strip
         fields = filter_headers(head.fields, NOT_RETURNED)
-        last = getattr(conn, "head_ended", False)  # HTTP/2's "trailers-only" answer, kept so
+        last = conn.head_ended  # HTTP/2's "trailers-only" answer, kept so
         if last:
             self._obs.trailers(fields)  # (gRPC's status is in it)
         request.begin(head.status, head.reason, fields, _length(head, self.stripper), last=last)
@@ -132,14 +135,6 @@ class ResponseRelay:
         if conn is not None and conn.relaying:
             self.gone = True
             conn.close()
-
-    def trailers(self) -> list[tuple[str, str]] | None:
-        """The engine's trailers (HTTP/2's: gRPC's status), told to observation; None if it
-        sent none."""
-        fields: list[tuple[str, str]] | None = getattr(self.conn, "trailers", None)
-        if fields:
-            self._obs.trailers(fields)
-        return fields
 
     def feed(self, data: bytes, frame: bytes | None, last: bool) -> None:
         now = perf_counter_ns()

@@ -58,6 +58,9 @@ class Exchange(Protocol):
     """What the relay uses of an exchange with the engine, whichever its protocol: HTTP/1.1
     (``Connection``) or HTTP/2 (``h2.client.H2Exchange``)."""
 
+    head_ended: bool  # the head ended the response (HTTP/2: a gRPC "trailers-only" answer)
+    trailers: list[tuple[str, str]] | None  # the engine's trailers (HTTP/2's), as they came
+
     @property
     def relaying(self) -> bool: ...
     @property
@@ -112,6 +115,10 @@ class Connection(asyncio.Protocol):
 
     # Slots, not an instance dict: every read touches this object, and where reads come
     # between sleeps its memory is out of cache (docs/benchmarks.md, "fifth").
+    # HTTP/2's alone (``h2.client.H2Exchange``): an answer that is its head, its trailers
+    head_ended = False
+    trailers: list[tuple[str, str]] | None = None
+
     __slots__ = (
         "_decoder",
         "_done",

@@ -6,6 +6,8 @@ in the assembly)."""
 from __future__ import annotations
 
 import ast
+import asyncio
+import contextlib
 import re
 from pathlib import Path
 
@@ -29,6 +31,7 @@ from llmobs.observe.dialects import OTHER_ROUTE, Route
 from llmobs.sim.dialects import DIALECTS as SIM_DIALECTS
 from llmobs.tools import traffic
 from tests.support import FIXTURES, ROOT
+from tests.support.servers import SimFactory
 
 DOC = ROOT / "docs" / "architecture.md"
 LLMOBS = ROOT / "llmobs"
@@ -116,6 +119,30 @@ def test_every_dialect_has_its_sim_side_its_client_and_a_transcript() -> None:
         assert path.startswith("/") and isinstance(body, dict)
         # the sidecar measures the client's request as the dialect it was made for
         assert dialects.route_for_path(path).name == name
+
+
+async def test_every_grpc_method_measured_is_one_the_sim_serves(start_sim: SimFactory) -> None:
+    """Each gRPC method the sidecar measures (``GRPC_METHODS``) the sim answers: an empty
+    request gets the method's own answer or refusal, never UNIMPLEMENTED."""
+    from grpc import StatusCode, aio  # type: ignore[import-untyped, unused-ignore]  # noqa: PLC0415
+
+    from llmobs.sim.grpc_engine import start_grpc  # noqa: PLC0415
+
+    sim = await start_sim(prefill_base=0.0, decode_base=0.0)
+    server, port = await start_grpc(sim.engine, "127.0.0.1", 0)
+    try:
+        async with aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+            codes = {}
+            for path in dialects.GRPC_METHODS:
+                call = channel.unary_stream(path, lambda b: b, lambda b: b)(b"")
+                with contextlib.suppress(aio.AioRpcError):  # (its code is what is asked)
+                    async with asyncio.timeout(10):
+                        while await call.read() is not aio.EOF:
+                            pass
+                codes[path] = await call.code()
+    finally:
+        await server.stop(None)
+    assert StatusCode.UNIMPLEMENTED not in codes.values(), codes
 
 
 def test_every_engine_has_a_provider_name() -> None:
