@@ -40,6 +40,7 @@ log = logging.getLogger("llmobs.upstream")
 
 STREAM_WINDOW = 1 << 20  # what the engine may send ahead on a stream (SETTINGS_INITIAL_WINDOW)
 CONNECTION_WINDOW = 64 << 20  # ... and on a connection: 64 paused streams before it stalls
+MAX_UNSENT = 16 << 20  # a streamed request body's bytes the engine's window may hold back
 _NOT_SENT = frozenset({"host", "connection", "keep-alive", "transfer-encoding", "upgrade",
                        "proxy-connection", "te"})  # fmt: skip
 
@@ -95,11 +96,18 @@ class H2Exchange:
             tail.follow(self.more)
 
     def more(self, data: bytes, end: bool) -> None:
-        """More of the request body (``end``: its last): sent as the engine's window admits."""
+        """More of the request body (``end``: its last): sent as the engine's window admits.
+        What the window holds back is bounded (``MAX_UNSENT``): a client that sends faster
+        than the engine reads, past it, has its call ended (the client's leg credits what it
+        receives at once, so the bound is here)."""
         if self.ended or not self.body_open:
             return
         self.body_open = not end
         self.unsent += data
+        if len(self.unsent) > MAX_UNSENT:
+            self.close()
+            self.fail(UpstreamClosed("the client sent more than the engine read"))
+            return
         self._conn.send_more(self)
 
     async def wait(self, read_timeout: float) -> None:

@@ -18,7 +18,7 @@ import pytest
 from h2.errors import ErrorCodes
 
 from llmobs.wire.connection import UpstreamClosed, UpstreamTimeout
-from llmobs.wire.h2.client import STREAM_WINDOW, H2Exchange, H2Upstream
+from llmobs.wire.h2.client import MAX_UNSENT, STREAM_WINDOW, H2Exchange, H2Upstream
 from llmobs.wire.http1 import ResponseHead
 from tests.support.servers import eventually
 
@@ -236,3 +236,82 @@ async def test_an_engine_gone_fails_every_exchange(engine: Any) -> None:
     with pytest.raises(UpstreamClosed):
         await exchange.wait(5.0)
     upstream.close()
+
+
+# -- gRPC: a body that streams on, the engine's trailers, an answer that is its head ---------
+GRPC_HEAD = (
+    b"POST /vllm.grpc.engine.VllmEngine/Generate HTTP/1.1\r\nHost: engine:8000\r\n"
+    b"Content-Type: application/grpc\r\nte: trailers\r\nConnection: keep-alive\r\n\r\n"
+)
+
+
+class Tail:
+    """The rest of a body, as the relay's request hands it on (``wire.connection.Tail``)."""
+
+    def __init__(self) -> None:
+        self.sink: Callable[[bytes, bool], None] | None = None
+
+    def follow(self, sink: Callable[[bytes, bool], None]) -> None:
+        self.sink = sink
+
+
+def _grpc_answer(e: Engine, sid: int) -> None:
+    e.conn.send_headers(sid, [(b":status", b"200"), (b"content-type", b"application/grpc")])
+    e.conn.send_data(sid, b"\x00\x00\x00\x00\x01x")
+    e.conn.send_headers(sid, [(b"grpc-status", b"0"), (b"grpc-message", b"")], end_stream=True)
+
+
+async def test_a_streamed_body_follows_its_start_and_the_trailers_are_kept(engine: Any) -> None:
+    scripted, upstream = await engine(_grpc_answer)
+    exchange, _ = await upstream.acquire()
+    seen, tail = Seen(), Tail()
+    exchange.send("POST", GRPC_HEAD, b"\x00\x00\x00\x00\x02ab", seen.on_head, tail)
+    assert tail.sink is not None and exchange.body_open
+    await asyncio.sleep(0.05)
+    assert not scripted.bodies or list(scripted.bodies.values()) == [b"\x00\x00\x00\x00\x02ab"]
+    tail.sink(b"\x00\x00\x00\x00\x01c", False)
+    tail.sink(b"", True)  # the client's end came as an empty DATA frame
+    await exchange.wait(5.0)
+    assert list(scripted.bodies.values()) == [b"\x00\x00\x00\x00\x02ab\x00\x00\x00\x00\x01c"]
+    (block,) = scripted.headers.values()
+    assert (b"te", b"trailers") in block  # HTTP/2 allows it; gRPC servers require it
+    assert (seen.body, exchange.trailers) == (b"\x00\x00\x00\x00\x01x", [
+        ("grpc-status", "0"), ("grpc-message", "")])  # fmt: skip
+    assert not exchange.head_ended
+    upstream.close()
+
+
+async def test_an_answer_that_is_its_head_alone_is_said_so(engine: Any) -> None:
+    def refuse(e: Engine, sid: int) -> None:
+        fields = [(b":status", b"200"), (b"content-type", b"application/grpc"),
+                  (b"grpc-status", b"12")]  # fmt: skip
+        e.conn.send_headers(sid, fields, end_stream=True)
+
+    _, upstream = await engine(refuse)
+    exchange, seen = await _exchange(upstream)
+    await exchange.wait(5.0)
+    assert exchange.head_ended and exchange.trailers is None
+    assert seen.head is not None and seen.head.headers["grpc-status"] == "12"
+    upstream.close()
+
+
+async def test_a_streamed_body_the_engine_does_not_read_is_bounded() -> None:
+    """An engine that reads nothing (its window never opens past the first 64 KiB): past
+    ``MAX_UNSENT`` held back, the exchange ends, as a failure the relay can report."""
+
+    async def silent(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await asyncio.sleep(30)
+
+    server = await asyncio.start_server(silent, "127.0.0.1", 0)
+    upstream = H2Upstream("127.0.0.1", server.sockets[0].getsockname()[1], "e:1", 5.0)
+    exchange, _ = await upstream.acquire()
+    seen, tail = Seen(), Tail()
+    exchange.send("POST", GRPC_HEAD, b"\x00\x00\x00\x00\x00", seen.on_head, tail)
+    assert tail.sink is not None
+    for _ in range(MAX_UNSENT // (1 << 20) + 1):
+        tail.sink(bytes(1 << 20), False)
+    with pytest.raises(UpstreamClosed):
+        await exchange.wait(5.0)
+    assert exchange.ended
+    upstream.close()
+    server.close()
