@@ -139,20 +139,30 @@ class H2Stream(Hooks):
         """The whole body; ``BodyTooSlow`` after ``budget`` seconds, ``BodyTooLarge`` past
         the limit."""
         if not self.body_complete:
-            self._waiter = asyncio.get_running_loop().create_future()
-            try:
-                async with asyncio.timeout(budget):
-                    await self._waiter
-            except TimeoutError:
-                raise BodyTooSlow from None
-            finally:
-                self._waiter = None
-        if self.reset:  # the client reset the stream, or left, while it was sending
+            await self._wait(budget)
+        self._check()
+        parts = self._parts
+        return parts[0] if len(parts) == 1 else b"".join(parts)
+
+    async def _wait(self, budget: float) -> None:
+        """Until the body is whole, or enough of it (``read_start``); ``BodyTooSlow`` after
+        ``budget`` seconds."""
+        self._waiter = asyncio.get_running_loop().create_future()
+        try:
+            async with asyncio.timeout(budget):
+                await self._waiter
+        except TimeoutError:
+            raise BodyTooSlow from None
+        finally:
+            self._waiter = self._enough = None
+
+    def _check(self) -> None:
+        """What ended the wait: the client reset the stream, or left, while it was sending;
+        or the body passed the limit."""
+        if self.reset:
             raise ConnectionResetError("the client reset the stream")
         if self.too_large:
             raise BodyTooLarge
-        parts = self._parts
-        return parts[0] if len(parts) == 1 else b"".join(parts)
 
     async def read_start(self, budget: float, enough: Callable[[bytes], bool]) -> bytes:
         """What the body holds once ``enough`` says it is enough (a gRPC stream's first
@@ -161,18 +171,8 @@ class H2Stream(Hooks):
         ``budget`` seconds, ``BodyTooLarge`` past the limit before it was enough."""
         if not self.body_complete and not enough(b"".join(self._parts)):
             self._enough = enough
-            self._waiter = asyncio.get_running_loop().create_future()
-            try:
-                async with asyncio.timeout(budget):
-                    await self._waiter
-            except TimeoutError:
-                raise BodyTooSlow from None
-            finally:
-                self._waiter = self._enough = None
-        if self.reset:
-            raise ConnectionResetError("the client reset the stream")
-        if self.too_large:
-            raise BodyTooLarge
+            await self._wait(budget)
+        self._check()
         start = b"".join(self._parts)
         self._parts = []
         return start

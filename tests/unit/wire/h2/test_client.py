@@ -299,8 +299,12 @@ async def test_a_streamed_body_the_engine_does_not_read_is_bounded() -> None:
     """An engine that reads nothing (its window never opens past the first 64 KiB): past
     ``MAX_UNSENT`` held back, the exchange ends, as a failure the relay can report."""
 
+    done = asyncio.Event()
+
     async def silent(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        await asyncio.sleep(30)
+        await done.wait()  # reads nothing until the test ends, then closes its side
+        writer.close()
+        await writer.wait_closed()
 
     server = await asyncio.start_server(silent, "127.0.0.1", 0)
     upstream = H2Upstream("127.0.0.1", server.sockets[0].getsockname()[1], "e:1", 5.0)
@@ -314,4 +318,6 @@ async def test_a_streamed_body_the_engine_does_not_read_is_bounded() -> None:
         await exchange.wait(5.0)
     assert exchange.ended
     upstream.close()
+    done.set()
     server.close()
+    await server.wait_closed()
