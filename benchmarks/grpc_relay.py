@@ -24,16 +24,16 @@ import time
 from pathlib import Path
 from typing import Any
 
-import httpx
 from grpc import aio  # type: ignore[import-untyped, unused-ignore]
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
+from transports import _client, _drain, _stream, cpu_seconds  # noqa: E402
+
 from tests.support.grpc_apis import LOCAL, VLLM  # noqa: E402
 from tests.support.ports import SERVE, SIM, listening  # noqa: E402
-from transports import _client, _drain, _stream, cpu_seconds  # noqa: E402
 
 GRPC_LINE = r"llmobs sim: gRPC on [^ ]+:(\d+)"
 Figure = dict[str, object]

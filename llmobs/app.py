@@ -278,6 +278,7 @@ class Proxy:
         # the P/D listeners (``--pd-decode-port``, ``--pd-prefill-port``): position, port bound
         self.pd_ports: dict[str, int] = {}
         self._extra: list[tuple[Upstream, Relay, ProxyServer]] = []
+        self._extra_pools: list[H2Upstream] = []  # the P/D listeners' HTTP/2 pools
 
     async def start(self, host: str, port: int) -> int:
         """Listen; returns the port bound."""
@@ -345,7 +346,13 @@ class Proxy:
             )  # fmt: skip
             # its own timeline: a stall is judged against the streams of its own engine
             factory = self._factory(position, EngineTimeline())
-            relay = Relay(dataclasses.replace(settings, upstream=url), upstream, factory)
+            leg = dataclasses.replace(settings, upstream=url)
+            tls = self.certificates.engine()  # its HTTP/2 pools, as the main listener's
+            pool = engine_pool(leg, upstream, tls)
+            grpc_pool = pool or engine_pool(leg, upstream, tls, always=True)
+            assert grpc_pool is not None  # (always: one)
+            self._extra_pools.append(grpc_pool)  # (the one pool, or gRPC's alone)
+            relay = Relay(leg, upstream, factory, None, pool, grpc_pool)
             server = ProxyServer(
                 relay, client_timeout=settings.client_timeout, max_body=settings.max_body_bytes,
                 http2=settings.http2,
@@ -390,6 +397,9 @@ class Proxy:
         for upstream, relay, _ in extra:
             upstream.close()
             relay.flush()
+        pools, self._extra_pools = self._extra_pools, []
+        for h2_pool in pools:
+            h2_pool.close()
         if self._upstream is not None:
             self._upstream.close()
             self._upstream = None

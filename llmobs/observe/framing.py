@@ -342,15 +342,19 @@ class GrpcDecoder:
     message): ``payloads(chunk) -> [message]``. A message longer than ``max_message`` is
     skipped with bounded memory, and counted; so is a compressed one, unless the stream's
     ``grpc-encoding`` is gzip or deflate, whose messages are inflated up to the same bound. A
-    message cut by the stream's end is counted at ``flush_payloads``. Written here, not
-    taken from grpcio: its framing is inside its C core, not exposed per message."""
+    message cut by the stream's end is counted at ``flush_payloads``. The reads of a message
+    not yet whole are kept apart and joined once it is (a copy per message, not per read).
+    Written here, not taken from grpcio: its framing is inside its C core, not exposed per
+    message."""
 
-    __slots__ = ("_buf", "_encoding", "_max", "_skip", "idle", "malformed")
+    __slots__ = ("_encoding", "_have", "_max", "_need", "_parts", "_skip", "idle", "malformed")
 
     def __init__(self, max_message: int, encoding: str = "identity") -> None:
         self._max = max_message
         self._encoding = encoding.strip().lower()
-        self._buf = b""
+        self._parts: list[bytes] = []  # the reads of a message not yet whole
+        self._have = 0  # ... their bytes
+        self._need = 0  # ... and the bytes it takes to go on: its prefix, or all of it
         self._skip = 0  # bytes of an over-long message still to pass
         self.idle = True  # no partial message held
         self.malformed = 0
@@ -360,7 +364,15 @@ class GrpcDecoder:
             taken = min(self._skip, len(chunk))
             self._skip -= taken
             chunk = chunk[taken:]
-        buf = self._buf + chunk if self._buf else chunk
+        if self._parts:
+            self._parts.append(chunk)
+            self._have += len(chunk)
+            if self._have < self._need:
+                return []
+            buf = b"".join(self._parts)
+            self._parts = []
+        else:
+            buf = chunk
         out: list[bytes] = []
         pos, size = 0, len(buf)
         while size - pos >= 5:
@@ -379,8 +391,11 @@ class GrpcDecoder:
             if message is not None:
                 out.append(message)
             pos = end
-        self._buf = buf[pos:]
-        self.idle = not self._buf and not self._skip
+        if pos < size:
+            rest = buf[pos:]
+            self._parts, self._have = [rest], len(rest)
+            self._need = 5 if len(rest) < 5 else 5 + int.from_bytes(rest[1:5], "big")
+        self.idle = not self._parts and not self._skip
         return out
 
     def _inflate(self, message: bytes) -> bytes | None:
@@ -402,7 +417,7 @@ class GrpcDecoder:
 
     def flush_payloads(self) -> list[bytes]:
         """The stream ended: a message it cut short is counted (nothing to read in it)."""
-        if self._buf or self._skip:
+        if self._parts or self._skip:
             self.malformed += 1
-        self._buf, self._skip, self.idle = b"", 0, True
+        self._parts, self._have, self._skip, self.idle = [], 0, 0, True
         return []

@@ -28,14 +28,15 @@ def is_grpc(content_type: str) -> bool:
     return media == "application/grpc" or media.startswith("application/grpc+")
 
 
-def first_message(data: bytes) -> bool:
-    """Whether the request may go: ``data`` holds its first message whole (its prefix says
-    how long), or a prefix declaring more than ``FIRST_LIMIT``, which is not waited for (it
-    streams on; the engine's own limit refuses it, or takes it)."""
-    if len(data) < PREFIX:
+def first_message(prefix: bytes, received: int) -> bool:
+    """Whether the request may go, from its body's first bytes and how many have come: its
+    first message is whole (its ``prefix`` says how long), or declares more than
+    ``FIRST_LIMIT``, which is not waited for (it streams on; the engine's own limit refuses
+    it, or takes it)."""
+    if len(prefix) < PREFIX:
         return False
-    length = int.from_bytes(data[1:PREFIX], "big")
-    return length > FIRST_LIMIT or len(data) >= PREFIX + length
+    length = int.from_bytes(prefix[1:PREFIX], "big")
+    return length > FIRST_LIMIT or received >= PREFIX + length
 
 
 def grpc_code(status: int) -> int:
@@ -43,11 +44,16 @@ def grpc_code(status: int) -> int:
     return _CODES.get(status, UNKNOWN_CODE)
 
 
-def grpc_error(status: int, message: str) -> list[tuple[str, str]]:
-    """A "trailers-only" answer's header fields for an error the sidecar answers itself: HTTP
-    200, gRPC's content type, its code and its message (percent-encoded, as the spec says)."""
+def grpc_status(status: int, message: str) -> list[tuple[str, str]]:
+    """The trailers that end a call with the sidecar's own error: the code a client would
+    read for HTTP ``status``, and its message (percent-encoded, as the spec says)."""
     return [
-        ("content-type", "application/grpc"),
         ("grpc-status", str(grpc_code(status))),
         ("grpc-message", quote(message, safe=" !\"#$&'()*+,-./:;<=>?@[\\]^_`{|}~")),
     ]
+
+
+def grpc_error(status: int, message: str) -> list[tuple[str, str]]:
+    """A "trailers-only" answer's header fields for an error the sidecar answers itself: HTTP
+    200, gRPC's content type, then ``grpc_status``'s."""
+    return [("content-type", "application/grpc"), *grpc_status(status, message)]

@@ -40,7 +40,7 @@ from llmobs.observe.dialects.openai import OpenAIStream
 from llmobs.observe.timing import Outcome
 from llmobs.relay.deferred import Deferred
 from llmobs.relay.failures import INTERNAL, ShutDown, connection_failed, failure_for
-from llmobs.relay.grpc import first_message, grpc_error, is_grpc
+from llmobs.relay.grpc import first_message, grpc_error, grpc_status, is_grpc
 from llmobs.relay.headers import upstream_headers, with_trace
 from llmobs.relay.inject import UsageStripper, inject_usage
 from llmobs.relay.observing import NULL_OBSERVER, ObserverFactory, RequestObserver
@@ -366,9 +366,9 @@ class _Exchange:
         self._flush(stream)
         conn = stream.conn
         trailers = conn.trailers if conn is not None else None
-        if trailers:  # (HTTP/2's: gRPC's status)
-            self._observer().trailers(trailers)
         self.request.end(trailers)
+        if trailers:  # (HTTP/2's: gRPC's status), observed once the client has them
+            self._observer().trailers(trailers)
         if stream.conn in self.relay.aborted:
             self.outcome = Outcome.SHUTDOWN
 
@@ -388,8 +388,8 @@ class _Exchange:
         if connection_failed(exc) and request.started:
             if conn is not None and conn in self.relay.aborted:
                 self.outcome = Outcome.SHUTDOWN  # the shutdown grace ran out: a clean end
-                self._flush(self.stream)
-                request.end()
+                self._flush(self.stream)  # (a gRPC call's: UNAVAILABLE, which it may retry)
+                request.end(grpc_status(503, "llmobs: shutting down") if self.grpc else None)
                 return
             if isinstance(exc, ConnectionError) and _client_gone(request):
                 self.outcome = Outcome.CLIENT_DISCONNECT
@@ -424,8 +424,8 @@ class _Exchange:
         obs.response(status, "")
         if self.grpc:
             fields = grpc_error(status, message)
-            obs.trailers(fields)
             self.request.begin(200, "OK", fields, None, last=True)
+            obs.trailers(fields)
             return
         body = error_body(self.route.name, status, message)  # in the API's own shape
         self.request.respond_error(status, message, close=close, body=body)

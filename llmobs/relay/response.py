@@ -103,9 +103,9 @@ class ResponseRelay:
             self.stripper = None  # an error body, say: nothing to strip
         fields = filter_headers(head.fields, NOT_RETURNED)
         last = conn.head_ended  # HTTP/2's "trailers-only" answer, kept so
+        request.begin(head.status, head.reason, fields, _length(head, self.stripper), last=last)
         if last:
             self._obs.trailers(fields)  # (gRPC's status is in it)
-        request.begin(head.status, head.reason, fields, _length(head, self.stripper), last=last)
         self._write_chunks = request.write_chunks  # (chunked: whole chunks go on as they came)
         request.on_flow(self._hold, self._release)
         request.on_gone(self.client_gone)

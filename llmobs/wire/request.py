@@ -311,7 +311,7 @@ class Request(Hooks):
         parts = self._parts
         return parts[0] if len(parts) == 1 else b"".join(parts)
 
-    async def read_start(self, budget: float, enough: Callable[[bytes], bool]) -> bytes:
+    async def read_start(self, budget: float, enough: Callable[[bytes, int], bool]) -> bytes:
         """The body whole: over HTTP/1.1 a body does not stream both ways (HTTP/2's
         ``H2Stream.read_start`` may hand back its start alone)."""
         return await self.read_body(budget)

@@ -7,6 +7,7 @@ the engine, a bidirectional stream (Triton's) carried both ways at once."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
@@ -54,6 +55,7 @@ class Stack:
     engine: SimEngine
     side: SidecarHandle
     channel: Any  # grpc.aio.Channel to the sidecar
+    server: Any  # the sim's grpc.aio.Server
 
 
 StackFactory = Callable[..., Awaitable[Stack]]
@@ -73,7 +75,7 @@ async def start_stack(
         side = await start_sidecar(f"http://127.0.0.1:{port}", stall_min_gap=STALL_MIN_GAP)
         channel = aio.insecure_channel(side.url.removeprefix("http://"), options=LOCAL)
         started.append((server, channel))
-        return Stack(sim.engine, side, channel)
+        return Stack(sim.engine, side, channel, server)
 
     yield start
     for server, channel in started:
@@ -266,3 +268,48 @@ async def test_an_engine_the_sidecar_cannot_reach_is_a_grpc_status(
     assert failed.value.details().startswith("llmobs: ")
     await eventually(lambda: side.value("llmobs_requests_total") == 1)
     assert side.value("llmobs_requests_total", outcome="upstream_error") == 1
+
+
+async def test_an_engines_graceful_stop_lets_its_calls_end(start_stack: StackFactory) -> None:
+    """The engine's GOAWAY (grpcio's ``server.stop(grace)``, a rollout's drain) ends no call
+    in flight: the sidecar's engine leg lets each end, and takes no new one on it."""
+    stack = await start_stack()
+    call = VLLM.stub(stack.channel).Generate(VLLM.request("draining", TOKENS, True))
+    first = await call.read()
+    assert first.HasField("chunk")
+    server = stack.server
+    stopping = asyncio.ensure_future(server.stop(10))
+    rest, _ = await _timed(call)
+    await stopping
+    assert await call.code() == grpc.StatusCode.OK
+    assert sum(len(m.chunk.token_ids) for m in [first, *rest] if m.HasField("chunk")) == TOKENS
+    side = stack.side
+    await eventually(lambda: side.value("llmobs_requests_total") == 1)
+    assert side.value("llmobs_requests_total", outcome="ok") == 1
+
+
+async def test_the_sidecars_shutdown_ends_a_call_with_a_status(
+    start_sim: SimFactory, start_sidecar: SidecarFactory
+) -> None:
+    """A call still streaming when the sidecar's grace runs out ends with UNAVAILABLE in its
+    trailers (a status its client may retry on), soon after the grace, as a ``shutdown``."""
+    sim = await start_sim(**{**SCHEDULE, "output_tokens_min": 100_000,
+                             "output_tokens_max": 100_000})  # fmt: skip
+    server, port = await start_grpc(sim.engine, "127.0.0.1", 0)
+    side = await start_sidecar(f"http://127.0.0.1:{port}", shutdown_grace=0.3)
+    try:
+        async with aio.insecure_channel(side.url.removeprefix("http://"), options=LOCAL) as chan:
+            call = VLLM.stub(chan).Generate(VLLM.request("long", 100_000, True))
+            await call.read()
+            loop = asyncio.get_running_loop()
+            began = loop.time()
+            stopping = asyncio.ensure_future(side.sidecar.stop())
+            with contextlib.suppress(aio.AioRpcError):
+                await _timed(call)
+            assert await call.code() == grpc.StatusCode.UNAVAILABLE
+            assert "shutting down" in (await call.details())
+            await stopping
+            assert loop.time() - began < 4.0  # the grace and a margin, not the grace and 5 s
+    finally:
+        await server.stop(None)
+    assert side.value("llmobs_requests_total", outcome="shutdown") == 1

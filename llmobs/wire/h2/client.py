@@ -19,6 +19,7 @@ The ``h2`` package keeps the protocol's state; this module is the relay's side o
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import ssl
 from collections.abc import Callable
@@ -34,6 +35,7 @@ from h2.errors import ErrorCodes
 from multidict import CIMultiDict
 
 from llmobs.wire.connection import OnBody, OnHead, Tail, UpstreamClosed, UpstreamTimeout
+from llmobs.wire.h2.machine import draining
 from llmobs.wire.http1 import ResponseHead, parse_request_head
 
 log = logging.getLogger("llmobs.upstream")
@@ -61,7 +63,7 @@ class H2Exchange:
         self._on_head: OnHead | None = None
         self._on_body: OnBody | None = None
         self._done: asyncio.Future[None] = conn.loop.create_future()
-        self.unsent = b""  # what the engine's window has not admitted yet
+        self.unsent = bytearray()  # what the engine's window has not admitted yet
         self._paused = False
         self._owed = 0  # bytes received while paused, credited back on resume
         self._last = conn.loop.time()
@@ -105,8 +107,7 @@ class H2Exchange:
         self.body_open = not end
         self.unsent += data
         if len(self.unsent) > MAX_UNSENT:
-            self.close()
-            self.fail(UpstreamClosed("the client sent more than the engine read"))
+            self.close(UpstreamClosed("the client sent more than the engine read"))
             return
         self._conn.send_more(self)
 
@@ -130,8 +131,7 @@ class H2Exchange:
             self._timer = loop.call_later(wait, self._check, read_timeout)
             return
         self._timer = None
-        self.close()
-        self.fail(UpstreamTimeout("upstream read timed out"))
+        self.close(UpstreamTimeout("upstream read timed out"))
 
     # -- told by the connection -------------------------------------------------------------
     def headed(self, head: ResponseHead) -> None:
@@ -143,8 +143,7 @@ class H2Exchange:
         try:
             self._on_body = on_head(self, head)
         except Exception as exc:
-            self.close()
-            self.fail(exc)
+            self.close(exc)
 
     def data(self, data: bytes, credit: int) -> None:
         self._last = self._conn.loop.time()
@@ -184,12 +183,17 @@ class H2Exchange:
         if owed and not self.ended:
             self._conn.credit(self.stream_id, owed)
 
-    def close(self) -> None:
-        """End it now: RST_STREAM CANCEL if it has not ended (the engine stops generating)."""
+    def close(self, reason: Exception | None = None) -> None:
+        """End it now: RST_STREAM CANCEL if it has not ended (the engine stops generating);
+        a wait still under way ends with ``reason`` (by default ``UpstreamClosed``: a
+        shutdown's grace, a client gone)."""
         if not self.ended:
             self.ended = True
             self._conn.cancel(self.stream_id)
         self._on_body = None
+        if not self._done.done():
+            self._done.set_exception(reason or UpstreamClosed("the exchange was closed"))
+            self._done.exception()  # retrieved: a wait that is over need not log it
 
 
 class H2EngineConnection(asyncio.Protocol):
@@ -200,7 +204,7 @@ class H2EngineConnection(asyncio.Protocol):
         self.authority = authority
         self.scheme = scheme
         config = h2.config.H2Configuration(client_side=True, header_encoding=None)
-        self._h2 = h2.connection.H2Connection(config=config)
+        self._h2 = draining(h2.connection.H2Connection(config=config))
         self.transport: asyncio.Transport = None  # type: ignore[assignment]  # set on connect
         self._exchanges: dict[int, H2Exchange] = {}
         self._bodies: dict[int, H2Exchange] = {}  # those with body bytes the window holds back
@@ -213,7 +217,8 @@ class H2EngineConnection(asyncio.Protocol):
         if chosen != "h2":  # an https engine that would not speak HTTP/2: nothing to send it
             log.warning(
                 "the engine did not agree to HTTP/2 by ALPN (it chose %s): each request is a "
-                "502; drop --upstream-http2 for this engine", chosen or "nothing",
+                "502; drop --upstream-http2 for this engine (gRPC needs HTTP/2: its calls fail)",
+                chosen or "nothing",
             )  # fmt: skip
             self.usable = False
             transport.close()
@@ -246,7 +251,7 @@ class H2EngineConnection(asyncio.Protocol):
         exchange.sent_end = not body and not exchange.body_open
         self._h2.send_headers(stream_id, block, end_stream=exchange.sent_end)
         if body:
-            exchange.unsent = body  # the connection's to send
+            exchange.unsent = bytearray(body)  # the connection's to send
             self._send_body(exchange)
         self._flush()
 
@@ -269,15 +274,18 @@ class H2EngineConnection(asyncio.Protocol):
                 if room <= 0:
                     break
                 end = last and len(body) <= room
-                h2conn.send_data(stream_id, body[:room], end_stream=end)
+                h2conn.send_data(stream_id, bytes(body[:room]), end_stream=end)
                 exchange.sent_end = end
-                body = body[room:]
+                del body[:room]  # (from the front of a bytearray: no copy of the rest)
             if last and not body and not exchange.sent_end:  # the last of it came empty
                 h2conn.end_stream(stream_id)
                 exchange.sent_end = True
         except h2.exceptions.StreamClosedError:
-            body = b""  # the engine ended the stream: what it did not read is not wanted
-        exchange.unsent = body
+            body.clear()  # the engine ended the stream: what it did not read is not wanted
+        except h2.exceptions.ProtocolError as exc:  # the connection's state refuses it
+            body.clear()
+            self._exchanges.pop(stream_id, None)
+            exchange.fail(UpstreamClosed(f"upstream HTTP/2 refused the body ({exc})"))
         if body:
             self._bodies[stream_id] = exchange
         else:
@@ -348,6 +356,10 @@ class H2EngineConnection(asyncio.Protocol):
     def _ended(self, event: h2.events.StreamEnded) -> None:
         exchange = self._exchanges.pop(event.stream_id, None)
         if exchange is not None:
+            if not exchange.sent_end:  # answered whole before the request's end (gRPC): the
+                self._bodies.pop(event.stream_id, None)  # rest of the body is not wanted
+                with contextlib.suppress(h2.exceptions.H2Error):
+                    self._h2.reset_stream(event.stream_id, ErrorCodes.NO_ERROR)
             exchange.finished()
 
     def _reset(self, event: h2.events.StreamReset) -> None:

@@ -40,6 +40,7 @@ from h2.errors import ErrorCodes
 
 from llmobs.config.logs import method_label
 from llmobs.wire.h2.heads import request_head
+from llmobs.wire.h2.machine import draining
 from llmobs.wire.h2.stream import H2Stream
 from llmobs.wire.http1 import MAX_REQUEST_HEAD_BYTES, BadRequest
 from llmobs.wire.request import openai_error_body
@@ -87,7 +88,7 @@ class H2ServerConnection(asyncio.Protocol):
         self._server = server
         self._loop = server.loop
         config = h2.config.H2Configuration(client_side=False, header_encoding=None)
-        self._h2 = h2.connection.H2Connection(config=config)
+        self._h2 = draining(h2.connection.H2Connection(config=config))
         self._preface = preface
         self.transport: asyncio.Transport = None  # type: ignore[assignment]  # set on connect
         self.remote = ""
@@ -320,8 +321,18 @@ class H2ServerConnection(asyncio.Protocol):
             with contextlib.suppress(h2.exceptions.ProtocolError):
                 self._h2.reset_stream(stream.id, ErrorCodes.NO_ERROR)
         if stream.id not in self._backlog:
+            self._close_request(stream)
             self._forget(stream.id)
         self._after_stream()
+
+    def _close_request(self, stream: H2Stream) -> None:
+        """The response is whole and sent while the client's half is still open (a gRPC
+        stream answered before its request ended): RST_STREAM NO_ERROR, as RFC 9113 8.1 has
+        a server ask the rest not be sent, so that the stream does not stay open."""
+        if stream.ended and not stream.body_complete and not stream.reset and not self.closing:
+            with contextlib.suppress(h2.exceptions.ProtocolError):
+                self._h2.reset_stream(stream.id, ErrorCodes.NO_ERROR)
+            self._flush()
 
     def _after_stream(self) -> None:
         if self.closing:
@@ -428,11 +439,15 @@ class H2ServerConnection(asyncio.Protocol):
             stream.tell_gone()
             self._forget(sid)
             return
+        except h2.exceptions.ProtocolError:  # trailers h2 will not send, say: cut, not ended
+            self.reset(stream)
+            return
         self._flow(stream, sum(map(len, parts)) if parts else 0)
         self._watch(stream, bool(parts), sent)
         if not parts:
             self._backlog.pop(sid, None)
             if stream.id not in self._tasks:
+                self._close_request(stream)
                 self._forget(sid)
                 self._after_stream()
 

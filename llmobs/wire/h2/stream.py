@@ -26,6 +26,8 @@ from llmobs.wire.request import (
     reason_phrase,
 )
 
+PREFIX = 5  # the body's first bytes kept apart for ``read_start``: a gRPC message's prefix
+
 
 class Carrier(Protocol):
     """What a stream needs of its connection (``connection.H2ServerConnection``)."""
@@ -51,6 +53,7 @@ class H2Stream(Hooks):
         "_enough",
         "_limit",
         "_parts",
+        "_prefix",
         "_received",
         "_sink",
         "_waiter",
@@ -97,7 +100,8 @@ class H2Stream(Hooks):
         self._parts: list[bytes] = []
         self._received = 0
         self._waiter: asyncio.Future[None] | None = None
-        self._enough: Callable[[bytes], bool] | None = None  # ``read_start``'s test
+        self._enough: Callable[[bytes, int], bool] | None = None  # ``read_start``'s test
+        self._prefix = b""  # the body's first bytes (up to 5: a gRPC message's prefix)
         self._sink: Callable[[bytes, bool], None] | None = None  # ``follow``'s
         self.too_large = False
         self.started = False  # the response's head was sent
@@ -122,6 +126,8 @@ class H2Stream(Hooks):
                 self.complete()
         elif data:
             self._parts.append(data)
+            if len(self._prefix) < PREFIX:
+                self._prefix += data[: PREFIX - len(self._prefix)]
             if self._enough is not None:
                 self._check_start()
 
@@ -164,12 +170,13 @@ class H2Stream(Hooks):
         if self.too_large:
             raise BodyTooLarge
 
-    async def read_start(self, budget: float, enough: Callable[[bytes], bool]) -> bytes:
-        """What the body holds once ``enough`` says it is enough (a gRPC stream's first
-        message) or the body is whole, whichever comes first; the rest then goes on through
-        ``follow`` (unless the body was whole: ``body_complete``). ``BodyTooSlow`` after
-        ``budget`` seconds, ``BodyTooLarge`` past the limit before it was enough."""
-        if not self.body_complete and not enough(b"".join(self._parts)):
+    async def read_start(self, budget: float, enough: Callable[[bytes, int], bool]) -> bytes:
+        """What the body holds once ``enough`` says it is enough, from its first bytes and
+        how many have come (a gRPC stream's first message), or once it is whole, whichever
+        comes first; the rest then goes on through ``follow``. ``BodyTooSlow`` after
+        ``budget`` seconds, ``BodyTooLarge`` past the limit before it was enough. (Counts, not
+        the bytes joined per frame: a client's tiny frames cost a test each, not a copy.)"""
+        if not self.body_complete and not enough(self._prefix, self._received):
             self._enough = enough
             await self._wait(budget)
         self._check()
@@ -178,11 +185,19 @@ class H2Stream(Hooks):
         return start
 
     def follow(self, sink: Callable[[bytes, bool], None]) -> None:
-        """Hand the rest of the body to ``sink`` as it comes, and its end (``Tail``)."""
-        if self.body_complete:
-            sink(b"", True)
-        else:
+        """Hand the rest of the body to ``sink`` (``Tail``): what came since ``read_start``
+        first, then each part as it comes, and its end. A body that passed the limit in the
+        meantime has its stream reset (the engine's then ends: the client is gone)."""
+        if self.too_large:
+            self.abort()
+            return
+        parts, self._parts = self._parts, []
+        if parts:
+            sink(parts[0] if len(parts) == 1 else b"".join(parts), False)
+        if not self.body_complete:
             self._sink = sink
+        elif not self.reset:
+            sink(b"", True)
 
     def _check_start(self) -> None:
         """``read_start``'s wait ends once the body holds enough."""
@@ -191,7 +206,7 @@ class H2Stream(Hooks):
             enough is not None
             and waiter is not None
             and not waiter.done()
-            and enough(b"".join(self._parts))
+            and enough(self._prefix, self._received)
         ):
             waiter.set_result(None)
 

@@ -119,8 +119,8 @@ def test_an_error_in_the_openai_shape_and_flow_told() -> None:
     assert conn.sent[-1] == ("reset", None)
 
 
-def _whole_message(data: bytes) -> bool:
-    return len(data) >= 5 and len(data) >= 5 + int.from_bytes(data[1:5], "big")
+def _whole_message(prefix: bytes, received: int) -> bool:
+    return len(prefix) >= 5 and received >= 5 + int.from_bytes(prefix[1:5], "big")
 
 
 async def test_a_grpc_streams_start_is_its_first_message_and_the_rest_follows() -> None:
@@ -174,3 +174,36 @@ def test_trailers_end_the_response_and_a_head_may_be_the_whole_of_it() -> None:
     plain.begin(200, "OK", [], None)
     plain.end()
     assert conn.sent[-1] == ("end", b"")
+
+
+async def test_what_comes_between_the_start_and_follow_is_handed_on_first() -> None:
+    """The relay follows the body only once its engine stream is open (a new connection
+    may take a while): what came meanwhile, and an end that came with it, are not lost."""
+    stream, _ = _stream()
+    stream.feed(b"\x00\x00\x00\x00\x01a")
+    assert await stream.read_start(5, _whole_message) == b"\x00\x00\x00\x00\x01a"
+    stream.feed(b"\x00\x00\x00\x00\x01b")  # before follow ...
+    stream.feed(b"\x00\x00\x00")
+    stream.complete()  # ... and the client's end
+    parts: list[tuple[bytes, bool]] = []
+    stream.follow(lambda data, end: parts.append((data, end)))
+    assert parts == [(b"\x00\x00\x00\x00\x01b\x00\x00\x00", False), (b"", True)]
+
+
+async def test_a_first_message_in_tiny_frames_is_tested_by_counts() -> None:
+    """A first message of 4,000 bytes in 1-byte frames: each frame's test is given the prefix
+    and a count (never the body joined again), and the wait ends at the message's last."""
+    stream, _ = _stream(limit=1 << 20)
+    told: list[tuple[bytes, int]] = []
+
+    def enough(prefix: bytes, received: int) -> bool:
+        told.append((prefix, received))
+        return _whole_message(prefix, received)
+
+    starting = asyncio.ensure_future(stream.read_start(5, enough))
+    await asyncio.sleep(0)
+    wire = b"\x00" + (4000).to_bytes(4, "big") + bytes(4000)
+    for i in range(len(wire)):
+        stream.feed(wire[i : i + 1])
+    assert await starting == wire
+    assert told[-1] == (wire[:5], len(wire)) and len(told) == len(wire) + 1
