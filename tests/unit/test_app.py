@@ -25,6 +25,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 
 from llmobs.app import Proxy, Sidecar, loop_factory, run_until, tracing_for
 from llmobs.config.settings import Settings
+from llmobs.export.metrics.apis import ApiMetrics
 from llmobs.export.metrics.query import total
 from llmobs.export.telemetry import Telemetry, build_telemetry
 from llmobs.export.tracing import RequestMeta
@@ -227,7 +228,8 @@ def test_the_sidecar_wires_the_engine_collector_into_the_proxy() -> None:
     assert engine is not None
     assert engine.on_preemptions == sidecar.proxy.timeline.preemptions
     assert engine.on_engine == sidecar.proxy.provider.engine
-    assert sidecar.proxy.recorder.consumers == (sidecar.collectors,)
+X
+    assert isinstance(api, ApiMetrics) and collectors is sidecar.collectors
     assert sidecar.live is not None  # the live page, on by default
     bare = Sidecar(_settings("http://engine:8000", ui=False), telemetry)
     assert (bare.collectors.engine, bare.live) == (None, None)
