@@ -228,7 +228,7 @@ def test_the_sidecar_wires_the_engine_collector_into_the_proxy() -> None:
     assert engine is not None
     assert engine.on_preemptions == sidecar.proxy.timeline.preemptions
     assert engine.on_engine == sidecar.proxy.provider.engine
-X
+    collectors, api = sidecar.proxy.recorder.consumers  # (theirs, then each request's API)
     assert isinstance(api, ApiMetrics) and collectors is sidecar.collectors
     assert sidecar.live is not None  # the live page, on by default
     bare = Sidecar(_settings("http://engine:8000", ui=False), telemetry)
