@@ -14,9 +14,8 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
 WORKDIR /src
 COPY pyproject.toml README.md ./
 COPY llmobs ./llmobs
-# uvloop and orjson come with it: they cut the sidecar's CPU per token (docs/benchmarks.md);
-# the grpc extra decodes the engines' gRPC APIs (docs/deploy.md, *gRPC*).
-RUN pip install '.[grpc]' \
+# uvloop and orjson come with it: they cut the sidecar's CPU per token (docs/benchmarks.md).
+RUN pip install . \
     && rm -rf /src \
     && groupadd --system --gid 10001 llmobs \
     && useradd --system --uid 10001 --gid llmobs --no-create-home --shell /usr/sbin/nologin llmobs

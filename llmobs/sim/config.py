@@ -244,8 +244,8 @@ class SimSettings:
 
     grpc_port: int | None = option(
         None, int, "serve the engines' gRPC APIs too, on this port (h2c; 0: one the system "
-        "picks): vLLM's, SGLang's, TensorRT-LLM's and Triton's, with llmobs[grpc]; default: "
-        "off", "PORT", check=tcp_port,
+        "picks): vLLM's, SGLang's, TensorRT-LLM's and Triton's; default: off", "PORT",
+        check=tcp_port,
     )  # fmt: skip
 
     def __post_init__(self) -> None:

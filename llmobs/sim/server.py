@@ -26,7 +26,6 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector, CollectorRegistry
 
-from llmobs.config.options import ConfigError
 from llmobs.sim.config import SimSettings, sim_source
 from llmobs.sim.dialects import BadRequest, Context, Endpoint, Exchange, endpoints_for
 from llmobs.sim.dialects.base import ChunkReader, Plan
@@ -390,11 +389,9 @@ GRPC_GRACE = 1.0  # seconds the gRPC calls in flight get when the sim stops
 
 async def _grpc(engine: SimEngine, settings: SimSettings) -> tuple[Any, int]:
     """The engines' gRPC APIs on ``--grpc-port``, in front of the HTTP face's engine: imported
-    only here, an optional extra whose absence is told as the configuration error it is."""
-    try:
-        from llmobs.sim.grpc_engine import start_grpc  # noqa: PLC0415 - the grpc extra
-    except ImportError as exc:
-        raise ConfigError(f"{sim_source('grpc_port')}: {exc}") from None
+    only here (their packages take a fifth of a second to import)."""
+    from llmobs.sim.grpc_engine import start_grpc  # noqa: PLC0415 - only when asked for
+
     port = settings.grpc_port or 0
     with listening(settings.host, port, port_field="grpc_port"):
         return await start_grpc(engine, settings.host, port)

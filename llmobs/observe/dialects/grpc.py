@@ -3,9 +3,9 @@ generated classes, and their token ids counted.
 
 The APIs: vLLM's, SGLang's and TensorRT-LLM's ``Generate`` (a server stream of token ids; the
 protos that the Shepherd Model Gateway and Dynamo speak, published as ``smg-grpc-proto``), and
-Triton's ``ModelStreamInfer`` and ``ModelInfer`` (its protos from ``tritonclient``). Both are
-the optional extra ``llmobs[grpc]``: without it the messages are relayed and timed, counted as
-unparsed. A message is a gRPC stream's payload (``framing.GrpcDecoder`` took off its prefix).
+Triton's ``ModelStreamInfer`` and ``ModelInfer`` (its protos from ``tritonclient``), imported
+when a request first needs them (a fifth of a second, not at every start). A message is a
+gRPC stream's payload (``framing.GrpcDecoder`` took off its prefix).
 
 What is read per API:
 - Generate: each ``chunk``'s ``token_ids`` (its output tokens, ``index`` its choice), the
@@ -61,11 +61,8 @@ def status_of(fields: list[tuple[str, str]]) -> int | None:
 
 @functools.cache
 def message_class(module: str, name: str) -> Any:
-    """A generated message class, imported once it is first needed; None without the extra."""
-    try:
-        return getattr(importlib.import_module(module), name)
-    except (ImportError, AttributeError):
-        return None
+    """A generated message class, imported once it is first needed."""
+    return getattr(importlib.import_module(module), name)
 
 
 class GrpcDialect(Dialect):
@@ -80,15 +77,11 @@ class GrpcDialect(Dialect):
 
     def __init__(self) -> None:
         super().__init__()
-        cls = message_class(self.MODULE, self.RESPONSE)
-        self._message = cls() if cls is not None else None
+        self._message = message_class(self.MODULE, self.RESPONSE)()
         self.grpc_status: int | None = None
 
     def on_data(self, data: bytes) -> int:
         message = self._message
-        if message is None:
-            self.malformed += 1  # no protos here (the extra is not installed): unparsed
-            return 0
         try:
             message.ParseFromString(data)
         except Exception:  # google.protobuf.message.DecodeError, and the like
@@ -112,10 +105,7 @@ class GrpcDialect(Dialect):
     @classmethod
     def read_request(cls, message: bytes) -> tuple[bool | None, int | None, str | None]:
         """A request message's stream flag, max tokens and model (None: not said)."""
-        request_class = message_class(cls.MODULE, cls.REQUEST)
-        if request_class is None:
-            return None, None, None
-        request = request_class()
+        request = message_class(cls.MODULE, cls.REQUEST)()
         request.ParseFromString(message)
         return cls.request_fields(request)
 

@@ -192,16 +192,3 @@ def test_the_methods_are_routed_by_their_exact_paths() -> None:
     assert route_for_path("/vllm.grpc.engine.VllmEngine/GetModelInfo") is VLLM_MODEL_INFO
     assert route_for_path("/vllm.grpc.engine.VllmEngine/HealthCheck").name == "none"
     assert route_for_path("/x/vllm.grpc.engine.VllmEngine/Generate").name == "none"
-
-
-def test_without_the_protos_messages_are_counted_unparsed() -> None:
-    """The grpc extra not installed: the dialect reads nothing, and says so by count."""
-
-    class Absent(GenerateStream):
-        __slots__ = ()
-        MODULE = "llmobs_no_such_module_pb2"
-
-    dialect = Absent()
-    assert dialect.on_data(chunk([1], 1)) == 0
-    assert dialect.malformed == 1
-    assert Absent.read_request(b"") == (None, None, None)
